@@ -445,3 +445,26 @@ def test_files_under_an_http_root_keep_their_real_names_and_s3_keys_stay_literal
     assert result.issues == () and len(result.samples) == len(names)  # each fetched by its encoded URL
     store.client.put_object(Bucket=BUCKET, Key="literal/d%20e.png", Body=png_bytes(5))
     assert [f.relpath for f in list_remote_files(f"s3://{BUCKET}/literal")] == ["d%20e.png"]
+
+
+def test_an_http_listing_takes_each_files_size_and_version_from_its_headers(tmp_path: Path) -> None:
+    """An index page gives links only: every file had size 0 and version "", so a file replaced
+    by one of the same size was never decoded again. Each file's HEAD gives its Content-Length
+    and Last-Modified (or ETag) instead."""
+    import os
+
+    from packer.pipeline.rawstore import list_remote_files
+
+    raw = photo_folder(tmp_path / "raw", {"cat/a.png": 1, "dog/b.png": 2})
+    with serving(raw) as url:
+        before = {f.relpath: f.stat for f in list_remote_files(url)}
+        assert {rel: stat.size for rel, stat in before.items()} == {"cat/a.png": len(png_bytes(1)),
+                                                                    "dog/b.png": len(png_bytes(2))}
+        assert all(stat.version.startswith("Last-Modified:") for stat in before.values())
+        replaced = raw / "cat/a.png"
+        replaced.write_bytes(bytes(reversed(replaced.read_bytes())))  # same size, other bytes, a later time
+        os.utime(replaced, (replaced.stat().st_atime, replaced.stat().st_mtime + 10))
+        after = {f.relpath: f.stat for f in list_remote_files(url)}
+    assert after["cat/a.png"].size == before["cat/a.png"].size
+    assert after["cat/a.png"].version != before["cat/a.png"].version
+    assert after["dog/b.png"] == before["dog/b.png"]

@@ -42,8 +42,9 @@ HEAD_BYTES = 64 * 1024
 
 #: Keys of an fsspec ``info`` dict that change when an object's bytes do, most telling first:
 #: S3/Azure ETag, GCS md5/generation, then modification times (stores without a content tag).
-_VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "VersionId", "LastModified", "last_modified",
-                 "mtime", "updated", "created")
+#: (``Content-MD5``, ``Digest`` and ``Last-Modified`` are what an HTTP server's headers give.)
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "Content-MD5", "Digest", "generation", "VersionId", "LastModified",
+                 "last_modified", "Last-Modified", "mtime", "updated", "created")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,30 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
             relpath = unquote(relpath)
         if info.get("type", "file") == "file" and relpath and not _hidden(relpath):
             found.append(RemoteFile(relpath=relpath, url=join_relpath(root, relpath), stat=raw_object(info)))
+    if _encoded(root):
+        found = _with_headers(fs, found, [name for name, info in entries.items() if info.get("size") is None])
     return sorted(found, key=lambda f: f.relpath)
+
+
+def _with_headers(fs: Any, found: list[RemoteFile], unsized: list[str]) -> list[RemoteFile]:
+    """``found`` with each file an http(s) listing gave no size for (an index page holds links,
+    neither sizes nor versions) described by its own headers instead: one HEAD request a file,
+    concurrent, for its Content-Length and its ETag or Last-Modified (:func:`raw_object`), so
+    the build cache and the size limit see what they see on other stores. A file whose request
+    fails keeps the listing's entry (its fetch then says what is wrong); a server that sends no
+    ETag or Last-Modified gives no version: a file replaced at the same size is not noticed."""
+    if not unsized:
+        return found
+    from fsspec.asyn import _run_coros_in_chunks, sync
+
+    names = [name.rstrip("/") for name in unsized]
+    infos = sync(fs.loop, _run_coros_in_chunks, [fs._info(name) for name in names], return_exceptions=True)
+    headers = {unquote(name): info for name, info in zip(names, infos, strict=True) if isinstance(info, dict)}
+    out = []
+    for file in found:
+        info = headers.get(unquote(fs._strip_protocol(file.url)))
+        out.append(file if info is None or info.get("size") is None else replace(file, stat=raw_object(info)))
+    return out
 
 
 def read_heads(root: str, relpaths: Sequence[str], size: int,
