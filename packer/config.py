@@ -1268,10 +1268,29 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     return _parse_cell_policies(raw, target, where) if zero_one else target
 
 
+#: the cell texts a YAML 1.2 boolean key stands for: the spellings the job loader reads as it
+_BOOL_TEXTS = (("true", "True", "TRUE"), ("false", "False", "FALSE"))
+
+
 def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tuple[tuple[str, str | None], ...]:
     """``map:`` as sorted (raw value, name or None) pairs: class names for a class target, label
-    names or null (the token is dropped) for a multilabel column of names."""
-    value_map = tuple(sorted((str(k), None if v is None else str(v)) for k, v in (raw.get("map") or {}).items()))
+    names or null (the token is dropped) for a multilabel column of names. Keys are cell texts;
+    YAML reads an unquoted ``true``/``false`` key as a boolean (its text once Python's ``True``,
+    which matched no cell ``true``), and which of its spellings was written is then lost; so a key
+    ``true`` or ``false`` in any spelling YAML reads as that boolean (``true``, ``True``,
+    ``TRUE``), quoted or not, stands for all three: the cell matches however either spells it."""
+    entries: dict[str, str | None] = {}
+    spelled: dict[str, str] = {}  # cell text -> the key it came from, to name a clash
+    for key, value in (raw.get("map") or {}).items():
+        name = None if value is None else str(value)
+        text = str(key).lower() if isinstance(key, bool) else str(key)  # bool: not through the schema check
+        for cell in next((texts for texts in _BOOL_TEXTS if text in texts), (text,)):
+            if cell in entries and entries[cell] != name:
+                raise ConfigError(f"{where}.map.{text}: the keys {spelled[cell]!r} and {text!r} both stand for the "
+                                  f"cell {cell!r} (true and false match in any of YAML's spellings: true, True, "
+                                  f"TRUE) and name different labels ({entries[cell]!r}, {name!r}); keep one")
+            entries[cell], spelled[cell] = name, text
+    value_map = tuple(sorted(entries.items()))
     if value_map and target_kind not in ("class", "multilabel"):
         raise ConfigError(f"{where}.map: a value map names classes or labels; a {target_kind} target has none "
                           "(use 'missing:' for tokens that mean no value)")

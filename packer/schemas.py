@@ -77,11 +77,13 @@ def schema_defaults(name: str) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """YAML turns ``2024-01-01`` into a date; the schemas speak JSON, so make it a string."""
+    """YAML turns ``2024-01-01`` into a date; the schemas speak JSON, so make it a string. A key
+    is text in JSON: a boolean key (an unquoted ``true:``) is ``true`` as JSON writes it, not
+    Python's ``True``."""
     if isinstance(value, (date, datetime)):
         return value.isoformat()
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {(str(k).lower() if isinstance(k, bool) else str(k)): _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value

@@ -271,6 +271,28 @@ def test_one_hot_columns_through_a_map_name_their_classes_in_the_columns_order()
     assert _parse_target({"column": "dx"}, False, "label").named_columns == ()
 
 
+def test_a_map_key_true_or_false_matches_the_cell_in_any_of_yamls_spellings(tmp_path: Path) -> None:
+    """YAML reads an unquoted ``true:`` key as a boolean, whose Python text ``True`` matched no
+    table cell ``true``: every sample was unknown_label. A true/false key is a cell text like an
+    int key (``0:`` matches ``0``), and matches true, True and TRUE (pandas writes True)."""
+    cells = ["true", "false", "True", "FALSE", "TRUE", "False"]
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "finding": c, "entity": f"E{i}", "timestamp": "2024-01-01"}
+                                  for i, c in enumerate(cells)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"column": "finding", "map": {True: "positive", False: "negative"}}}
+    job = _job(tmp_path, [source])
+    assert "true: positive" in job.read_text()  # an unquoted key: YAML reads it as a boolean
+    result = _build(job)
+    assert not read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert _manifest(result)["label_map"] == {"negative": 0, "positive": 1}
+    got = {item["record"]["path"]: item["label"]
+           for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True)}
+    assert got == {f"{i}.png": int(c.lower() == "true") for i, c in enumerate(cells)}
+    clash = {**source, "label": {"column": "finding", "map": {True: "positive", "TRUE": "negative"}}}
+    with pytest.raises(ConfigError, match=r"label.map.TRUE: the keys 'true' and 'TRUE' both stand for the cell"):
+        load_job(_job(tmp_path / "clash", [clash]))
+
+
 def test_one_hot_needs_two_columns(tmp_path: Path) -> None:
     source = {"kind": "image", "root": str(tmp_path), "table": str(tmp_path / "t.csv"), "label": {"columns": ["MEL"]}}
     with pytest.raises(ConfigError, match=r"label.columns: a class from one column is 'column: MEL'"):
