@@ -1890,13 +1890,17 @@ class JobLoader(yaml.SafeLoader):
     (``<<: *defaults``) brings in may still be overridden, as YAML intends."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, yaml.Node] = {}
+        # keyed by (type, value): Python's True == 1 and 1 == 1.0, but YAML's true, 1 and 1.0 are
+        # different keys (a label map may list the cells true and 1, or 1 and 1.0)
+        seen: dict[tuple[type, Any], yaml.Node] = {}
+        equal: dict[Any, yaml.Node] = {}
+        as_text: set[yaml.Node] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=deep)
             try:
-                first = seen.setdefault(key, key_node)
+                first = seen.setdefault((type(key), key), key_node)
             except TypeError:  # an unhashable key: the base loader says so
                 continue
             if first is not key_node:
@@ -1904,7 +1908,16 @@ class JobLoader(yaml.SafeLoader):
                     "while constructing a mapping", node.start_mark,
                     f"found the key {key!r} a second time (first on line {first.start_mark.line + 1}); a key may "
                     "appear once in a mapping: keep one", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+            other = equal.setdefault(key, key_node)
+            if other is not key_node and isinstance(other, yaml.ScalarNode) and isinstance(key_node, yaml.ScalarNode):
+                as_text.update((other, key_node))
+        mapping = super().construct_mapping(node, deep=deep)
+        if not as_text:
+            return mapping
+        # one Python dict cannot hold both True and 1: such keys stay the text they were written as
+        # (a schema check makes every key text anyway); node.value is now flattened, merges first
+        return {(key_node.value if key_node in as_text else self.construct_object(key_node, deep=deep)):
+                self.construct_object(value_node, deep=deep) for key_node, value_node in node.value}
 
 
 _YAML_INT, _YAML_FLOAT, _YAML_BOOL = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"

@@ -273,6 +273,24 @@ def test_a_key_written_twice_is_an_error_naming_both_lines_and_a_merge_may_still
     assert load_job(merged).split.by == "entity"  # the explicit key overrides the merged one
 
 
+def test_keys_python_calls_equal_are_different_yaml_keys_and_each_keeps_its_cell(tmp_path: Path) -> None:
+    """The duplicate-key check kept keys in a Python dict, where True == 1 == 1.0: a label map of
+    a column spelled both ways, {true: positive, 1: positive}, was refused as 'found the key 1 a
+    second time'. YAML's true, 1 and 1.0 are three keys; each is the cell text it was written as."""
+    text = yaml.safe_dump(MINIMAL).replace(
+        "table: raw/labels.csv", "table: raw/labels.csv\n  label: {column: finding, map: {true: positive, 1: positive, "
+        "false: negative, 0: negative, 1.0: positive, 0.0: negative}}")
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    value_map = dict(load_job(job).sources[0].target.value_map)
+    assert {cell: value_map[cell] for cell in ("true", "TRUE", "1", "1.0", "false", "0", "0.0")} == {
+        "true": "positive", "TRUE": "positive", "1": "positive", "1.0": "positive",
+        "false": "negative", "0": "negative", "0.0": "negative"}
+    job.write_text(text.replace("1.0: positive", "true: positive"))
+    with pytest.raises(ConfigError, match="found the key True a second time"):  # a real repeat still is one
+        load_job(job)
+
+
 def test_a_job_file_that_is_not_utf8_text_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     # a binary file or a Latin-1 export given as the job raised UnicodeDecodeError: exit 1 with a traceback
     job = tmp_path / "job.yaml"
