@@ -417,6 +417,7 @@ def test_rows_joined_by_union_hold_a_label_any_row_holds_and_ignore_only_what_no
 @pytest.mark.parametrize(("cell", "read"), [
     ("1.00", "a"), ("1e0", "a"), ("0.00", ""), ("-0", ""), ("-1.00", "?a"),  # numbers compare as numbers
     ("1.0", "a"), ("yes", "a"), ("-1", "?a"), ("2", None), ("0.5", None), ("nan", None), ("x", None),
+    ("0_1", None), ("1_0", None), ("\uff11", None), ("\u0661", None),  # float() reads these as 1, 10, 1, 1
 ])
 def test_a_zero_one_cell_is_read_by_its_number_not_its_spelling(cell: str, read: str | None) -> None:
     # "1.00" (a spreadsheet's two decimals) was a bad_target while "1.0" was a positive

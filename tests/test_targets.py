@@ -390,6 +390,25 @@ def test_numeric_columns_become_a_float32_target_vector(tmp_path: Path, fmt: str
     _deep_ok(result)
 
 
+@pytest.mark.parametrize(("cell", "value"), [
+    ("40", 40.0), ("-1.5", -1.5), (".5", 0.5), ("+2.", 2.0), ("1e-3", 0.001), ("2E2", 200.0),
+    ("1_5", None), ("\uff11\uff12", None), ("\u0664\u0660", None), ("1,5", None), ("inf", None), ("nan", None),
+])
+def test_a_numeric_cell_is_a_number_only_in_plain_decimal_notation(cell: str, value: float | None) -> None:
+    """float() reads '1_5' as 15 (digit grouping in Python source) and full-width or Arabic-Indic
+    digits as ASCII ones: such cells packed as numbers nobody wrote. The README's bad_target: a
+    numeric target that is not a finite number, written as a table writes one."""
+    from packer.targets.base import Refused
+    from packer.targets.numeric import NumericTarget
+
+    text = NumericTarget.text_of_cells({"age": cell}, where="t.csv row 2", separator=None, value_map={}, known=())
+    if value is None:
+        assert isinstance(text, Refused) and text.reason == "bad_target"
+        assert f"t.csv row 2, column 'age': {cell!r} is not a finite number" in text.message
+    else:
+        assert text == number_text([value])
+
+
 def test_numeric_targets_cannot_be_stratified_or_given_class_names(tmp_path: Path) -> None:
     source = {"kind": "image", "root": str(tmp_path), "table": "t.csv", "name": "ages",
               "label": {"kind": "numeric", "columns": ["age"]}}

@@ -12,6 +12,7 @@ compares a kind's name.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,12 +81,17 @@ TRUE_CELLS = frozenset({"1", "1.0", "true", "yes"})
 FALSE_CELLS = frozenset({"0", "0.0", "false", "no"})
 
 
+#: A number as a table writes one: sign, ASCII digits, a point, an exponent (``-1.5``, ``.5``,
+#: ``1e-3``). Python's float() also reads ``1_5`` (15, digit grouping in source code), full-width
+#: ``１２`` and other scripts' digits, which no CSV writer means as numbers
+DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
 def cell_number(cell: str) -> float | None:
-    """The finite number a cell spells (``1.00``, ``-1.0``, ``1e0``), else None."""
-    try:
-        number = float(cell)
-    except ValueError:
+    """The finite number a cell spells (``1.00``, ``-1.0``, ``1e0``: :data:`DECIMAL`), else None."""
+    if not DECIMAL.fullmatch(cell):
         return None
+    number = float(cell)
     return number if math.isfinite(number) else None
 
 

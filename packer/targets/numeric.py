@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packer.targets.base import (
+    DECIMAL,
     NO_POLICY,
     SEPARATOR,
     CellPolicy,
@@ -91,12 +92,9 @@ class NumericTarget(Target):
                 return Refused("missing_label", f"{where}, column {column!r}: {cell!r} is one of the source's "
                                                 "missing-value tokens ('missing:'); the sample has no value here: "
                                                 "fill it in, or leave the sample out")
-            try:
-                value = float(cell)
-            except ValueError:
-                value = math.nan
+            value = float(cell) if DECIMAL.fullmatch(cell) else math.nan  # not float(): it reads 1_5 as 15
             if not math.isfinite(value):
-                what = "empty" if not cell else f"{cell!r} is not a finite number"
+                what = "empty" if not cell else f"{cell!r} is not a finite number (written as 12, -1.5 or 1e-3)"
                 return Refused("bad_target", f"{where}, column {column!r}: {what}; every sample needs a number here")
             if not _fits_float32(value):  # packed as float32, where it would be infinite
                 return Refused("bad_target", f"{where}, column {column!r}: {cell!r} is beyond float32's range "
