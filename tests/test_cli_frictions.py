@@ -462,6 +462,38 @@ def test_classes_that_differ_only_in_case_are_a_warning_in_validate_and_build(tm
     assert code == 0 and not [w for w in report["warnings"] if w["code"] == "labels"], output
 
 
+@pytest.mark.parametrize(("cells", "label"), [
+    (["a|b", "A", "a", "b|c", "No Finding", "c"],
+     {"kind": "multilabel", "column": "label", "map": {"No Finding": None}}),  # NIH-style names, a token map
+    (["x;y", "X", "x", "y", "z;X", "y"], {"kind": "multilabel", "column": "label", "separator": ";"}),
+    (["c", "k", "d", "c", "k", "d"], {"column": "label", "map": {"c": "Cat", "k": "cat", "d": "dog"}}),
+])
+def test_the_label_a_twin_warning_offers_builds_as_written_keeping_the_targets_settings(
+        tmp_path: Path, cells: list[str], label: dict[str, Any]) -> None:
+    """The offered label: dropped kind: multilabel (every multi-name cell then unknown_label) and
+    the source's own map, and keyed a class map by the mapped names instead of the cells (every
+    sample unknown_label). Applied as written it must pack every sample, the twins as one."""
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(len(cells))], split={"by": "entity"})
+    table = tmp_path / "raw" / "labels.csv"
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join([lines[0], *(line.replace(",a,", f",{cell},", 1).replace(",b,", f",{cell},", 1)
+                                           for line, cell in zip(lines[1:], cells, strict=True))]) + "\n")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["label"] = label
+    job.write_text(yaml.safe_dump(doc))
+    code, output, report, _ = validate(job)
+    (warning,) = [w for w in report["warnings"] if w["code"] == "labels"]
+    offered = re.search(r"the source's label: (\{.*?\}\})", warning["message"])
+    assert code == 0 and offered, warning["message"]
+    doc["sources"][0]["label"] = yaml.safe_load(offered.group(1))
+    assert {k: v for k, v in doc["sources"][0]["label"].items() if k != "map"} == {
+        k: v for k, v in label.items() if k != "map"}, offered.group(1)
+    job.write_text(yaml.safe_dump(doc))
+    code, output, report, _ = validate(job)
+    assert code == 0 and report["bad_samples"]["total"] == 0, output
+    assert not [w for w in report["warnings"] if w["code"] == "labels"], output
+
+
 def test_demo_data_under_a_file_names_the_file_instead_of_a_traceback(tmp_path: Path) -> None:
     """DIRECTORY is made with its folders; a file standing where one must be is the user's path
     (exit 2, naming it), not an internal error (exit 1, NotADirectoryError)."""
@@ -500,7 +532,8 @@ def test_a_multilabel_twin_warning_maps_the_twins_alone() -> None:
                     Path("job.yaml"))
     warning = case_twins_warning(job, ["Effusion|Mass", "effusion", "Effusion", "Mass"])
     assert warning is not None
-    assert 'label: {column: findings, map: {"Effusion": "Effusion", "effusion": "Effusion"}}' in warning, warning
+    assert "label: {kind: multilabel, column: findings, map: {Effusion: Effusion, effusion: Effusion}}" in warning, \
+        warning
     assert "names every class" not in warning
 
 

@@ -408,26 +408,48 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
 
 def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> str:
     """The source's ``label:`` that maps each group of :func:`case_twins_warning` to its most
-    common spelling (``counts``: samples per class name), as YAML that works as written: a class
-    map names every class (one it lacks is ``unknown_label``), so the others map to themselves,
-    and it needs its column; a multi-label map keeps the tokens it lacks, so it names the twins
-    alone."""
+    common spelling (``counts``: samples per class name), as YAML that works as written: its
+    other settings kept (kind, column or columns, separator), and a map keyed by what the
+    source reads (a cell, a token, a folder), so a map it already has is composed with the new
+    one (raw → its name → the chosen spelling). A class map names every class (one it lacks is
+    ``unknown_label``), so the others map to themselves; a multi-label map keeps the tokens it
+    lacks, so it names the twins (and its own entries) alone."""
     target = job.sources[0].target
     kind = target_class(target.kind)
+    if target.kind == "multilabel" and target.separator is None and target.origin == "table":
+        return ("rename the columns in the table (a multilabel target of 0/1 columns is named by its columns, and "
+                "takes no map)")
     chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
-    pairs = {name: chosen.get(name, name) for name in sorted(counts)}
-    if kind.map_keeps_unnamed:
-        pairs = {name: to for name, to in pairs.items() if name in chosen}
-    shown = list(pairs.items())
-    body = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(to, ensure_ascii=False)}"
-                     for name, to in shown[:12])
-    body += f", ... ({len(shown)} in all, every class)" if len(shown) > 12 else ""
-    where = (f"column: {target.columns[0]}, " if target.origin == "table" and len(target.columns) == 1 else "")
-    if target.origin != "table":
-        return (f"the source's label: {{map: {{{body}}}}} beside its {target.origin} (a class map names every "
-                "class: one it lacks is unknown_label)")
-    return f"the source's label: {{{where}map: {{{body}}}}}" + (
+    own = dict(target.value_map)
+    pairs: dict[str, str | None] = {raw: None if name is None else chosen.get(name, name) for raw, name in own.items()}
+    if kind.map_keeps_unnamed:  # a token the map lacks reads as itself
+        pairs.update((name, to) for name, to in chosen.items() if name not in own)
+    elif not own:  # a class map names every class; the names are the raw values then
+        pairs = {name: chosen.get(name, name) for name in counts}
+    shown = sorted(pairs.items())
+    body = ", ".join(f"{_flow_text(name)}: {'null' if to is None else _flow_text(to)}" for name, to in shown[:12])
+    body += f", ... ({len(shown)} in all, every class)" if len(shown) > 12 and not kind.map_keeps_unnamed else (
+        f", ... ({len(shown)} in all)" if len(shown) > 12 else "")
+    settings = [] if target.kind == "class" else [f"kind: {target.kind}"]
+    if target.origin == "attribute":
+        settings.append(f"attribute: {target.attribute}")
+    elif target.origin == "folder":
+        settings.append("folder: true")
+    elif len(target.columns) == 1:
+        settings.append(f"column: {_flow_text(target.columns[0])}")
+    else:
+        settings.append(f"columns: [{', '.join(_flow_text(column) for column in target.columns)}]")
+    if target.separator not in (None, "|"):
+        settings.append(f"separator: {json.dumps(target.separator, ensure_ascii=False)}")
+    return f"the source's label: {{{', '.join(settings)}, map: {{{body}}}}}" + (
         "" if kind.map_keeps_unnamed else " (a class map names every class: one it lacks is unknown_label)")
+
+
+def _flow_text(text: str) -> str:
+    """``text`` as a YAML flow-mapping key or value: plain where YAML reads it back as that
+    text, else a JSON string (which YAML reads too), so `true`, `1`, `a: b` stay text."""
+    plain = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*(?: [A-Za-z0-9_.-]+)*", text)
+    return text if plain and text.lower() not in ("true", "false", "null") else json.dumps(text, ensure_ascii=False)
 
 
 def uncertain_class_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
