@@ -698,11 +698,7 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
         if rel.startswith("../") and posixpath.isabs(text):
             # the root as the job names it may pass through a link (raw -> real, /data -> /mnt/...),
             # which the root's own path has resolved: the cell's folder, resolved the same way
-            folder, name = posixpath.split(text)
-            real = _real_folder(folder)
-            if real is not None:
-                inside = posixpath.relpath(posixpath.join(real, name), top)
-                rel = rel if inside.startswith("../") else inside
+            rel = _through_links(text, top, rel)
         return rel
     base, top = os.fspath(table.path_base), os.fspath(root)
     if "://" in top:  # a URL root: compare the paths after the protocol
@@ -714,12 +710,19 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
     if rel.startswith("../"):
         # the cell's way from path_base may pass through a link the root's own path resolved (the
         # download linked in: data/CheXpert-v1.0-small -> /mnt/datasets/...): its folder, resolved
-        folder, name = posixpath.split(joined)
-        real = _real_folder(folder)
-        if real is not None:
-            inside = posixpath.relpath(posixpath.join(real, name), top)
-            rel = rel if inside.startswith("../") else inside
+        rel = _through_links(joined, top, rel)
     return rel
+
+
+def _through_links(path: str, top: str, rel: str) -> str:
+    """``path`` relative to the (resolved) root ``top`` with the links on its folder's way
+    resolved, where that lands it under the root; else ``rel``, what it was relative to it."""
+    folder, name = posixpath.split(path)
+    real = _real_folder(folder)
+    if real is None:
+        return rel
+    inside = posixpath.relpath(posixpath.join(real, name), top)
+    return rel if inside.startswith("../") else inside
 
 
 def written_from_base(rel: str, table: TableConfig, root: Path | str) -> str | None:
