@@ -416,7 +416,7 @@ def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> s
     lacks, so it names the twins (and its own entries) alone."""
     target = job.sources[0].target
     kind = target_class(target.kind)
-    if target.kind == "multilabel" and target.separator is None and target.origin == "table":
+    if kind.columns_name_labels and target.separator is None and target.origin == "table":
         return ("rename the columns in the table (a multilabel target of 0/1 columns is named by its columns, and "
                 "takes no map)")
     chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
@@ -430,7 +430,7 @@ def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> s
     body = ", ".join(f"{_flow_text(name)}: {'null' if to is None else _flow_text(to)}" for name, to in shown[:12])
     body += f", ... ({len(shown)} in all, every class)" if len(shown) > 12 and not kind.map_keeps_unnamed else (
         f", ... ({len(shown)} in all)" if len(shown) > 12 else "")
-    settings = [] if target.kind == "class" else [f"kind: {target.kind}"]
+    settings = [] if kind.default_kind else [f"kind: {target.kind}"]
     if target.origin == "attribute":
         settings.append(f"attribute: {target.attribute}")
     elif target.origin == "folder":

@@ -285,6 +285,11 @@ class Target:
     #: its label ``map`` keeps a value it does not name as it is (a multi-label token), where a
     #: class map refuses it (``unknown_label``): so a map written for one fix need name that alone
     map_keeps_unnamed: ClassVar[bool] = False
+    #: the kind a source's ``label:`` reads as when it names none (``kind:`` need not be written)
+    default_kind: ClassVar[bool] = False
+    #: read from several table columns without a separator, its labels are those columns'
+    #: names (multi-label 0/1 columns): a ``map`` cannot rename them, the table's header can
+    columns_name_labels: ClassVar[bool] = False
 
     def __new__(cls, kind: str, names: tuple[str, ...] = (), masked: bool = False) -> Target:
         chosen = target_class(kind)

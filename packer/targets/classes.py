@@ -85,6 +85,7 @@ class ClassTarget(Target):
     """One class per sample; ``names`` are the classes in label-index order."""
 
     KIND: ClassVar[str] = "class"
+    default_kind: ClassVar[bool] = True
     has_label: ClassVar[bool] = True
     names_labels: ClassVar[bool] = True
     inspect_heading: ClassVar[str] = "classes"

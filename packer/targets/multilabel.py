@@ -85,6 +85,7 @@ class MultiLabelTarget(Target):
     view_column: ClassVar[str | None] = "target"
     maskable: ClassVar[bool] = True
     map_keeps_unnamed: ClassVar[bool] = True
+    columns_name_labels: ClassVar[bool] = True
 
     @property
     def label_map(self) -> dict[str, int]:
