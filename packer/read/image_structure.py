@@ -19,6 +19,7 @@ import numpy as np
 
 from packer.config import LimitsConfig
 from packer.read.limits import limit_problem
+from packer.transform.image import opencv_misreads_planar_tiff
 
 FORMATS = ("png", "jpeg", "tiff", "bmp")
 
@@ -554,10 +555,9 @@ class TiffSamples:
 
     @property
     def separate_wide(self) -> bool:
-        """Its samples are stored as separate planes at more than 8 bits: a layout OpenCV 5 decodes
-        as if the samples were interleaved (the first plane's values spread over all channels),
-        where it reads the same page at 8 bits, or interleaved, right."""
-        return self.planar == 2 and self.samples > 1 and self.bits > 8
+        """Its samples are stored as separate planes at more than 8 bits, a layout OpenCV 5 decodes
+        wrong (:func:`~packer.transform.image.opencv_misreads_planar_tiff`)."""
+        return opencv_misreads_planar_tiff(self.planar, self.samples, self.bits)
 
     @property
     def premultiplied(self) -> bool:

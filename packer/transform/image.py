@@ -97,6 +97,14 @@ def _window_params(window: tuple[tuple[str, Any], ...]) -> tuple[str, float, flo
 OPENCV_SCALED_TIFF_BITS = {10: 6, 12: 4, 14: 2}
 
 
+def opencv_misreads_planar_tiff(planar: int, samples: int, bits: int) -> bool:
+    """Whether OpenCV 5 decodes a TIFF page of this layout wrong: more than one sample of more
+    than 8 bits stored as separate planes (PlanarConfiguration 2), which it reads as if they were
+    interleaved (the first plane's values spread over all channels); the same page at 8 bits, or
+    interleaved, it reads right. The image reader and the mask decoder refuse it alike."""
+    return planar == 2 and samples > 1 and bits > 8
+
+
 def full_range_max(dtype: np.dtype) -> float | None:
     """The stored maximum that maps to 1.0 without a window: 255 for uint8, 65535 for uint16,
     ``None`` for any other dtype (such images need a window)."""

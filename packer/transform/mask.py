@@ -26,7 +26,7 @@ import numpy as np
 
 from packer.config import ImageTransformConfig
 from packer.transform.dicom import spacing_size
-from packer.transform.image import OPENCV_SCALED_TIFF_BITS, orient_image, tile_origins
+from packer.transform.image import OPENCV_SCALED_TIFF_BITS, opencv_misreads_planar_tiff, orient_image, tile_origins
 from packer.transform.resize import POLICIES, resize_image, resize_plan
 
 #: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
@@ -319,7 +319,8 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
                     bits = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
             elif tag == _TIFF_PHOTOMETRIC and kind == 3 and len(seen) == 1:
                 photometric = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
-        if separate is None and layout[_TIFF_PLANAR] == 2 and layout[_TIFF_SAMPLES] > 1 and layout[_TIFF_BITS] > 8:
+        if separate is None and opencv_misreads_planar_tiff(layout[_TIFF_PLANAR], layout[_TIFF_SAMPLES],
+                                                            layout[_TIFF_BITS]):
             separate = (len(seen) - 1, layout[_TIFF_BITS], layout[_TIFF_SAMPLES])
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
     return bytes(out), bits, photometric, separate
