@@ -107,8 +107,9 @@ def test_zero_byte_file_is_unreadable(tmp_path: Path) -> None:
     issue_of(read(path), "unreadable")
 
 
-def test_missing_file_and_directory_are_unreadable(tmp_path: Path) -> None:
-    issue_of(probe(tmp_path / "gone.dcm"), "unreadable")
+def test_a_missing_file_is_missing_file_and_a_directory_unreadable(tmp_path: Path) -> None:
+    """missing_file, as an image or NIfTI source says for the same file (packer.read.opening)."""
+    issue_of(probe(tmp_path / "gone.dcm"), "missing_file")
     folder = tmp_path / "folder.dcm"
     folder.mkdir()
     issue_of(read(folder), "unreadable")

@@ -690,3 +690,27 @@ def test_a_row_through_a_link_to_a_folder_outside_the_root_is_outside_root(tmp_p
     assert ("outside_root", "secret.png") in by_reason, by_reason
     assert "row 3 lists 'linkdir/secret.png', which resolves to" in by_reason[("outside_root", "secret.png")]
     assert not any(reason == "missing_file" for reason, _ in by_reason)
+
+
+def test_a_broken_link_is_missing_file_whichever_kind_reads_it(tmp_path: Path) -> None:
+    """An image source said missing_file ("a symbolic link to X, which does not exist") and a
+    DICOM source unreadable ("cannot open the file (FileNotFoundError...)") for the same broken
+    link, so the counts by reason depended on the source kind; a NIfTI source said unreadable too."""
+    from packer.config import LimitsConfig
+    from packer.read.nifti import NiftiDefect, load_header
+
+    root = tmp_path / "ct"
+    root.mkdir()
+    (root / "link.dcm").symlink_to("gone.dcm")
+    job = {"name": "t", "sources": [{"kind": "dicom", "root": "ct"}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    loaded = load_job(tmp_path / "job.yaml")
+    refs = {r.relpath: r for r in discover(loaded).refs}
+    dicom = probe_ref(refs["link.dcm"], loaded)
+    assert isinstance(dicom, Issue) and dicom.reason == "missing_file"
+    assert "a symbolic link to gone.dcm, which does not exist; fix the link or remove it" in dicom.message
+    (tmp_path / "ct.nii.gz").symlink_to("gone.nii.gz")
+    with pytest.raises(NiftiDefect) as raised:
+        load_header(str(tmp_path / "ct.nii.gz"), LimitsConfig(), channels_from=None)
+    assert raised.value.reason == "missing_file" and "which does not exist; fix the link" in raised.value.message

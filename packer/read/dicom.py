@@ -70,6 +70,7 @@ from packer.read.limits import (
     inflated_size_exceeds,
     limit_problem,
 )
+from packer.read.opening import open_failure
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.where import Condition
 
@@ -170,8 +171,8 @@ def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
 
 
 def _cannot_open(ref: SampleRef, err: OSError) -> Issue:
-    return _issue(ref, "read", "unreadable", f"cannot open the file ({type(err).__name__}: {err.strerror or err}); "
-                                             "fix its permissions or the link it is, or remove it from the source")
+    reason, said = open_failure(ref.path, err)
+    return _issue(ref, "read", reason, said)
 
 
 def _check_preamble(ref: SampleRef, head: bytes | None = None) -> Issue | None:

@@ -26,7 +26,6 @@ The format is taken from the file's signature, not its extension. The file struc
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import struct
 import tempfile
@@ -71,6 +70,7 @@ from packer.read.image_structure import (
     tiff_tags,
 )
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
+from packer.read.opening import open_failure
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
     OPENCV_SCALED_TIFF_BITS,
@@ -201,28 +201,8 @@ def _unsupported(ref: SampleRef, head: bytes, dicm: bytes = b"") -> Issue:
 
 
 def _open_issue(ref: SampleRef, err: OSError) -> Issue:
-    link = _link_text(ref.path)
-    if isinstance(err, FileNotFoundError):
-        said = (f"a symbolic link to {link}, which does not exist; fix the link or remove it" if link is not None
-                else "file not found where discovery listed it: it was removed or moved while the build ran, or "
-                     "(on a cluster) the worker that read it does not see it at that path; restore it, or mount "
-                     "the data at the same path on every worker, and build again")
-        return Issue.of(ref, stage="read", reason="missing_file", message=f"{_name(ref)}: {said}")
-    if link is not None and err.errno == errno.ELOOP:
-        return Issue.of(ref, stage="read", reason="unreadable",
-                        message=f"{_name(ref)}: a symbolic link to {link} that leads back to itself through links "
-                                f"({err.strerror or err}); point it at the real file or remove it")
-    return Issue.of(ref, stage="read", reason="unreadable",
-                    message=f"{_name(ref)}: cannot read the file ({err.strerror or err}); check it and its permissions")
-
-
-def _link_text(path: str) -> str | None:
-    """Where the symbolic link at ``path`` points (as written in the link), or None for a file
-    that is no link (or a remote path)."""
-    try:
-        return os.readlink(path) if os.path.islink(path) else None
-    except OSError:
-        return None
+    reason, said = open_failure(ref.path, err)
+    return Issue.of(ref, stage="read", reason=reason, message=f"{_name(ref)}: {said}")
 
 
 def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> ImageHeader | Issue:

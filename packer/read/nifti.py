@@ -49,6 +49,7 @@ import numpy as np
 
 from packer.config import LimitsConfig
 from packer.read.limits import file_size_problem, limit_problem
+from packer.read.opening import open_failure
 from packer.records import Issue, SampleRef
 from packer.transform.volume import Volume, canonical_order, canonical_plan, canonical_view
 
@@ -176,7 +177,7 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
     try:
         size = os.stat(path).st_size
     except OSError as err:
-        raise NiftiDefect("unreadable", f"cannot open the file ({err.strerror or err})", opened=False) from err
+        raise NiftiDefect(*open_failure(path, err), opened=False) from err
     if size == 0:
         raise NiftiDefect("unreadable", "the file is empty (0 bytes); replace it or remove it")
     too_big = file_size_problem(size, limits)
