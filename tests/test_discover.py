@@ -521,6 +521,17 @@ def test_a_named_pipe_named_like_an_image_is_unreadable_and_nothing_waits_on_it(
     assert "named pipe" in issue.message
 
 
+def test_a_device_named_like_an_image_is_not_said_to_wait_for_a_writer(tmp_path: Path) -> None:
+    """A link to /dev/zero (under outside_root: allow) is unreadable; its message said "reading
+    would wait for a writer", the named pipe's reason, which a device is not."""
+    from packer.pipeline.probe import _not_a_file
+
+    ref = SampleRef(sample_id="s", source="raw", kind="image", path="/dev/zero", relpath="zero.png")
+    issue = _not_a_file(ref)
+    assert isinstance(issue, Issue) and issue.reason == "unreadable"
+    assert "a device" in issue.message and "wait for a writer" not in issue.message
+
+
 def test_a_named_pipe_among_dicom_files_without_a_suffix_does_not_hang_the_listing(tmp_path: Path) -> None:
     (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"rest")
     os.mkfifo(tmp_path / "IM0002")  # sniffing its head opened it for reading: it waited for a writer

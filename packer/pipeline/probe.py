@@ -82,10 +82,12 @@ def _not_a_file(ref: SampleRef) -> Issue | None:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    what = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    what, why = (("a named pipe (FIFO)", "reading would wait for a writer") if stat.S_ISFIFO(mode) else
+                 ("a socket", "it holds no file's bytes") if stat.S_ISSOCK(mode) else
+                 ("a device", "reading it would stream whatever the device gives, maybe without end"))
     return Issue.of(ref, stage="read", reason="unreadable",
-                    message=f"{ref.path}: is {what}, not a regular file; nothing was read from it (reading "
-                            "would wait for a writer). Replace it with the file, or remove it")
+                    message=f"{ref.path}: is {what}, not a regular file; nothing was read from it ({why}). "
+                            "Replace it with the file, or remove it")
 
 
 def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue | Excluded:
