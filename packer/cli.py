@@ -164,8 +164,9 @@ def _print_summary(result: Any) -> None:
 @click.option("--resume/--fresh", default=True, show_default=True,
               help="--resume (the default) reuses the build cache: after a crash or kill -9, files already "
                    "decoded and spilled (their hashes checked) are not decoded again, and the result is "
-                   "byte-identical to an uninterrupted build; a rebuild decodes only new or changed files, "
-                   "reading the rest back from the last version's shards. --fresh deletes the cache first (and "
+                   "byte-identical to an uninterrupted build; a rebuild with the same sources and transforms "
+                   "decodes only new or changed files, reading the rest back from the last version's shards (a "
+                   "changed source or transform setting decodes every file). --fresh deletes the cache first (and "
                    "an old one left at <output>/<name>/.cache).")
 @click.option("--keep-spill", is_flag=True,
               help="Keep the decoded samples in the build cache after packing. By default the pack pass frees "
