@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from packer.config import ImageTransformConfig
 from packer.errors import ConfigError
 from packer.read import image as image_mod
-from packer.read import image_structure
+from packer.read import image_structure, jpeg_scan
 from packer.read.image import ImageHeader, probe_image, read_image
 from packer.records import Issue, Sample, SampleRef
 
@@ -388,6 +388,95 @@ def test_jpeg_with_trailing_bytes_after_eoi_is_fine(tmp_path: Path) -> None:
     path = tmp_path / "tail.jpg"
     path.write_bytes(encoded.tobytes() + b"extra appended data \xff\x00\xff")
     assert read_ok(path)[0].image.shape == (3, 16, 16)
+
+
+def _scan_start(data: bytes) -> int:
+    """Where the entropy-coded data of a JPEG's first scan starts (after its SOS segment)."""
+    sos = data.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+
+
+_ENCODINGS = {
+    "baseline 4:2:0": (),
+    "progressive": (cv2.IMWRITE_JPEG_PROGRESSIVE, 1),
+    "restart markers": (cv2.IMWRITE_JPEG_RST_INTERVAL, 2),
+}
+
+
+@pytest.mark.parametrize("params", list(_ENCODINGS.values()), ids=list(_ENCODINGS))
+def test_a_jpeg_whose_scan_is_cut_but_ends_in_eoi_is_truncated(tmp_path: Path, params: tuple[int, ...]) -> None:
+    # libjpeg only warns about the lost scan data and fills the lost rows with grey: OpenCV
+    # decodes the file without a word, so the end marker alone proves nothing
+    data = write_image(tmp_path / "whole.jpg", noise((64, 64, 3)), (cv2.IMWRITE_JPEG_QUALITY, 95, *params)).read_bytes()
+    start = _scan_start(data)
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[:start + (len(data) - start) // 2] + b"\xff\xd9")
+    assert cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_UNCHANGED) is not None
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert "scan data is cut short" in issue.message and "Corrupt JPEG data" in issue.message, issue.message
+
+
+def test_a_jpeg_whose_scan_holds_a_bad_huffman_code_is_decode_failed(tmp_path: Path) -> None:
+    data = write_image(tmp_path / "whole.jpg", noise((32, 32, 3))).read_bytes()
+    at = _scan_start(data) + 40
+    path = tmp_path / "bad-code.jpg"
+    path.write_bytes(data[:at] + b"\xff\x00" * 8 + data[at + 16:])  # all-ones bits: no Huffman code
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("decode_failed", "read"), issue
+    assert "bad Huffman code" in issue.message
+
+
+def test_a_jpeg_warning_that_loses_no_pixel_falls_back_to_opencv(tmp_path: Path) -> None:
+    # libjpeg skips stray bytes between segments; TurboJPEG's strict mode stops there, so the file
+    # is decoded by OpenCV, as before, and packs
+    data = write_image(tmp_path / "whole.jpg", smooth_bgr(24, 32)).read_bytes()
+    sos = data.index(b"\xff\xda")
+    path = tmp_path / "stray.jpg"
+    path.write_bytes(data[:sos] + b"\x00\x01\x02" + data[sos:])
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(cv2.imdecode(np.fromfile(path, np.uint8),
+                                                                     cv2.IMREAD_UNCHANGED)))
+
+
+_VARIED = {
+    "grey": ((40, 56), ()),
+    "4:2:0": ((40, 56, 3), (cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420)),
+    "4:2:2": ((40, 56, 3), (cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422)),
+    "4:4:4": ((40, 56, 3), (cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444)),
+    "4:1:1": ((40, 56, 3), (cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411)),
+    "progressive": ((40, 56, 3), (cv2.IMWRITE_JPEG_PROGRESSIVE, 1)),
+    "progressive grey": ((40, 56), (cv2.IMWRITE_JPEG_PROGRESSIVE, 1)),
+    "restart markers": ((40, 56, 3), (cv2.IMWRITE_JPEG_RST_INTERVAL, 1)),
+    "odd size": ((37, 53, 3), (cv2.IMWRITE_JPEG_QUALITY, 60)),
+}
+
+
+@pytest.mark.parametrize("shape, params", list(_VARIED.values()), ids=list(_VARIED))
+def test_the_strict_jpeg_decoder_gives_opencvs_pixels(tmp_path: Path, shape: tuple[int, ...],
+                                                      params: tuple[int, ...]) -> None:
+    # packer decodes JPEGs with libjpeg-turbo in strict mode to see lost scan data, and must pack
+    # the very bytes OpenCV's decode gave before
+    data = write_image(tmp_path / "v.jpg", noise(shape), params).read_bytes()
+    expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    decoded = jpeg_scan.strict_decode(data)
+    assert decoded is not None, "TurboJPEG should open this file"
+    assert (decoded.shape, decoded.dtype) == (expected.shape, expected.dtype)
+    np.testing.assert_array_equal(decoded, expected)
+    assert decoded.flags.c_contiguous
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_the_strict_jpeg_decoder_leaves_exif_orientation_to_the_reader(tmp_path: Path, orientation: int) -> None:
+    data = write_image(tmp_path / "w.jpg", smooth_bgr(16, 24)).read_bytes()
+    spliced = data[:2] + exif_app1(orientation, ">") + data[2:]
+    path = tmp_path / "o.jpg"
+    path.write_bytes(spliced)
+    stored = cv2.imdecode(np.frombuffer(spliced, np.uint8), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(jpeg_scan.strict_decode(spliced), stored)  # pixels as stored
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(_by_hand(stored, orientation)))
+    assert sample.metadata["orientation"] == orientation
 
 
 def test_truncated_png(tmp_path: Path) -> None:

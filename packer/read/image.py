@@ -69,6 +69,7 @@ from packer.read.image_structure import (
     tiff_photometrics,
     tiff_tags,
 )
+from packer.read.jpeg_scan import strict_decode
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.read.opening import open_failure
 from packer.records import Issue, Sample, SampleRef
@@ -595,7 +596,10 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
         _check_size(header, limits, read, len(data))
-    image, oriented = _decode(data, fmt), decoder_orients(fmt)
+    # an 8-bit JPEG is decoded by libjpeg-turbo in strict mode, which (unlike OpenCV) reports scan
+    # data cut short or damaged (packer.read.jpeg_scan); its pixels are OpenCV's, not oriented
+    strict = strict_decode(data) if fmt == "jpeg" and header.bit_depth == 8 else None
+    image, oriented = (strict, False) if strict is not None else (_decode(data, fmt), decoder_orients(fmt))
     if chain:
         image, by_pillow = _tiff_as_stored(data, chain[0], image)
         oriented = oriented if by_pillow is None else by_pillow

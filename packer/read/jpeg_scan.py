@@ -1,0 +1,81 @@
+"""A JPEG's entropy-coded scan data checked by decoding it with libjpeg-turbo in strict mode.
+
+libjpeg does not fail on scan data cut short or damaged: it warns (``Corrupt JPEG data: premature
+end of data segment``) and fills the lost blocks with grey, and OpenCV, Pillow, imagecodecs and
+pylibjpeg hand those pixels back without a word. The marker walk of
+:mod:`packer.read.image_structure` cannot see such a cut where the file still ends with its EOI
+marker (FFD9): only the decoder knows how much of the image the scan really codes. simplejpeg
+(libjpeg-turbo's TurboJPEG API, with ``strict=True``: stop on any warning) is the one decoder here
+that reports it, so it decodes 8-bit JPEGs (:func:`strict_decode`) and checks the JPEG frames of
+DICOM files (:func:`check_scan`).
+
+A warning that says pixels were made up (:data:`LOSSY_WARNINGS`) is a :class:`Defect`. Any other
+refusal (a warning that loses no pixel, such as ``N extraneous bytes before marker``, or a file
+TurboJPEG cannot open: unusual sampling factors, CMYK, 12-bit or lossless JPEG) gives ``None``:
+the caller decodes as before, without the check (libjpeg stops at its first warning in strict mode,
+so a lost scan after a harmless warning goes unseen there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simplejpeg
+
+from packer.read.image_structure import Defect
+
+#: libjpeg-turbo's warnings (jerror.h, JWRN_*) after which the decoder made pixels up, lower case,
+#: with the reason code each gives: the scan ends before the image does (JWRN_HIT_MARKER,
+#: JWRN_JPEG_EOF, and JWRN_MUST_RESYNC on the EOI marker FFD9) is ``truncated``; a scan that does
+#: not decode (JWRN_HUFF_BAD_CODE, JWRN_ARITH_BAD_CODE, JWRN_MUST_RESYNC on another marker,
+#: JWRN_BOGUS_PROGRESSION: a progressive scan refining coefficients never coded) is
+#: ``decode_failed``. The rest (an unknown Adobe transform or JFIF revision, extraneous bytes
+#: before a marker, a bad ICC marker, too many scanlines) lose no pixel.
+LOSSY_WARNINGS = (
+    ("premature end of data segment", "truncated"),
+    ("premature end of jpeg file", "truncated"),
+    ("found marker 0xd9 instead of rst", "truncated"),
+    ("instead of rst", "decode_failed"),
+    ("bad huffman code", "decode_failed"),
+    ("bad arithmetic code", "decode_failed"),
+    ("inconsistent progression sequence", "decode_failed"),
+)
+
+#: TurboJPEG's colour space of a JPEG (decode_jpeg_header) → the output OpenCV's imdecode gives
+#: for it (IMREAD_UNCHANGED): grey stays grey, YCbCr and RGB become BGR. CMYK and YCCK are left to
+#: OpenCV.
+_OUTPUT = {"Gray": "GRAY", "YCbCr": "BGR", "RGB": "BGR"}
+
+
+def _lost(err: ValueError) -> Defect | None:
+    """The Defect for a strict decode's ``err`` whose warning means pixels were made up, else None."""
+    text = str(err)
+    reason = next((reason for key, reason in LOSSY_WARNINGS if key in text.lower()), None)
+    if reason is None:
+        return None
+    cut = "cut short" if reason == "truncated" else "damaged"
+    return Defect(reason, f"JPEG scan data is {cut}: libjpeg-turbo warns \"{text}\" and would fill the lost part "
+                          "of the image with grey, which is not packed; copy or export the file again")
+
+
+def strict_decode(data: bytes) -> np.ndarray | None:
+    """The 8-bit JPEG ``data`` decoded as ``cv2.imdecode(..., IMREAD_UNCHANGED)`` decodes it
+    (H×W uint8 grey, H×W×3 BGR; not oriented), or None where TurboJPEG cannot open it or stops at a
+    warning that loses no pixel (decode it with OpenCV then). Raises Defect where a warning says the
+    scan lost pixels (:data:`LOSSY_WARNINGS`)."""
+    try:
+        space = _OUTPUT.get(simplejpeg.decode_jpeg_header(data)[2])
+        if space is None:
+            return None
+        image = simplejpeg.decode_jpeg(data, colorspace=space, strict=True)
+    except ValueError as err:
+        lost = _lost(err)
+        if lost is not None:
+            raise lost from err
+        return None
+    return image.reshape(image.shape[:2]) if space == "GRAY" else image
+
+
+def check_scan(data: bytes) -> None:
+    """Raise Defect where the JPEG codestream ``data`` (a DICOM frame) loses pixels in its scan
+    (:data:`LOSSY_WARNINGS`): a check only, the pixels decoded here are thrown away."""
+    strict_decode(data)
