@@ -480,6 +480,32 @@ def test_a_frame_cut_short_that_the_decoder_fills_in_is_truncated(tmp_path: Path
     assert "frame 0 lacks its end marker (FFD9); copy the file again" in found.message
 
 
+def _scan_start(frame: bytes) -> int:
+    """Where the entropy-coded data of a JPEG frame's first scan starts (after its SOS segment)."""
+    sos = frame.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(frame[sos + 2:sos + 4], "big")
+
+
+@pytest.mark.parametrize("name", ["SC_jpeg_no_color_transform.dcm", "SC_rgb_jpeg_dcmtk.dcm"])
+@pytest.mark.parametrize("kept", [0.3, 0.7])
+def test_a_jpeg_baseline_frame_cut_inside_its_scan_but_ending_in_ffd9_is_truncated(
+        tmp_path: Path, name: str, kept: float) -> None:
+    """A JPEG Baseline frame cut inside its scan data, FFD9 put back at its end: pylibjpeg's libjpeg
+    decodes it without an error, padding the lost blocks, and the end marker is there.
+    libjpeg-turbo in strict mode checks the scan; the frames are still decoded by the pinned
+    plugin (the whole file reads)."""
+    ds = pydicom.dcmread(shipped(name))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    assert not isinstance(read(save(ds, tmp_path / "whole.dcm")), Issue)
+    start = _scan_start(frame)
+    cut = frame[:start + int((len(frame) - start) * kept)] + b"\xff\xd9"
+    ds.PixelData = encapsulate([cut + b"\x00" * (len(cut) % 2)])
+    assert pixel_array(ds, decoding_plugin="pylibjpeg").shape == (ds.Rows, ds.Columns, 3)  # no error
+    found = issue_of(read(save(ds, tmp_path / "cut.dcm")), "truncated", "read")
+    assert "frame 0: JPEG scan data is cut short" in found.message, found.message
+    assert "premature end of data segment" in found.message, found.message
+
+
 def _relabelled(path: Path, syntax: str) -> Path:
     """The Explicit VR Little Endian file at ``path`` with its file meta's Transfer Syntax UID
     made ``syntax`` (and the group length to match), its data set as it was: pydicom writes no

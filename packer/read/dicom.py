@@ -62,6 +62,8 @@ from packer.read.dicom_meta import META_START, meta_elements
 from packer.read.dicom_objects import classify, header_failure
 from packer.read.dicom_render import GRAYSCALE, render_samples
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geometry
+from packer.read.image_structure import Defect
+from packer.read.jpeg_scan import check_scan
 from packer.read.limits import (
     DEFAULT_LIMITS,
     BoundedFile,
@@ -923,6 +925,35 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> str | None:
     return None
 
 
+#: JPEG Baseline (Process 1) and Extended (Process 2 & 4): the syntaxes whose 8-bit frames
+#: :func:`_jpeg_scan_lost` checks (lossless JPEG is not TurboJPEG's; 12-bit Extended neither)
+_JPEG_CHECKED = ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51")
+
+
+def _jpeg_scan_lost(ds: Dataset, geometry: _Geometry) -> tuple[str, str] | None:
+    """(reason, what) for the first 8-bit JPEG Baseline/Extended frame whose scan data loses
+    pixels, None where none does. A frame cut inside its scan that still ends with FFD9 passes
+    :func:`_frames_cut_short`, and pylibjpeg's libjpeg decodes it without an error, padding the
+    lost rows with grey: libjpeg-turbo in strict mode (:func:`packer.read.jpeg_scan.check_scan`)
+    reports it. A check only: the frames are decoded by the pinned plugin as before, so the packed
+    bytes do not change; a frame TurboJPEG cannot open is left unchecked."""
+    if geometry.transfer_syntax not in _JPEG_CHECKED:
+        return None
+    try:
+        frames = list(generate_frames(ds.PixelData, number_of_frames=geometry.frames))
+    except _DECODE_ERRORS:
+        return None  # _frames_cut_short reports fragments that cannot be split
+    for index, frame in enumerate(frames[:geometry.frames]):
+        header = codestream_header(frame)
+        if header is None or header.precision != 8:
+            continue
+        try:
+            check_scan(frame)
+        except Defect as defect:
+            return defect.reason, f"frame {index}: {defect.message}"
+    return None
+
+
 #: Transfer syntaxes DICOM defines (PS3.6 Table A-1, 2024-2025 editions) that pydicom 3.0 does not
 #: name, so a file in one is told what it is, not that its syntax is unknown.
 _NEWER_SYNTAXES = {
@@ -1019,6 +1050,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
             return _issue(ref, "read", "truncated",
                           f"encapsulated pixel data is cut short ({plugin} decoded it anyway by filling in the "
                           f"missing part, which is not packed): {short}")
+        if (lost := _jpeg_scan_lost(ds, geometry)) is not None:
+            return _issue(ref, "read", lost[0], f"encapsulated pixel data ({plugin} decoded it anyway), {lost[1]}")
     except _DECODE_ERRORS as err:
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
             failed = f" ({plugin}: {type(err).__name__}: {err})" if str(err) else ""
