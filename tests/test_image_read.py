@@ -375,12 +375,31 @@ def test_probe_finds_sof_after_large_app_segments(tmp_path: Path) -> None:
 def test_truncated_jpeg(tmp_path: Path) -> None:
     ok, encoded = cv2.imencode(".jpg", smooth_bgr(32, 32))
     data = encoded.tobytes()
-    for name, cut in (("half.jpg", data[: len(data) // 2]), ("no-eoi.jpg", data[:-2])):
+    dht = data.index(b"\xff\xc4")
+    for name, cut, said in (("in-dht.jpg", data[:dht + 10], f"inside the DHT segment (marker FF C4 at byte {dht})"),
+                            ("no-eoi.jpg", data[:-2], "without an EOI marker (FFD9)")):
         path = tmp_path / name
         path.write_bytes(cut)
         issue = read_issue(path)
         assert (issue.reason, issue.stage) == ("truncated", "read"), issue
-        assert "EOI" in issue.message
+        assert said in issue.message, issue.message
+
+
+@pytest.mark.parametrize("marker, name", [(0xDB, "DQT"), (0xC0, "SOF0"), (0xC4, "DHT"), (0xDA, "SOS")])
+def test_a_jpeg_cut_inside_a_header_segment_says_where_though_it_ends_in_ffd9(tmp_path: Path, marker: int,
+                                                                                name: str) -> None:
+    # an FF D9 put back after the cut lies inside the segment: the file does end in FF D9, so the
+    # message must not say the EOI marker is missing, but where the data ends short
+    data = write_image(tmp_path / "whole.jpg", smooth_bgr(32, 32)).read_bytes()
+    at = data.index(bytes([0xFF, marker]))
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[:at + 6] + b"\xff\xd9")
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("truncated", "read"), issue
+    assert f"inside the {name} segment (marker FF {marker:02X} at byte {at})" in issue.message, issue.message
+    assert "without an EOI marker" not in issue.message
+    assert "the FF D9 it ends with lies inside that segment" in issue.message
+    assert ("before its SOF header" in issue.message) == (marker in (0xDB, 0xC0))
 
 
 def test_jpeg_with_trailing_bytes_after_eoi_is_fine(tmp_path: Path) -> None:

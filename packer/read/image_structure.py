@@ -162,7 +162,7 @@ def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader |
     header), else at EOI (returns the header). Stray bytes between segments are skipped, as
     libjpeg does. Raises Defect("truncated") when the data ends first and ``complete``;
     returns ``None`` when it ends first and more data may follow."""
-    pos, header, orientation = 2, None, 1
+    pos, header, orientation, inside = 2, None, 1, ""
     markers = _jpeg_marker_ends(data)
     while True:
         # the next marker is the first FF run starting at or after pos: its code byte is at >= pos + 1
@@ -176,6 +176,7 @@ def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader |
         if 0xD0 <= marker <= 0xD7 or marker in (0x01, 0xD8):  # standalone markers
             continue
         if pos + 2 > len(data) or pos + _u16(data, pos) > len(data):
+            inside = _cut_segment(data, marker, pos)
             break
         length = _u16(data, pos)
         segment = data[pos + 2:pos + length]
@@ -192,8 +193,36 @@ def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader |
     if not complete:
         return None
     where = "before its SOF header" if header is None else "without an EOI marker (FFD9)"
+    if inside:  # the data ends inside a marker segment (and whatever FF D9 it ends with lies in there)
+        where = inside + (", before its SOF header" if header is None else "")
     raise Defect("truncated", f"JPEG ends at byte {len(data)} {where}; the file was cut short, "
                                "copy or export it again")
+
+
+def _jpeg_segment_name(marker: int) -> str:
+    """The name of a JPEG marker segment (ITU T.81 Table B.1) for messages: ``SOF0``, ``DHT``, ``APP1``."""
+    if marker in _JPEG_SOF:
+        return f"SOF{marker - 0xC0}"
+    if 0xE0 <= marker <= 0xEF:
+        return f"APP{marker - 0xE0}"
+    return {0xC4: "DHT", 0xCC: "DAC", 0xDA: "SOS", 0xDB: "DQT", 0xDC: "DNL", 0xDD: "DRI", 0xDE: "DHP",
+            0xDF: "EXP", 0xFE: "COM"}.get(marker, "marker")
+
+
+def _cut_segment(data: bytes, marker: int, pos: int) -> str:
+    """Where ``data`` ends inside the segment of ``marker`` whose length field starts at byte
+    ``pos`` (the marker's code byte at ``pos - 1``): the words of a truncated-JPEG message. The
+    last two bytes may be FF D9 (an EOI marker put back after a cut), which lie inside the segment
+    and are no end of image; the message says so, not that the marker is missing."""
+    name = f"{_jpeg_segment_name(marker)} segment (marker FF {marker:02X} at byte {pos - 2})"
+    if pos + 2 > len(data):
+        said = f"inside the {name}, before its length field"
+    else:
+        said = (f"inside the {name}, which declares {_u16(data, pos)} bytes and so runs to byte "
+                f"{pos + _u16(data, pos)}")
+    if data.endswith(b"\xff\xd9"):
+        said += "; the FF D9 it ends with lies inside that segment, so it is no end-of-image marker"
+    return said
 
 
 def _exif_orientation(tiff: bytes) -> int:
