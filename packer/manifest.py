@@ -45,6 +45,11 @@ SPLITS_FILE = "_splits.parquet"
 _UNHASHED = ("created_at", "version", "dataset_hash")
 _BYTE_SHAPING = ("numpy", "opencv-python-headless", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
                  "pylibjpeg-openjpeg", "pylibjpeg-rle", "pyarrow")
+#: Libraries that decide which files are refused without shaping a packed byte: simplejpeg's strict
+#: decode reports JPEG scan data cut short (its pixels are OpenCV's, a test holds it). Their versions
+#: key the build cache and are checked on a cluster's workers (:func:`decoding_libraries`), but are
+#: not in the manifest, so no dataset's hash moved when the check came
+_VERDICT_SHAPING = ("simplejpeg",)
 _RESTORE = "restore the manifest from the registry copy or rebuild"
 
 
@@ -54,6 +59,19 @@ def library_versions(extra: Iterable[str] = ()) -> dict[str, str]:
     only where used so that other datasets keep their ``dataset_hash``."""
     versions = {"packer": __version__}
     for name in (*_BYTE_SHAPING, *sorted(set(extra) - set(_BYTE_SHAPING))):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def decoding_libraries(extra: Iterable[str] = ()) -> dict[str, str]:
+    """:func:`library_versions` and those of the libraries that decide which files are bad
+    (:data:`_VERDICT_SHAPING`): what keys the build cache's decoded samples and verdicts, and what
+    every worker of a cluster must run."""
+    versions = library_versions(extra)
+    for name in _VERDICT_SHAPING:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

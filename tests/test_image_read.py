@@ -777,3 +777,14 @@ def test_an_animated_png_is_refused_not_packed_as_its_first_frame(tmp_path: Path
     frames[0].save(still)
     (sample,) = read_ok(still)
     assert sample.image.shape == (3, 16, 20)
+
+
+def test_the_strict_jpeg_decoders_version_keys_the_build_cache_but_not_the_manifest() -> None:
+    """simplejpeg decides which JPEGs are refused (scan data cut short): a cache entry made under
+    another version must not be reused, and a cluster's workers must run the client's; its pixels
+    are OpenCV's, so the manifest (and every dataset_hash) records no version of it."""
+    from packer.manifest import decoding_libraries, library_versions
+    from packer.pipeline.cluster import environment
+
+    assert "simplejpeg" in decoding_libraries() and "simplejpeg" not in library_versions()
+    assert "simplejpeg" in dict(environment())

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any, TypeVar, overload
 
 from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
-from packer.manifest import library_versions
+from packer.manifest import decoding_libraries
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -82,10 +82,11 @@ def _environment_probe(libraries: tuple[str, ...]) -> Callable[[], Environment]:
 @functools.cache
 def environment(extra: tuple[str, ...] = ()) -> Environment:
     """What shapes packed bytes in this process (:func:`_environment_probe`) for the libraries the
-    manifest records (:func:`packer.manifest.library_versions`; ``extra``: a job's source-kind
-    libraries). A worker whose environment differs from the client's would pack other bytes under
-    the client's recorded versions: :func:`check_workers` and every task (:func:`_run`) refuse it."""
-    return _environment_probe(tuple(name for name in library_versions(extra) if name != "packer"))()
+    manifest records and those that decide which files are bad
+    (:func:`packer.manifest.decoding_libraries`; ``extra``: a job's source-kind libraries). A worker
+    whose environment differs from the client's would pack other bytes under the client's recorded
+    versions: :func:`check_workers` and every task (:func:`_run`) refuse it."""
+    return _environment_probe(tuple(name for name in decoding_libraries(extra) if name != "packer"))()
 
 
 def _library_names(expected: Environment) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ import numpy as np
 from packer.allocator import tune_allocator
 from packer.config import JobConfig
 from packer.files import canonical_json
-from packer.manifest import library_versions
+from packer.manifest import decoding_libraries
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
@@ -534,7 +534,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     """
     settle = _Settle(phi or Pseudonymizer(mode="keep", dates="keep", key=None), keep=job.split.column)
     nonce = uuid.uuid4().hex[:8]
-    libraries = library_versions(source_libraries(job.sources))
+    libraries = decoding_libraries(source_libraries(job.sources))
     make = _TaskMaker(job=job, cache=str(cache_dir) if cache_dir is not None else None, decode=decode,
                       listed=listed or {}, libraries=tuple(sorted(libraries.items())),
                       sig_dir=str(sig_dir) if sig_dir is not None else None, storage_options=storage_options,
