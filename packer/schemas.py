@@ -175,11 +175,23 @@ def _allowed(error: jsonschema.ValidationError) -> frozenset[str]:
     return frozenset(error.schema.get("properties", {}))
 
 
+def _rejects_mappings(error: jsonschema.ValidationError) -> bool:
+    """Whether ``error`` says its branch takes no mapping at all (a word, a list, a number)."""
+    if error.validator == "type":
+        return True
+    values = [error.validator_value] if error.validator == "const" else (
+        error.validator_value if error.validator == "enum" and isinstance(error.validator_value, list) else None)
+    return values is not None and not any(isinstance(v, dict) for v in values)
+
+
 def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
     """The unknown keys ``error`` reports: directly (``additionalProperties: false``), or for a
     ``oneOf``/``anyOf`` whose every branch rejects the key (an object branch listing it as
-    unexpected, or a branch that is not for mappings at all). Keys one branch allows are not
-    unknown: which branch the user meant is then unclear, and the best match says more."""
+    unexpected, or a branch that is not for mappings at all: a type, or words to choose from).
+    Keys one branch allows are not unknown: which branch the user meant is then unclear. But
+    where the branches that take every key of the mapping (the forms it can be) all find the
+    same unknown key deeper inside it (``{zscore: {ovr: all}}``, a table's ``join: [{onn: …}]``),
+    that key is the mistake, reported as any other: the form the user meant is plain."""
     where = tuple(error.absolute_path)
     if _is_unknown_key_error(error):
         present = frozenset(error.instance)
@@ -188,11 +200,13 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
         return []
     branches = error.validator_value if isinstance(error.validator_value, list) else []
     rejected: list[set[str] | None] = []  # per branch: the keys it rejects, None = rejects the whole mapping
+    deeper: list[list[jsonschema.ValidationError]] = []  # per branch: its errors inside the mapping's values
     allowed: set[str] = set()
     for index in range(len(branches)):
-        here = [c for c in error.context or () if c.relative_schema_path and c.relative_schema_path[0] == index
-                and tuple(c.absolute_path) == where]
-        if any(c.validator == "type" for c in here):
+        mine = [c for c in error.context or () if c.relative_schema_path and c.relative_schema_path[0] == index]
+        here = [c for c in mine if tuple(c.absolute_path) == where]
+        deeper.append([c for c in mine if tuple(c.absolute_path) != where])
+        if any(_rejects_mappings(c) for c in here):
             rejected.append(None)
             continue
         unexpected = [c for c in here if _is_unknown_key_error(c)]
@@ -202,8 +216,17 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
     if not object_branches:
         return []
     present = frozenset(error.instance)
-    return [_UnknownKey(where, key, frozenset(allowed), present) for key in error.instance
-            if key not in allowed and all(key in r for r in object_branches)]
+    unknown = [_UnknownKey(where, key, frozenset(allowed), present) for key in error.instance
+               if key not in allowed and all(key in r for r in object_branches)]
+    if unknown:
+        return unknown
+    # the forms that take every key given: an unknown key all of them find inside a value
+    fitting = [deeper[index] for index, r in enumerate(rejected) if r is not None and not r]
+    found = [[u for c in errors for u in _unknown_keys(c)] for errors in fitting]
+    if not found or not found[0]:
+        return []
+    return [u for u in found[0] if all(any((o.where, o.key) == (u.where, u.key) for o in other)
+                                       for other in found[1:])]
 
 
 def _required_key(error: jsonschema.ValidationError) -> str | None:

@@ -123,6 +123,33 @@ def test_an_unknown_key_inside_a_one_of_is_found_in_every_branch(tmp_path: Path)
                              "(did you mean 'center'?)\n")
 
 
+@pytest.mark.parametrize(("where", "value", "reported", "meant"), [
+    (("transform", "dicom", "sample"), {"neighbours": 2}, "transform.dicom.sample.neighbours", "neighbors"),
+    (("sources", 1, "table"), {"file": "labels.csv", "join": [{"file": "more.csv", "onn": ["path"]}]},
+     "sources[1].table.join[0].onn", "on"),
+    (("sources", 1, "label"), {"colum": "grade"}, "sources[1].label.colum", "column"),
+    (("transform", "dicom", "windows"), [{"zscore": {"ovr": "all"}}], "transform.dicom.windows[0].zscore.ovr",
+     "over"),
+])
+def test_an_unknown_key_in_a_value_of_several_forms_names_the_closest_key_of_the_form_it_fits(
+        tmp_path: Path, where: tuple[Any, ...], value: Any, reported: str, meant: str) -> None:
+    """A misspelt key in a value that takes a word or a mapping (label, sample), or a form chosen by
+    its key (a zscore window, a table with joins), was "... is not valid under any of the given
+    schemas" and a page of description, or jsonschema's "Additional properties are not allowed"."""
+    doc = demo_doc()
+    *parents, last = where
+    node = doc
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(main, ["build", str(job)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"packer: error: {job}: {reported}: unknown key (did you mean {meant!r}?)"), \
+        result.output
+
+
 def test_an_unknown_key_with_no_close_match_lists_the_keys_the_schema_allows_there(tmp_path: Path) -> None:
     doc = demo_doc()
     doc["phi"]["rotate_monthly"] = True
