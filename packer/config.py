@@ -1556,7 +1556,9 @@ def parse_size(raw: Any) -> tuple[int, int] | None:
 
 def parse_job(doc: Any, job_path: Path, *, base: Path | None = None) -> JobConfig:
     """Validate a parsed job document and build the JobConfig. Raises ConfigError naming
-    ``job_path``. Relative paths are relative to ``base``, by default the job file's folder.
+    ``job_path``. Relative paths are relative to ``base``, by default the folder of the job file
+    as given: a job file reached through a symlink (``workflows/x.yaml -> ../jobs/x.yaml``) reads
+    its paths from the link's folder, as make and docker-compose do, and messages name the link.
     A job that pseudonymizes notes its source roots for :mod:`packer.redact` (an internal error
     then prints no raw path under them)."""
     from packer.redact import note_job
@@ -1638,7 +1640,9 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
                                                                job_default("validate.max_bad_fraction"))),
         registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
-        job_path=job_path if job_path == MAPPING_JOB else job_path.resolve(),
+        # the file as given, in its folder resolved: not the symlink's target, whose folder the
+        # relative paths are not read from (messages named the target and looked beside the link)
+        job_path=job_path if job_path == MAPPING_JOB else job_path.parent.resolve() / job_path.name,
     )
     for kind in kinds:  # channels, sampling modes: what only the kind knows it can honour
         kind.check_job(job, [s for s in sources if s.kind == kind.name])

@@ -478,3 +478,19 @@ def test_the_longest_source_name_gives_member_names_a_ustar_header_holds() -> No
     key = f"{safe_key('s' * SOURCE_NAME_MAX)}-{'f' * 16}-dup99-p123456-t123456_123456"
     assert len(frame_key(key.split("-p")[0], 123456789)) < len(key)
     tarfile.TarInfo(f"{key}.{longest}").tobuf(tarfile.USTAR_FORMAT)  # raises ValueError when it does not fit
+
+
+def test_a_job_file_reached_through_a_symlink_reads_its_paths_from_the_links_folder_and_is_named_by_it(
+        tmp_path: Path) -> None:
+    """workflows/job.yaml -> ../real/job.yaml: the paths were read from workflows/ while messages
+    named real/job.yaml, "folder workflows/raw does not exist (relative to the job file)", a file
+    beside which raw/ does exist. The folder the paths are read from is the one messages name."""
+    (tmp_path / "real").mkdir()
+    real = write_job(tmp_path / "real", MINIMAL)
+    (tmp_path / "workflows").mkdir()
+    link = tmp_path / "workflows" / "job.yaml"
+    link.symlink_to(Path("..") / "real" / real.name)
+    job = load_job(link)
+    workflows = (tmp_path / "workflows").resolve()
+    assert job.job_path == workflows / "job.yaml"
+    assert job.sources[0].root == workflows / "raw" and job.output == workflows / "out"
