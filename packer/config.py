@@ -1897,6 +1897,8 @@ class JobLoader(yaml.SafeLoader):
         # keyed by (type, value): Python's True == 1 and 1 == 1.0, but YAML's true, 1 and 1.0 are
         # different keys (a label map may list the cells true and 1, or 1 and 1.0)
         seen: dict[tuple[type, Any], yaml.Node] = {}
+        # and by the text each key becomes (a key is text once checked): 1 and '1' are one key
+        texts: dict[str, yaml.Node] = {}
         equal: dict[Any, yaml.Node] = {}
         as_text: set[yaml.Node] = set()
         for key_node, _ in node.value:
@@ -1912,6 +1914,14 @@ class JobLoader(yaml.SafeLoader):
                     "while constructing a mapping", node.start_mark,
                     f"found the key {key!r} a second time (first on line {first.start_mark.line + 1}); a key may "
                     "appear once in a mapping: keep one", key_node.start_mark)
+            written = texts.setdefault(_key_text(key), key_node)
+            if written is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {_key_text(key)!r} a second time (first on line {written.start_mark.line + 1}, "
+                    f"written {_as_written(written)}, here {_as_written(key_node)}: a key is its text, so both are "
+                    "one key, as a map: key is a cell's text); a key may appear once in a mapping: keep one",
+                    key_node.start_mark)
             other = equal.setdefault(key, key_node)
             if other is not key_node and isinstance(other, yaml.ScalarNode) and isinstance(key_node, yaml.ScalarNode):
                 as_text.update((other, key_node))
@@ -1922,6 +1932,18 @@ class JobLoader(yaml.SafeLoader):
         # (a schema check makes every key text anyway); node.value is now flattened, merges first
         return {(key_node.value if key_node in as_text else self.construct_object(key_node, deep=deep)):
                 self.construct_object(value_node, deep=deep) for key_node, value_node in node.value}
+
+
+def _key_text(key: Any) -> str:
+    """The text a mapping key becomes where the job is checked (:func:`packer.schemas.validate_document`
+    makes every key text: a boolean as JSON writes it), so that two keys of one text are found twice."""
+    return str(key).lower() if isinstance(key, bool) else str(key)
+
+
+def _as_written(node: yaml.Node) -> str:
+    """A key as the job file writes it, quotes included (``1`` or ``'1'``)."""
+    style = getattr(node, "style", None)
+    return f"{style}{node.value}{style}" if style in ("'", '"') else str(node.value)
 
 
 _YAML_INT, _YAML_FLOAT, _YAML_BOOL = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"

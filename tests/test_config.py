@@ -291,6 +291,31 @@ def test_keys_python_calls_equal_are_different_yaml_keys_and_each_keeps_its_cell
         load_job(job)
 
 
+@pytest.mark.parametrize(("block", "key", "written"), [
+    ("split:\n  by: column\n  column: fold\n  map:\n    1: train\n    2: valid\n    '1': test\n", "'1'", "1"),
+    ("split: {by: entity}\nsources:\n  - kind: image\n    root: raw\n    table: raw/labels.csv\n"
+     "    label:\n      column: grade\n      map:\n        0: healthy\n        1: sick\n        '0': sick\n",
+     "'0'", "0"),
+    ("split:\n  by: entity\n  ratios:\n    train: 0.9\n    'true': 0.1\n    true: 0.0\n", "'true'", "'true'"),
+])
+def test_two_keys_of_one_mapping_that_are_the_same_text_are_an_error_naming_both_lines(
+        tmp_path: Path, block: str, key: str, written: str) -> None:
+    """A map: key is a cell's text, so `1: train` and `'1': test` name one cell; each became the
+    text '1' and one silently replaced the other (train then had no sample)."""
+    rest = {name: value for name, value in MINIMAL.items() if f"{name}:" not in block}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(rest) + block)
+    lines = job.read_text().splitlines()
+    spellings = (f"{key}:", key.strip("'") + ":")  # quoted and plain: the two lines of the one key
+    first, second = (number for number, line in enumerate(lines, 1) if line.strip().startswith(spellings))
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    said = str(caught.value)
+    assert said.startswith(f"{job}: not valid YAML")
+    assert f"found the key {key} a second time (first on line {first}, written {written}, here" in said
+    assert f'in "{job}", line {second}' in said
+
+
 def test_a_job_file_that_is_not_utf8_text_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     # a binary file or a Latin-1 export given as the job raised UnicodeDecodeError: exit 1 with a traceback
     job = tmp_path / "job.yaml"
