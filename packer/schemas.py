@@ -117,7 +117,8 @@ def _path_text(parts: Iterable[str | int]) -> str:
 def _key_path(error: jsonschema.ValidationError, doc: Any = None) -> str:
     """The error's key path; under ``sources[i]`` preceded by which source that is (its name,
     else its root), so a job of several sources says which one without counting."""
-    parts = tuple(error.absolute_path)
+    dependent = _dependent(error)
+    parts = (*error.absolute_path, *(dependent[:1] if dependent else ()))
     text = _path_text(parts)
     if len(parts) > 1 and parts[0] == "sources" and isinstance(parts[1], int) and isinstance(doc, dict):
         sources = doc.get("sources")
@@ -229,6 +230,15 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
                                        for other in found[1:])]
 
 
+def _dependent(error: jsonschema.ValidationError) -> tuple[str, str] | None:
+    """For a ``dependentRequired`` error (the schema's way to say a key acts only beside another:
+    ``resize`` without ``size`` resizes nothing), the key given and the key it lacks."""
+    if error.validator != "dependentRequired" or not isinstance(error.validator_value, dict):
+        return None
+    return next(((key, need) for key, needs in error.validator_value.items() for need in needs
+                 if error.message == f"{need!r} is a dependency of {key!r}"), None)
+
+
 def _required_key(error: jsonschema.ValidationError) -> str | None:
     """The property a ``required`` error says is missing."""
     if error.validator != "required" or not isinstance(error.instance, dict):
@@ -288,6 +298,11 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
     """jsonschema's message, and for a value that fails a check of its own, the schema's
     description of that value (``[64] is too short. Target [height, width] in pixels.``)."""
     description = error.schema.get("description") if isinstance(error.schema, dict) else None
+    dependent = _dependent(error)
+    if dependent is not None:
+        key, need = dependent
+        return (f"acts only with {need!r} beside it, which is not given, so it would be ignored; add "
+                f"{_path_text((*error.absolute_path, need))}, or remove {key}")
     message = error.message
     if error.validator == "enum" and isinstance(error.instance, str) and isinstance(error.validator_value, list):
         named = {str(v).lower(): str(v) for v in error.validator_value if isinstance(v, str)}

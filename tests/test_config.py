@@ -213,6 +213,19 @@ def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> N
     with pytest.raises(ConfigError) as info:
         load_job(write_job(tmp_path, {**MINIMAL, **change}))
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["image", "dicom", "nifti"])
+def test_a_resize_policy_without_a_size_is_a_config_error_naming_the_size_to_add(tmp_path: Path, kind: str) -> None:
+    """`resize: crop` says how an image reaches `size`; without a size nothing is resized, and the
+    policy was accepted and ignored (samples kept their own size) without a word."""
+    with pytest.raises(ConfigError) as info:
+        load_job(write_job(tmp_path, {**MINIMAL, "transform": {kind: {"resize": "crop"}}}))
+    assert str(info.value) == (f"{tmp_path / 'job.yaml'}: transform.{kind}.resize: acts only with 'size' beside it, "
+                               f"which is not given, so it would be ignored; add transform.{kind}.size, or remove "
+                               "resize")
+    job = load_job(write_job(tmp_path, {**MINIMAL, "transform": {kind: {"resize": "crop", "size": [32, 32]}}}))
+    assert job.settings(kind).resize == "crop"
     assert str(info.value).startswith(str(tmp_path / "job.yaml"))
 
 
