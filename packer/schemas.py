@@ -279,7 +279,7 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
         rest = [e for e, keys in found if not keys and (tuple(e.absolute_path), _required_key(e)) not in fixed]
         also = [u.message(source).removeprefix(f"{source}: ") for u in unknown[1:]]
         raise ConfigError(unknown[0].message(source)
-                          + _also(also + [f"{_key_path(e, plain)}: {e.message}" for e in rest]))
+                          + _also(also + [f"{_key_path(e, plain)}: {_message(e)}" for e in rest]))
     best = jsonschema.exceptions.best_match(errors) or errors[0]
     others = [f"{_key_path(e, plain)}: {_what_is_wrong(e)}" for e in errors if e is not best]
     raise ConfigError(f"{source}: {_key_path(best, plain)}: {_what_is_wrong(best)}{_also(others)}")
@@ -303,7 +303,7 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         key, need = dependent
         return (f"acts only with {need!r} beside it, which is not given, so it would be ignored; add "
                 f"{_path_text((*error.absolute_path, need))}, or remove {key}")
-    message = error.message
+    message = _message(error)
     if error.validator == "enum" and isinstance(error.instance, str) and isinstance(error.validator_value, list):
         named = {str(v).lower(): str(v) for v in error.validator_value if isinstance(v, str)}
         close = difflib.get_close_matches(error.instance.lower(), list(named), n=1)
@@ -321,6 +321,17 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
             and description:  # the value's description, which says what each form means
         return f"{message}. {description}"
     return message
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message, with a value it names first in the job's words rather than Python's:
+    ``pack: null is not of type 'object'``, where jsonschema says ``None`` (and ``True``, ``False``),
+    words a YAML or JSON job never holds."""
+    if error.instance is None or isinstance(error.instance, bool):
+        python = repr(error.instance)
+        if error.message.startswith(f"{python} "):
+            return json.dumps(error.instance) + error.message.removeprefix(python)
+    return error.message
 
 
 def _word_for_a_mapping(error: jsonschema.ValidationError) -> str:

@@ -215,6 +215,19 @@ def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> N
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"pack": None}, "pack: null is not of type 'object'"),
+    ({"split": {"by": "entity", "seed": True}}, "split.seed: true is not of type 'integer'"),
+    ({"splt": 1, "output": None}, "also output: null is not of type 'string'"),  # listed after an unknown key
+])
+def test_a_null_or_boolean_value_is_named_as_the_job_writes_it_not_as_python_does(
+        tmp_path: Path, change: dict, expected: str) -> None:
+    """`pack: null` was reported as "None is not of type 'object'": Python's word, not YAML's."""
+    with pytest.raises(ConfigError) as info:
+        load_job(write_job(tmp_path, {**MINIMAL, **change}))
+    assert expected in str(info.value) and "None" not in str(info.value) and "True" not in str(info.value)
+
+
 @pytest.mark.parametrize("kind", ["image", "dicom", "nifti"])
 def test_a_resize_policy_without_a_size_is_a_config_error_naming_the_size_to_add(tmp_path: Path, kind: str) -> None:
     """`resize: crop` says how an image reaches `size`; without a size nothing is resized, and the
