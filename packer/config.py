@@ -1603,7 +1603,8 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     limits = LimitsConfig(
         max_pixels=int(raw_limits.get("max_pixels", job_default("limits.max_pixels"))),
         max_frames=int(raw_limits.get("max_frames", job_default("limits.max_frames"))),
-        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", job_default("limits.max_decoded_bytes"))),
+        max_decoded_bytes=parse_byte_size(raw_limits.get("max_decoded_bytes", job_default("limits.max_decoded_bytes")),
+                                          "limits.max_decoded_bytes"),
         max_voxels=int(raw_limits.get("max_voxels", job_default("limits.max_voxels"))),
     )
     raw_safety = doc.get("safety") or {}

@@ -234,7 +234,10 @@ def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
     if not match:
         raise ConfigError(f"{where}: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
     number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "B").upper()])
+    size = int(float(number) * _UNITS[(unit or "B").upper()])
+    if size < 1:  # "0.1B" rounds to no byte at all: no limit a shard or a cache can keep
+        raise ConfigError(f"{where}: {value!r} is less than one byte; write a size of at least 1B, e.g. 256MiB")
+    return size
 
 
 #: fallocate(2) mode: free the range's blocks and keep the file's size (Linux's

@@ -270,7 +270,7 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
                               registry=schema_registry())
     errors = sorted(validator.iter_errors(plain), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:
-        return plain
+        return _whole_numbers_as_int(plain, validator_cls, schema_name)
     found = [(error, _unknown_keys(error)) for error in errors]
     unknown = [u for _, keys in found for u in keys]
     if unknown:
@@ -283,6 +283,37 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     best = jsonschema.exceptions.best_match(errors) or errors[0]
     others = [f"{_key_path(e, plain)}: {_what_is_wrong(e)}" for e in errors if e is not best]
     raise ConfigError(f"{source}: {_key_path(best, plain)}: {_what_is_wrong(best)}{_also(others)}")
+
+
+def _whole_numbers_as_int(plain: Any, validator_cls: Any, schema_name: str) -> Any:
+    """``plain`` with each whole float the schema wants as an ``integer`` (``folds: 5.0``) made
+    an int. JSON Schema's ``integer`` is any whole number, 5.0 included, so the schema passes
+    it, yet the code after it needs an int (a range, an index, a class id that is the table's
+    text ``0``, not ``0.0``). A validator whose ``integer`` is Python's int finds those places:
+    each is a ``type`` error on a whole float, also inside a ``oneOf`` branch."""
+    import jsonschema
+
+    checker = validator_cls.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    strict_cls = jsonschema.validators.extend(validator_cls, type_checker=checker)
+    strict = strict_cls(load_schema(schema_name), registry=schema_registry())
+    places: set[tuple[str | int, ...]] = set()
+    pending = list(strict.iter_errors(plain))
+    while pending:
+        error = pending.pop()
+        pending.extend(error.context or ())
+        wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        if error.validator == "type" and "integer" in wanted and isinstance(error.instance, float) \
+                and error.instance.is_integer():
+            places.add(tuple(error.absolute_path))
+    for place in places:
+        if not place:
+            return int(plain)
+        parent = plain
+        for part in place[:-1]:
+            parent = parent[part]
+        parent[place[-1]] = int(parent[place[-1]])
+    return plain
 
 
 #: Checks of one value: where one fails, the schema's description of that value says what it takes.

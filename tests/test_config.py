@@ -467,6 +467,33 @@ def test_labels_may_list_integer_class_ids_as_numbers(tmp_path: Path) -> None:
         parse_job({**doc, "labels": [0, 1, "1"]}, tmp_path / "job.yaml")
 
 
+def test_whole_numbers_written_as_decimals_are_read_as_the_integers_the_schema_wants(tmp_path: Path) -> None:
+    """JSON Schema's integer is any whole number, so folds: 5.0 passed the schema and crashed the
+    splitter (TypeError, exit 1), windows: [{file: 0.0}] made every file an unexpected_error and
+    labels: [0.0, 1.0] the classes '0.0'/'1.0' that no 0/1 table cell matches."""
+    doc = {**MINIMAL, "split": {"by": "entity", "folds": 5.0}, "labels": [0.0, 1.0, "x"],
+           "pack": {"format": "webdataset", "max_samples": 10.0, "max_bytes": 2048.0},
+           "transform": {"dicom": {"windows": [{"file": 1.0}], "size": [64.0, 32.0]}}}
+    job = load_job(write_job(tmp_path, doc))
+    assert job.split.folds == 5 and type(job.split.folds) is int
+    assert job.labels == ("0", "1", "x")
+    assert job.pack.max_samples == 10 and job.pack.max_bytes == 2048 and type(job.pack.max_bytes) is int
+    assert job.dicom.windows[0].selector == 1 and type(job.dicom.windows[0].selector) is int
+    assert job.dicom.size == (64, 32)
+    assert load_job(write_job(tmp_path, {**MINIMAL, "validate": {"max_bad_fraction": 1.0}})).max_bad_fraction == 1.0
+    with pytest.raises(ConfigError, match=r"split\.folds: 2\.5 is not of type 'integer'"):
+        load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "entity", "folds": 2.5}}))
+
+
+@pytest.mark.parametrize("size", ["0", "0MiB", "0.0 KiB", "0.1B"])
+def test_a_byte_size_of_zero_written_as_text_is_refused_as_the_integer_zero_is(tmp_path: Path, size: str) -> None:
+    """max_bytes: 0 was refused (minimum 1) while max_bytes: "0" packed with a limit of no byte."""
+    with pytest.raises(ConfigError, match=r"pack\.max_bytes"):
+        load_job(write_job(tmp_path, {**MINIMAL, "pack": {"format": "webdataset", "max_bytes": size}}))
+    with pytest.raises(ConfigError, match=r"pack\.max_bytes"):
+        load_job(write_job(tmp_path, {**MINIMAL, "pack": {"format": "webdataset", "max_bytes": 0}}))
+
+
 @pytest.mark.parametrize(("key", "value"), [("validate", {"max_bad_fraction": math.nan}),
                                             ("split", {"by": "entity", "ratios": {"train": math.nan, "valid": 0.2}}),
                                             ("pack", {"format": "webdataset", "max_samples": math.inf})])
