@@ -158,6 +158,19 @@ def _checked(text: str, where: str, key_file: Path | None = None) -> bytes:
     return key
 
 
+def _tilde_message(spec: str, path: Path, reason: str | None) -> str:
+    """A missing ``phi.key_file`` written with a leading ``~``. A job's paths are relative to the
+    job file's folder and ``~`` is not expanded (in no path of a job), so ``~/k.key`` named a
+    folder ``~`` beside the job, likely not the key meant: the fix names the home folder's path."""
+    home = os.path.expanduser(spec)
+    said = (f"phi.key_file: cannot read {path} ({reason}): a job file does not expand ~ (its paths are relative "
+            f"to the job file's folder, so {spec} is under a folder named '~' there); write the key's full path in "
+            "phi.key_file")
+    if home == spec:  # no home folder known for this ~
+        return said
+    return f"{said} ({home}, if that is the key you meant), or make a key there with: packer key new {home}"
+
+
 def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
     """The secret key for ``pseudonymize`` and where it came from: the file ``phi.key_file``,
     the environment variable ``PACKER_PHI_KEY`` (an empty value counts as unset), or both when
@@ -181,10 +194,18 @@ def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
         try:
             text = cfg.key_file.read_text(encoding="utf-8")
         except FileNotFoundError as err:  # the job names the file: make that one (or point at the real key)
+            if cfg.key_file_spec is not None and cfg.key_file_spec.startswith("~"):
+                raise ConfigError(_tilde_message(cfg.key_file_spec, cfg.key_file, err.strerror)) from err
             raise ConfigError(
                 f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); create it with: packer key new "
                 f"{cfg.key_file} (keep the file out of the repository, and keep it: rebuilding the dataset needs "
                 "it), or point phi.key_file at the key an earlier build of this dataset used") from err
+        except UnicodeDecodeError as err:  # raw random bytes (head -c 32 /dev/urandom): packer's keys are text
+            raise ConfigError(
+                f"phi.key_file: {cfg.key_file} is not a text key (byte {err.start} is no UTF-8 text: raw random "
+                "bytes?); a key is a line of text, e.g. the 64 hex characters packer key new writes. No dataset "
+                f"was built with this file (it was refused), so replacing it loses nothing: packer key new --force "
+                f"{cfg.key_file}") from err
         except OSError as err:
             raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); make it readable by this "
                               f"user, or export {ENV_KEY} and remove phi.key_file from the job") from err

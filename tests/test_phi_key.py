@@ -142,6 +142,35 @@ def test_a_key_file_the_job_names_but_that_is_missing_is_made_at_that_path(tmp_p
         load_key(PhiConfig(key_file=missing))
 
 
+def test_a_key_file_of_raw_bytes_is_a_config_error_that_says_to_make_a_text_key(tmp_path: Path) -> None:
+    """`head -c 32 /dev/urandom > my.key`, a common way to make a secret, died with a
+    UnicodeDecodeError traceback (exit 1): packer's keys are text."""
+    (tmp_path / "my.key").write_bytes(bytes(range(200, 232)))
+    code, output = build(ct_job(tmp_path, {"key_file": "my.key"}), env_key="")
+    assert code == 2, output
+    assert output.startswith(f"packer: error: {tmp_path / 'job.yaml'}: phi.key_file: {tmp_path / 'my.key'} is not "
+                             "a text key"), output
+    fix = re.search(r"packer key new --force (\S+)$", output.strip())
+    assert fix is not None, output
+    made = CliRunner().invoke(main, ["key", "new", "--force", fix.group(1)])
+    assert made.exit_code == 0, made.output
+    code, output = build(tmp_path / "job.yaml", env_key="")
+    assert code == 0, output
+
+
+def test_a_key_file_under_tilde_says_a_job_does_not_expand_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No path of a job expands ~, so `key_file: ~/k.key` is <job folder>/~/k.key; the fix said
+    `packer key new <job folder>/~/k.key`, a folder named '~', not the home the author meant."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code, output = build(ct_job(tmp_path, {"key_file": "~/k.key"}), env_key="")
+    assert code == 2, output
+    assert f"cannot read {tmp_path / '~' / 'k.key'} " in output and "a job file does not expand ~" in output
+    assert f"packer key new {tmp_path / '~'}" not in output
+    assert output.strip().endswith(f"({tmp_path / 'home' / 'k.key'}, if that is the key you meant), or make a key "
+                                   f"there with: packer key new {tmp_path / 'home' / 'k.key'}"), output
+
+
 def test_build_refuses_two_different_keys_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "phi.key").write_text(KEY_A + "\n")
     code, output = build(ct_job(tmp_path, {"key_file": "phi.key"}), env_key=KEY_B)
