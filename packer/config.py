@@ -1418,7 +1418,7 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
         stratify=raw.get("stratify"),
         entity_policy=raw.get("entity_policy", job_default("split.entity_policy")),
         folds=raw.get("folds"),
-        pinned=_resolve(base, raw["pinned"]) if raw.get("pinned") else None,
+        pinned=_pinned_table(base, raw["pinned"]) if raw.get("pinned") else None,
         pinned_spec=raw.get("pinned"),
         **duplicates,
         near_enabled=_near_enabled(near_enabled, by=by, ratios=ordered, folds=raw.get("folds"),
@@ -1498,6 +1498,20 @@ def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
         lists=lists, match=raw.get("match", job_default("split.match")), column=column, value_map=value_map,
         carve=carve, accept_leaks=bool(raw.get("accept_leaks", job_default("split.accept_leaks"))),
     )
+
+
+def _pinned_table(base: Path, spec: str) -> Path:
+    """``split.pinned`` resolved, and refused at load when it cannot be opened, as a split list
+    is: the split stage reads it after the files are listed and decoded, and its error there
+    named neither the job nor the key."""
+    path = _resolve(base, spec)
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        relative = "" if Path(spec).is_absolute() else f"; {spec!r} is relative to the job file"
+        raise ConfigError(f"split.pinned: cannot read {path} ({err.strerror or err}{relative}); fix the path") from err
+    return path
 
 
 def _split_list(split: str, raw: str | dict[str, Any], base: Path) -> SplitList:

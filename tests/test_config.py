@@ -73,6 +73,7 @@ def test_near_copies_auto_runs_only_where_samples_can_land_in_two_splits(tmp_pat
                                                                           enabled: object, on: bool) -> None:
     """``near_duplicates.enabled: auto`` (the default) is off for a one-split job only: there no copy
     can leak, and the identity (config hash) records what was decided, not the word auto."""
+    (tmp_path / "pinned.csv").write_text("entity,split\n")
     job = load_job(write_job(tmp_path, {**MINIMAL, "split": {**split, "near_duplicates": {"enabled": enabled}},
                                         "sources": [{"kind": "dicom", "root": "raw"}], "phi": {"mode": "keep"}}))
     assert job.split.near_enabled is on and job.split.near_auto is (enabled == "auto")
@@ -240,6 +241,22 @@ def test_a_resize_policy_without_a_size_is_a_config_error_naming_the_size_to_add
     job = load_job(write_job(tmp_path, {**MINIMAL, "transform": {kind: {"resize": "crop", "size": [32, 32]}}}))
     assert job.settings(kind).resize == "crop"
     assert str(info.value).startswith(str(tmp_path / "job.yaml"))
+
+
+@pytest.mark.parametrize("pinned", ["nope.csv", "raw"])
+def test_a_pinned_table_that_cannot_be_read_is_refused_at_load_naming_the_job_and_the_key(tmp_path: Path,
+                                                                                        pinned: str) -> None:
+    """The split stage read it after listing and decoding every file, and its error named
+    neither the job file nor split.pinned, as every other path's error does."""
+    (tmp_path / "raw").mkdir()
+    job = write_job(tmp_path, {**MINIMAL, "split": {"by": "entity", "pinned": pinned}})
+    with pytest.raises(ConfigError) as info:
+        load_job(job)
+    assert str(info.value).startswith(f"{job}: split.pinned: cannot read {tmp_path / pinned} (")
+    assert f"{pinned!r} is relative to the job file" in str(info.value)
+    (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
+    assert load_job(write_job(tmp_path, {**MINIMAL, "split": {"by": "entity", "pinned": "pins.csv"}})).split.pinned \
+        == tmp_path / "pins.csv"
 
 
 def test_a_billion_laughs_job_file_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
