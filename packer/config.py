@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, blocking_file
 from packer.files import parse_byte_size
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
@@ -1500,6 +1500,20 @@ def _parse_given(raw: dict[str, Any], base: Path) -> SplitConfig:
     )
 
 
+def _registry_folder(base: Path, spec: str, name: str) -> Path:
+    """``registry`` resolved, and refused at load when a file stands where its folder
+    ``<registry>/<name>/`` must be (``registry: labels.csv``, a typo): the build wrote the copy
+    last, after all its work and the published version, and then failed naming neither the job
+    nor the key. The file is likely the user's own, so the fix is the key, never removing it."""
+    path = _resolve(base, spec)
+    blocker = blocking_file(path / name)
+    if blocker is not None:
+        raise ConfigError(f"registry: {path} cannot hold the manifest copies <registry>/{name}/<version>.json: "
+                          f"{blocker} is a file, not a folder; point registry at a folder (it is made if missing), "
+                          "or leave registry out")
+    return path
+
+
 def _pinned_table(base: Path, spec: str) -> Path:
     """``split.pinned`` resolved, and refused at load when it cannot be opened, as a split list
     is: the split stage reads it after the files are listed and decoded, and its error there
@@ -1654,7 +1668,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         output=doc["output"] if is_url(doc["output"]) else _resolve(base, doc["output"]),
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
                                                                job_default("validate.max_bad_fraction"))),
-        registry=_resolve(base, doc["registry"]) if doc.get("registry") else None,
+        registry=_registry_folder(base, doc["registry"], doc["name"]) if doc.get("registry") else None,
         # the file as given, in its folder resolved: not the symlink's target, whose folder the
         # relative paths are not read from (messages named the target and looked beside the link)
         job_path=job_path if job_path == MAPPING_JOB else job_path.parent.resolve() / job_path.name,

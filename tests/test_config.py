@@ -259,6 +259,25 @@ def test_a_pinned_table_that_cannot_be_read_is_refused_at_load_naming_the_job_an
         == tmp_path / "pins.csv"
 
 
+@pytest.mark.parametrize("registry", ["labels.csv", "labels.csv/more", "reg"])
+def test_a_registry_where_a_file_stands_is_refused_at_load_naming_the_job_and_the_key(tmp_path: Path,
+                                                                                      registry: str) -> None:
+    """registry: labels.csv (a typo) passed validate; the build did all its work, published the
+    version and then failed naming neither the job nor registry, and said to remove the file,
+    the user's own label table."""
+    (tmp_path / "labels.csv").write_text("path,label\n")
+    (tmp_path / "reg").mkdir()
+    (tmp_path / "reg" / "t").write_text("not a folder")  # where <registry>/<name>/ must be
+    job = write_job(tmp_path, {**MINIMAL, "registry": registry})
+    with pytest.raises(ConfigError) as info:
+        load_job(job)
+    blocker = tmp_path / ("reg/t" if registry == "reg" else "labels.csv")
+    assert str(info.value).startswith(f"{job}: registry: {tmp_path / registry} cannot hold the manifest copies")
+    assert f"{blocker} is a file, not a folder; point registry at a folder" in str(info.value)
+    assert "remove" not in str(info.value)
+    assert load_job(write_job(tmp_path, {**MINIMAL, "registry": "new/reg"})).registry == tmp_path / "new" / "reg"
+
+
 def test_a_billion_laughs_job_file_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
     """Nine levels of nine aliases (649 bytes) took 7.7 GB before the unknown-key check ran; the
     document's expanded size is counted on its composed nodes, nothing expanded. Anchors and
