@@ -565,6 +565,24 @@ def test_a_source_name_too_long_for_a_tar_member_is_a_config_error(tmp_path: Pat
         load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "root": long_root}]}))
 
 
+def test_the_longest_job_name_gives_file_names_a_file_system_holds_and_a_longer_one_is_refused_at_load(
+        tmp_path: Path) -> None:
+    """A 300-character name passed validate; the build then failed (exit 6) saying to choose
+    another folder with --out, which fails the same way: the name itself makes a file name over
+    NAME_MAX (255 bytes). The longest file name packer derives from it is the build cache's."""
+    from packer.schemas import load_schema
+    from packer.storage import build_cache_dir
+
+    longest = load_schema("job")["properties"]["name"]["maxLength"]
+    assert len(build_cache_dir("n" * longest, str(tmp_path / "out"), tmp_path).name) == 255
+    assert load_job(write_job(tmp_path, {**MINIMAL, "name": "n" * longest})).name == "n" * longest
+    with pytest.raises(ConfigError) as info:
+        load_job(write_job(tmp_path, {**MINIMAL, "name": "n" * (longest + 1)}))
+    assert str(info.value).startswith(f"{tmp_path / 'job.yaml'}: name: 'nnn")
+    assert f"is too long. Dataset name; names the folder <output>/<name>/ and the build cache folder " \
+           f"<name>-<12 hex digits>, so at most {longest} characters" in str(info.value)
+
+
 @pytest.mark.parametrize(("root", "name"), [("-scans", "scans"), ("ü.x", "x"), ("__CT 2024", "CT_2024"),
                                              ("ct-raw", "ct-raw"), ("ü", "source0")])
 def test_a_name_taken_from_the_root_folder_follows_the_rule_a_written_name_follows(
