@@ -702,6 +702,31 @@ def test_unsupported_photometric_interpretation(tmp_path: Path) -> None:
     assert "(0028,0004)" in found.message and "HSV" in found.message
 
 
+@pytest.mark.parametrize(("bits_stored", "high_bit", "refused"), [(12, 15, True), (12, 11, False), (12, None, False),
+                                                                (16, 11, True), (8, 7, False)])
+def test_a_high_bit_other_than_bits_stored_minus_one_is_bad_shape(tmp_path: Path, bits_stored: int,
+                                                                 high_bit: int | None, refused: bool) -> None:
+    """Bits Stored 12 with High Bit 15 (12-bit values in bits 4..15, as old exporters wrote them):
+    pydicom keeps the low 12 bits whatever High Bit says, and the file packed as a good sample of
+    other numbers. PS3.3 C.7.6.3 requires High Bit = Bits Stored - 1: anything else is bad_shape,
+    from the header probe on, naming both attributes. A missing High Bit reads as before."""
+    pixels = ct_pixels((8, 8), high=1 << min(bits_stored, 12)).astype(np.uint8 if bits_stored == 8 else np.uint16)
+    ds = ct_dataset(pixels, PixelRepresentation=0)
+    ds.BitsStored = bits_stored
+    if high_bit is None:
+        del ds.HighBit
+    else:
+        ds.HighBit = high_bit
+    path = save(ds, tmp_path / "bits.dcm")
+    if not refused:
+        assert isinstance(probe(path), DicomHeader) and isinstance(read(path, window(0.0, 20000.0)), list)
+        return
+    for found in (probe(path), read(path)):
+        issue = issue_of(found, "bad_shape", "validate")
+        assert f"(0028,0102) High Bit is {high_bit} but (0028,0101) Bits Stored is {bits_stored}" in issue.message
+        assert f"High Bit = Bits Stored - 1 ({bits_stored - 1})" in issue.message and "re-export" in issue.message
+
+
 def test_float16_overflow_is_a_transform_issue(tmp_path: Path) -> None:
     pixels = np.array([[0, 100_000], [5, 7]], dtype=np.uint32)
     path = save(image_dataset(pixels, modality="OT"), tmp_path / "big.dcm")

@@ -420,6 +420,17 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
         return _issue(ref, "validate", "bad_shape",
                       f"(0028,0002) Samples per Pixel is {samples} but (0028,0004) {photometric} needs "
                       f"{expected_samples}; fix the header or re-export the file")
+    high_bit = ds.get("HighBit")
+    if isinstance(high_bit, int) and not isinstance(high_bit, bool) and bits_stored <= bits_allocated \
+            and high_bit != bits_stored - 1:
+        # pydicom reads the low Bits Stored bits whatever High Bit says, so 12 bits stored in bits
+        # 4..15 would pack as other numbers (Bits Stored above Bits Allocated is the decoder's to refuse)
+        return _issue(ref, "validate", "bad_shape",
+                      f"(0028,0102) High Bit is {high_bit} but (0028,0101) Bits Stored is {bits_stored}: the Image "
+                      f"Pixel module (PS3.3 C.7.6.3) requires High Bit = Bits Stored - 1 ({bits_stored - 1}), and "
+                      "packer reads the stored values from the low bits only, so its pixels would be other numbers; "
+                      "re-export the file with its values in the low bits (or fix the header if they are there "
+                      "already)")
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
 
 
