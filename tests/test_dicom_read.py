@@ -727,6 +727,37 @@ def test_a_high_bit_other_than_bits_stored_minus_one_is_bad_shape(tmp_path: Path
         assert f"High Bit = Bits Stored - 1 ({bits_stored - 1})" in issue.message and "re-export" in issue.message
 
 
+@pytest.mark.parametrize("photometric", ["YBR_ICT", "YBR_RCT"])
+def test_native_ybr_ict_or_rct_is_unsupported_but_their_jpeg_2000_files_read(tmp_path: Path, photometric: str) -> None:
+    """YBR_ICT and YBR_RCT are only valid with JPEG 2000 (PS3.3 C.7.6.3.1.2): its decoder undoes
+    the component transform. An uncompressed file so labelled was packed with its Y, Cb, Cr
+    samples as R, G, B; it is refused, naming the transfer syntax. JPEG 2000 files decode to RGB."""
+    ybr = np.random.default_rng(3).integers(0, 256, (8, 8, 3)).astype(np.uint8)
+    ds = image_dataset(ybr, photometric="RGB", modality="OT")
+    ds.PhotometricInterpretation = photometric
+    path = save(ds, tmp_path / "native.dcm")
+    for found in (probe(path), read(path)):
+        issue = issue_of(found, "unsupported", "validate")
+        assert f"{photometric} is only valid with a JPEG 2000 transfer syntax" in issue.message, issue.message
+        assert "Explicit VR Little Endian" in issue.message and "re-export" in issue.message
+    assert isinstance(read(shipped("GDCMJ2K_TextGBR.dcm")), list)  # YBR_RCT, JPEG 2000 Lossless
+
+
+@pytest.mark.parametrize(("columns", "planar", "what"), [(5, 0, "(0028,0011) Columns is 5, odd"),
+                                                         (6, 1, "(0028,0006) Planar Configuration is 1")])
+def test_native_ybr_full_422_of_odd_columns_or_planes_is_bad_shape(tmp_path: Path, columns: int, planar: int,
+                                                                   what: str) -> None:
+    """Uncompressed YBR_FULL_422 stores Y Y Cb Cr per pixel pair, so it needs an even column count
+    and Planar Configuration 0 (PS3.3 C.7.6.3.1.2); pydicom decoded either anyway, pairing the
+    wrong samples, and the made-up colours packed as good. The valid layout reads (see
+    test_dicom_transform's test_ybr_comes_out_as_rgb)."""
+    ds = image_dataset(np.zeros((4, columns, 3), np.uint8), photometric="RGB", modality="OT")
+    ds.PhotometricInterpretation, ds.PlanarConfiguration = "YBR_FULL_422", planar
+    ds.PixelData = bytes(range(4 * columns * 2))
+    found = issue_of(read(save(ds, tmp_path / "ybr422.dcm")), "bad_shape", "validate")
+    assert what in found.message and "even column count and Planar Configuration 0" in found.message
+
+
 def test_float16_overflow_is_a_transform_issue(tmp_path: Path) -> None:
     pixels = np.array([[0, 100_000], [5, 7]], dtype=np.uint32)
     path = save(image_dataset(pixels, modality="OT"), tmp_path / "big.dcm")

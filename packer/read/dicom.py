@@ -101,6 +101,8 @@ _DECODERS: dict[str, str] = {
 _PLUGIN_PACKAGES = {syntax: "pylibjpeg-openjpeg" for syntax in (
     "1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202",
     "1.2.840.10008.1.2.4.203")}
+#: The JPEG 2000 syntaxes (HTJ2K is JPEG 2000 Part 15): the only ones YBR_ICT/YBR_RCT may use.
+_JPEG_2000 = frozenset(_PLUGIN_PACKAGES)
 _NATIVE = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"})
 _DEFLATED = "1.2.840.10008.1.2.1.99"
 # Explicit VRs with a 2-byte reserved field and a 4-byte length (PS3.5 7.1.2).
@@ -431,7 +433,35 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       "packer reads the stored values from the low bits only, so its pixels would be other numbers; "
                       "re-export the file with its values in the low bits (or fix the header if they are there "
                       "already)")
+    problem = _colour_layout_problem(ds, photometric, columns, syntax)
+    if problem is not None:
+        return _issue(ref, "validate", *problem)
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
+
+
+def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: str) -> tuple[str, str] | None:
+    """(reason, message) where the colour model cannot hold in this transfer syntax (PS3.3
+    C.7.6.3.1.2): YBR_ICT and YBR_RCT only with JPEG 2000, whose decoder undoes the component
+    transform (elsewhere nothing would, and Y/Cb/Cr would pack as R/G/B); native YBR_FULL_422 only
+    with an even column count (two pixels share each Cb/Cr pair) and interleaved samples
+    (Planar Configuration 0), else pydicom pairs the wrong samples and makes up colours."""
+    if photometric in ("YBR_ICT", "YBR_RCT") and syntax not in _JPEG_2000:
+        return "unsupported", (f"(0028,0004) Photometric Interpretation {photometric} is only valid with a JPEG 2000 "
+                               f"transfer syntax (PS3.3 C.7.6.3.1.2), whose decoder undoes the colour transform, "
+                               f"but the file is {UID(syntax).name} ({syntax}), so nothing converts its samples "
+                               "to RGB; re-export the file as JPEG 2000 or as RGB (or fix the header if the "
+                               "samples are RGB already)")
+    if photometric != "YBR_FULL_422" or syntax not in _NATIVE:
+        return None
+    planar = ds.get("PlanarConfiguration")
+    if columns % 2 or planar == 1:
+        what = (f"(0028,0011) Columns is {columns}, odd" if columns % 2 else
+                "(0028,0006) Planar Configuration is 1 (colour-by-plane)")
+        return "bad_shape", (f"{what}, but uncompressed YBR_FULL_422 needs an even column count and Planar "
+                             "Configuration 0 (PS3.3 C.7.6.3.1.2: two pixels share one Cb/Cr pair, "
+                             "stored Y Y Cb Cr), so its samples cannot be paired up; re-export the file as RGB or "
+                             "YBR_FULL")
+    return None
 
 
 #: The tag of (7FE0,0010) Pixel Data as it starts an element: little and big endian.
