@@ -223,9 +223,33 @@ def test_a_rescale_that_is_no_number_is_unreadable_not_taken_as_1_or_0(tmp_path:
     raw_element(ds, keyword, "DS", value)
     found = issue_of(read(save(ds, tmp_path / "rescale.dcm")), "unreadable", "read")
     assert f"{keyword} {value.decode().strip()!r} is not a finite number" in found.message
+
+
+@pytest.mark.parametrize("where", ["top level", "per-frame"])
+@pytest.mark.parametrize(("keyword", "partner"), [("RescaleIntercept", "RescaleSlope"),
+                                                  ("RescaleSlope", "RescaleIntercept")])
+def test_an_empty_rescale_beside_its_partner_is_unreadable_not_taken_as_0_or_1(tmp_path: Path, where: str,
+                                                                                keyword: str, partner: str) -> None:
+    """A CT whose Rescale Intercept is there but empty, beside a Rescale Slope of 1, was packed
+    with intercept 0: every pixel 1024 HU off, while 'abc' in its place was unreadable. The pair
+    is Type 1 together, so an empty one beside a value is as corrupt as 'abc', at the top level
+    and in an enhanced file's per-frame Pixel Value Transformation. Both empty reads as both
+    absent (slope 1, intercept 0), as before."""
+    if where == "top level":
+        ds = ct_dataset()
+        raw_element(ds, keyword, "DS", b"")
+    else:
+        ds = enhanced_ct_dataset(ct_pixels((2, 8, 8)), [(1.0, -1024.0), (1.0, -1024.0)], [None, None],
+                                 shared_rescale=(1.0, -1024.0))
+        raw_element(ds.PerFrameFunctionalGroupsSequence[1].PixelValueTransformationSequence[0], keyword, "DS", b"")
+    found = issue_of(read(save(ds, tmp_path / "rescale.dcm"), window(40.0, 400.0)), "unreadable", "read")
+    assert f"{keyword} is empty while (0028,105" in found.message and f"{partner} is '" in found.message
+    assert found.message.startswith("rescale.dcm: ") and "copy the file again" in found.message
     ds = ct_dataset()
-    raw_element(ds, "RescaleIntercept", "DS", b"")  # empty (Type 1 left blank): the default 0, as before
-    assert isinstance(read(save(ds, tmp_path / "empty.dcm")), list)
+    raw_element(ds, "RescaleIntercept", "DS", b"")
+    raw_element(ds, "RescaleSlope", "DS", b"")
+    samples = read(save(ds, tmp_path / "both_empty.dcm"), window(40.0, 400.0))
+    assert isinstance(samples, list) and samples[0].metadata["rescale_intercept"] == 0.0
 
 
 def test_unknown_vr_of_a_top_level_element_is_unreadable(tmp_path: Path) -> None:

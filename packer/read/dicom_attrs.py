@@ -221,14 +221,24 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
                explanation=str(element(item, "LUTExplanation", "") or "").strip())
 
 
-def _rescale(source: Dataset, keyword: str) -> float | None:
-    """Rescale Slope or Intercept as a number, None when absent or empty; a value that is there
-    but no finite number (``NaN``, ``abc``) raises :class:`DamagedElement`: taking 1 or 0 in its
-    place would pack every pixel at a wrong modality value (HU off by the intercept)."""
+def _rescale(source: Dataset, keyword: str, partner: str) -> float | None:
+    """Rescale Slope or Intercept as a number, None when absent or when both of the pair are
+    empty; a value that is there but no finite number (``NaN``, ``abc``) raises
+    :class:`DamagedElement`: taking 1 or 0 in its place would pack every pixel at a wrong modality
+    value (HU off by the intercept). So does an empty one beside a ``partner`` (the other of the
+    pair) that has a value: the two are Type 1 together (PS3.3 C.11.1, C.7.6.16.2.9), and a slope
+    written without its intercept is as corrupt as 'abc', not an intercept of 0."""
     raw = element(source, keyword)
     value = first_float(raw)
     if value is None and raw is not None and str(raw).strip() != "":
         raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} {str(raw)!r} is not a finite number")
+    if value is None and keyword in source:  # present, empty: pydicom reads an empty DS as None
+        other = element(source, partner)
+        if other is not None and str(other).strip() != "":
+            raise DamagedElement(f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} is empty while "
+                                 f"{Tag(tag_for_keyword(partner) or 0)} {partner} is {str(other)!r}: the pair is "
+                                 "written together, and taking the default in its place would pack every pixel at "
+                                 "a wrong modality value")
     return value
 
 
@@ -246,8 +256,8 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
         lut = read_lut(modality_luts[0], signed_input=signed, little_endian=little)
     item = functional_item(ds, frame, "PixelValueTransformationSequence")
     source = item if item is not None and "RescaleSlope" in item else ds
-    slope = _rescale(source, "RescaleSlope")
-    intercept = _rescale(source, "RescaleIntercept")
+    slope = _rescale(source, "RescaleSlope", "RescaleIntercept")
+    intercept = _rescale(source, "RescaleIntercept", "RescaleSlope")
     dose = None
     # Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a stray one in a CT halved its HU
     if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or str(ds.get("Modality", "")).strip().upper() == "RTDOSE":
