@@ -20,6 +20,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.transform.channels import LUMA, Mapped, channel_rule, match_channels
+from tests.dicom_files import save, secondary_capture_rgb
 from tests.helpers import demo_job_doc, write_job
 
 CT_WINDOWS = ["lung", "mediastinum", "bone_body"]
@@ -146,6 +147,37 @@ def test_channels_give_every_sample_one_shape_by_the_documented_rules(builds: di
             assert np.array_equal(image, own) and "channels" not in info["metadata"]
             assert info == own_info
     assert replicated == 1
+
+
+def test_a_colour_dicom_to_one_channel_is_the_luma_of_its_unrounded_values_rounded_once(tmp_path: Path) -> None:
+    """16-bit RGB packed as uint8 with transform.channels: 1 took the luma of the already rounded
+    uint8 R, G, B and rounded again: about one pixel in five one level off the README's
+    round(255 · (0.299 R + 0.587 G + 0.114 B) / 65535). The luma is now taken from the unrounded
+    values, in a single-frame file and in each frame of a split one. 8-bit RGB, whose levels
+    the first rounding never changed, packs byte for byte as the rule on its stored values."""
+    rng = np.random.default_rng(20)
+    rgb16 = rng.integers(0, 65536, (2, 16, 16, 3)).astype(np.uint16)
+    rgb8 = rng.integers(0, 256, (12, 12, 3)).astype(np.uint8)
+    raw = tmp_path / "raw"
+    for name, pixels in (("rgb16", rgb16), ("rgb8", rgb8)):
+        ds = secondary_capture_rgb(pixels)
+        ds.PatientID = name
+        save(ds, raw / f"{name}.dcm")
+    doc = {"name": "luma", "sources": [{"kind": "dicom", "name": "sc", "root": str(raw), "label": "none",
+                            "where": {"SOPClassUID": "Secondary Capture Image Storage"}}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}, "seed": 1},
+           "transform": {"channels": 1, "dicom": {"windows": ["file"], "output": "uint8"}},
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), "phi": {"mode": "keep"}}
+    packed = samples_of(run(doc, tmp_path / "job"))
+    assert len(packed) == 3
+    for image, info in packed.values():
+        assert image.dtype == np.uint8 and info["metadata"]["channels"] == {"from": 3, "rule": "luma"}
+        if image.shape == (1, 12, 12):
+            np.testing.assert_array_equal(image, match_channels(rgb8.transpose(2, 0, 1), 1, color=True).image)
+            continue
+        frame = rgb16[info["metadata"]["frame"]].astype(np.float64)
+        luma = LUMA[0] * frame[..., 0] + LUMA[1] * frame[..., 1] + LUMA[2] * frame[..., 2]
+        np.testing.assert_array_equal(image[0], np.rint(255 * luma / 65535))
 
 
 def test_a_count_only_the_file_tells_that_cannot_be_mapped_makes_it_a_bad_shape_sample(

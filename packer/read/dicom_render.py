@@ -42,6 +42,7 @@ from packer.transform.dicom import (
     keeps_geometry,
     quantise,
     render_color,
+    render_luma,
     render_modality_float,
     spacing_size,
     to_modality_values,
@@ -271,10 +272,11 @@ def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, paddi
 
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
-                  resample_from: tuple[float, float] | None) -> tuple[np.ndarray, dict[str, Any]] | Issue:
+                  resample_from: tuple[float, float] | None,
+                  luma: bool = False) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """One frame → (its C×H×W output array, frame metadata) or an Issue. ``resample_from``: the
     Pixel Spacing a ``transform.dicom.spacing`` resample starts from (this frame's, or frame 0's
-    for a stack)."""
+    for a stack). ``luma``: a colour frame becomes its one-channel luma (:func:`render_luma`)."""
     spacing = pixel_spacing(ds, frame)
 
     def finish(image: np.ndarray, pad_value: float = 0.0) -> np.ndarray:
@@ -283,6 +285,9 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
 
     if photometric not in GRAYSCALE:
         keeps = keeps_geometry(*stored.shape[:2], pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size)
+        if luma:
+            image = render_luma(stored, color_bits, cfg.output, keeps_grid=keeps)
+            return (image if keeps else finish(image)), _frame_metadata(ds, frame, None, (), spacing)
         return (finish(render_color(stored, color_bits, display_dtype(cfg.output, keeps))),
                 _frame_metadata(ds, frame, None, (), spacing))
     if mask is None:
@@ -444,16 +449,32 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (
             f"no usable (0028,0030) Pixel Spacing: not resampled to transform.dicom.spacing {list(cfg.spacing)} mm, "
             "only resized; its pixels' size in mm is not the other samples'")]}
+    # transform.channels: 1 takes a colour sample's luma (packer.read.kinds.with_channels); taken
+    # here, from the unrounded values, it is rounded once, not after each of R, G, B was
+    luma = (cfg.channels == 1 and photometric not in GRAYSCALE and not cfg.by_series
+            and (not stack or frames == 1))
     for frame in range(frames):
         spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
-                                 photometric, color_bits, resample_from=spacing)
+                                 photometric, color_bits, resample_from=spacing, luma=luma)
         if isinstance(rendered, Issue):
             return rendered
         array, meta = rendered
         if cfg.spacing is not None and spacing is not None:
             meta["output_spacing"] = list(cfg.spacing)
         outputs.append((array, meta))
+    samples = _samples(ref, ds, pixels, cfg, outputs, base_metadata, blank, stack)
+    if luma:  # what with_channels records where it maps the channels itself
+        return [replace(s, metadata={**s.metadata, "channels": {"from": 3, "rule": "luma"}}) for s in samples]
+    return samples
+
+
+def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig,
+             outputs: list[tuple[np.ndarray, dict[str, Any]]], base_metadata: dict[str, Any], blank: dict[int, str],
+             stack: bool) -> list[Sample]:
+    """The samples of a file's rendered frames (``outputs``): one per frame, or one stack."""
+    frames = pixels.shape[0]
+
     def stored(part: np.ndarray) -> str:  # a slice of a series is one part of a stack or volume: none
         return "" if cfg.by_series else stored_digest(part)
 

@@ -29,6 +29,17 @@ from packer.errors import ConfigError
 LUMA = (0.299, 0.587, 0.114)
 
 
+def luminance(image: np.ndarray, axis: int = 0) -> np.ndarray:
+    """The BT.601 luma of the 3 channels along ``axis`` of ``image``, in float64, that axis kept
+    (size 1). Both the rule applied to a finished sample (:func:`match_channels`) and a colour
+    DICOM frame's luma taken before its levels are rounded (:mod:`packer.transform.dicom`) use it,
+    so the two agree wherever the rounding loses nothing."""
+    shape = [1] * image.ndim
+    shape[axis] = 3
+    weights = np.asarray(LUMA, dtype=np.float64).reshape(shape)
+    return (image.astype(np.float64) * weights).sum(axis=axis, keepdims=True)
+
+
 def channel_rule(natural: int, target: int, *, color: bool = False) -> str | None:
     """How a ``natural``-channel sample becomes ``target`` channels: ``keep``, ``replicate``,
     ``luma`` (only for ``color`` samples, 3 → 1), or None when no rule applies."""
@@ -64,8 +75,7 @@ def match_channels(image: np.ndarray, target: int, *, color: bool = False) -> Ma
         return Mapped(image, rule)
     if rule == "replicate":
         return Mapped(np.ascontiguousarray(np.repeat(image, target, axis=0)), rule)
-    weights = np.asarray(LUMA, dtype=np.float64).reshape(3, 1, 1)
-    luma = (image.astype(np.float64) * weights).sum(axis=0, keepdims=True)
+    luma = luminance(image, axis=0)
     if image.dtype.kind in "ui":
         info = np.iinfo(image.dtype)
         luma = np.clip(np.rint(luma), info.min, info.max)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.transform.channels import luminance
 from packer.transform.resize import resize_image
 from packer.transform.window import (
     apply_modality,
@@ -272,6 +273,29 @@ def render_color(rgb: np.ndarray, bits: int, dtype: type[np.floating] = np.float
     ``round(v · 65535 / (2^bits - 1))`` are then exact; float32 made 2593 of 12 bits 58974, not
     58973)."""
     return (np.asarray(rgb, dtype=np.float64) / float(2**bits - 1)).clip(0.0, 1.0).astype(dtype, copy=False)
+
+
+def render_luma(rgb: np.ndarray, bits: int, output: str, *, keeps_grid: bool) -> np.ndarray:
+    """An RGB frame (H×W×3, unsigned integers of ``bits`` bits) → its BT.601 luma (``luma`` rule
+    of :mod:`packer.transform.channels`) taken from the unrounded values, rounded once:
+    ``round(levels · (0.299 R + 0.587 G + 0.114 B) / (2^bits - 1))`` for ``levels`` 255 (uint8) or
+    65535 (uint16). The luma of the output's rounded R, G, B rounded again was up to one level off
+    that (16-bit colour packed as uint8); where ``bits`` is the output's own depth nothing was
+    rounded, and the value is the luma of the stored values itself, as before.
+
+    ``keeps_grid`` (:func:`keeps_geometry`): the 1×H×W output array; otherwise the H×W×1 display
+    values in [0, 1], in :func:`display_dtype`, for :func:`finish_image` to resize and quantise."""
+    top = float(2**bits - 1)
+    luma = luminance(np.asarray(rgb), axis=-1)
+    if not keeps_grid:
+        return (luma / top).clip(0.0, 1.0).astype(display_dtype(output, keeps_grid), copy=False)
+    if output == "float16":
+        return np.ascontiguousarray((luma / top).clip(0.0, 1.0).astype(np.float16).transpose(2, 0, 1))
+    if output not in ("uint8", "uint16"):
+        raise ValueError(f"unknown output dtype {output!r}; expected one of {OUTPUTS}")
+    levels, dtype = (255.0, np.uint8) if output == "uint8" else (65535.0, np.uint16)
+    scaled = luma if levels == top else luma * levels / top
+    return np.ascontiguousarray(np.clip(np.rint(scaled), 0.0, levels).astype(dtype).transpose(2, 0, 1))
 
 
 def spacing_size(height: int, width: int, pixel_spacing: tuple[float, float],
