@@ -782,6 +782,20 @@ def test_native_ybr_full_422_of_odd_columns_or_planes_is_bad_shape(tmp_path: Pat
     assert what in found.message and "even column count and Planar Configuration 0" in found.message
 
 
+@pytest.mark.parametrize(("photometric", "said"), [
+    ("YBR_FULL", "every pixel has the same RGB value [0, 135, 0] ((0028,0004) YBR_FULL, after the decoder's colour "
+                 "conversion)"),
+    ("RGB", "every pixel has the same stored value [0, 0, 0]"),
+])
+def test_a_constant_colour_image_says_which_values_it_quotes(tmp_path: Path, photometric: str, said: str) -> None:
+    """A YBR file whose every stored sample is [0, 0, 0] was refused as constant_image quoting
+    "stored value [0, 135, 0]": the RGB the decoder converted it to, which no sample of the file
+    holds. The message now says it quotes the RGB value after the colour conversion."""
+    ds = image_dataset(np.zeros((6, 6, 3), np.uint8), photometric=photometric, modality="OT")
+    found = issue_of(read(save(ds, tmp_path / "flat.dcm")), "constant_image", "validate")
+    assert said in found.message, found.message
+
+
 def test_float16_overflow_is_a_transform_issue(tmp_path: Path) -> None:
     pixels = np.array([[0, 100_000], [5, 7]], dtype=np.uint32)
     path = save(image_dataset(pixels, modality="OT"), tmp_path / "big.dcm")

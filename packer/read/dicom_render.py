@@ -92,11 +92,13 @@ def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
     return (value, limit if value is not None else None)
 
 
-def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
+def _constant(stored: np.ndarray, mask: np.ndarray | None, photometric: str = "") -> str | None:
     """Why the image carries no information (all real pixels equal), or None.
 
-    ``stored`` is (frames, H, W, samples); ``mask`` (frames, H, W) marks padding.
-    """
+    ``stored`` is (frames, H, W, samples), as decoded; ``mask`` (frames, H, W) marks padding.
+    A YBR file's pixels were converted to RGB by the decoder and a palette's looked up, so the
+    value quoted for ``photometric`` other than grayscale and RGB is said to be that RGB value,
+    not the stored one (all-zero YBR samples are [0, 135, 0] in RGB)."""
     flat = stored.reshape(-1, stored.shape[-1])
     if mask is not None and mask.any():  # copying out the real pixels only when there is padding
         flat = flat[~mask.reshape(-1)]
@@ -105,7 +107,10 @@ def _constant(stored: np.ndarray, mask: np.ndarray | None) -> str | None:
     # a sparse probe rejects almost every real image at once; the full comparison runs only
     # when ~64 spread-out pixels all equal the first one
     if flat.shape[0] and bool((flat[:: max(1, len(flat) // 64)] == flat[0]).all()) and bool((flat == flat[0]).all()):
-        return f"every pixel has the same stored value {flat[0].tolist()}"
+        if photometric in (*GRAYSCALE, "RGB", ""):
+            return f"every pixel has the same stored value {flat[0].tolist()}"
+        how = "through its palette" if photometric == "PALETTE COLOR" else "after the decoder's colour conversion"
+        return f"every pixel has the same RGB value {flat[0].tolist()} ((0028,0004) {photometric}, {how})"
     return None
 
 
@@ -422,13 +427,13 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     mask = None
     if photometric in GRAYSCALE:
         mask = padding_mask(pixels[..., 0], *padding_values(ds))
-    why = _constant(pixels, mask)
+    why = _constant(pixels, mask, photometric)
     if why is not None and not cfg.by_series:
         return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
     if why is not None:
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
-    blank = _constant_frames(pixels, mask, cfg) if why is None and frames > 1 and not stack else {}
+    blank = _constant_frames(pixels, mask, cfg, photometric) if why is None and frames > 1 and not stack else {}
     if max_pixels is not None:
         too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)
         if too_big is not None:
@@ -498,7 +503,8 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
             for i, (array, meta) in enumerate(outputs)]
 
 
-def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTransformConfig) -> dict[int, str]:
+def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTransformConfig,
+                     photometric: str = "") -> dict[int, str]:
     """Frame → the warning its sample carries, for each frame of a multi-frame file (split into
     samples; the file as a whole not constant) whose every real pixel is equal: a slice of a
     series (``cfg.by_series``) is context, as a constant single-frame slice is, and is counted
@@ -506,7 +512,7 @@ def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTran
     among a file's good ones is seen (the file is not a bad sample: its other frames are good)."""
     notes: dict[int, str] = {}
     for frame in range(pixels.shape[0]):
-        why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1])
+        why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1], photometric)
         if why is None:
             continue
         notes[frame] = constant_slice_note(why) if cfg.by_series else (
