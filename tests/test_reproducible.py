@@ -104,6 +104,39 @@ def test_a_damaged_cache_entry_is_recomputed_not_trusted(demo_raw: Any, referenc
     assert shards(again) == shards(reference)
 
 
+def test_a_build_stopped_in_its_pack_pass_decodes_again_only_the_files_whose_samples_it_had_packed(
+        demo_raw: Any, reference: BuildResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a build killed in its pack pass leaves: every chunk's spill and records, the spill of
+    the samples already packed freed (reads as zeros), no version published and no index of files
+    (written once a version is). The rerun decodes those samples' files alone: the other files of
+    their chunks are copied from the chunk's own entry, each sample checked, to a fresh build's bytes."""
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    job = load_job(write_job(tmp_path, demo_job_doc(demo_raw.root, tmp_path / "out")))
+    build(job, BuildOptions(scheduler="sync", quiet=True, keep_spill=True))
+    shutil.rmtree(tmp_path / "out")
+    (cache,) = (tmp_path / "work" / "cache").iterdir()
+    for name in ("files.index.npy", "*.packed.json"):
+        for path in cache.glob(name):
+            path.unlink()
+    # a chunk of several files whose first sample is a file of its own (not a series'): its bytes packed, so freed
+    for spill in sorted(cache.glob("*.spill")):
+        record = json.loads(spill.with_suffix(".json").read_text())
+        sample = record["samples"][0]
+        if record["files"] > 1 and [ids for _, ids, *_ in record["units"]
+                                    if sample["ref"]["sample_id"] in ids] == [[sample["ref"]["sample_id"]]]:
+            break
+    else:
+        raise AssertionError("no cache entry of several files whose first sample is a file of its own")
+    with spill.open("r+b") as fh:
+        fh.seek(sample["offset"])
+        fh.write(bytes(sample["pixel_bytes"] + sample["meta_bytes"] + sample.get("mask_bytes", 0)))
+
+    again = build(job, BuildOptions(scheduler="sync", quiet=True))
+    assert again.files_decoded == 1 < record["files"]
+    assert again.manifest["dataset_hash"] == reference.manifest["dataset_hash"]
+    assert shards(again) == shards(reference)
+
+
 def test_the_demo_rebuilds_to_the_committed_manifest(tmp_path: Path) -> None:
     """`make demo` commits manifests/demo/<version>.json; an unannounced change of output fails here.
 

@@ -27,7 +27,9 @@ pass reads them from that version.
   short by an interrupted build) is not given up whole: each unit is checked on its own and
   only the units whose bytes no longer check out are decoded again (:func:`copy_units`),
   reported with the file that held the bad bytes (:func:`damage_report`). A chunk whose own
-  entry did not check out is copied from that entry this way too.
+  entry did not check out is copied from that entry this way too, found through the entry's
+  records where the index does not list it: a build killed in its pack pass wrote no index, and
+  freed the spill of the samples it had packed, so only those samples' files are decoded again.
 - The **index** (``files.index.npy`` in the build cache, :func:`write_file_index`) maps each
   unit key (and move key) to the entry holding it: sorted 16-byte pairs, memory-mapped and binary-searched
   by the workers. The client rewrites it after each build from the entries that build kept
@@ -63,6 +65,7 @@ from packer.pipeline.spill import (
     index_keys,
     masked_sources,
     read_entry,
+    records_path,
     sample_shaping_config,
     signature_name,
     unit_records,
@@ -210,19 +213,23 @@ class Earlier:
     moved: bool = False
 
 
-def find_earlier(cache_dir: Path, units: Iterable[Unit]) -> dict[str, Earlier]:
+def find_earlier(cache_dir: Path, units: Iterable[Unit], *, own: str = "") -> dict[str, Earlier]:
     """Unit key → where the index (:data:`INDEX_NAME`) lists it, by its key or else by its move
-    key, for those of ``units`` it lists. The entry listed may be the one of the chunk being
-    made, when that entry did not check out whole: its units are then checked one by one
-    (:func:`copy_units`), all copied into memory before the chunk's new entry is written.
-    Empty when there is no index or it cannot be read (per-file reuse is then simply not
-    available)."""
+    key, for those of ``units`` it lists, and where it lists a unit nowhere, the chunk's own
+    entry ``own`` (its key; ``""``: none) if that entry's records hold it. The entry found may
+    be the one of the chunk being made, when that entry did not check out whole: its units are
+    then checked one by one (:func:`copy_units`), all copied into memory before the chunk's new
+    entry is written. The index names it after a completed build; the records are asked
+    because a build stopped in its pack pass never wrote the index (:func:`write_file_index`
+    runs once the version is published) and did free the spill of the samples it had packed, so
+    without them one packed sample would make every other file of its chunk decode again. An
+    index or records that cannot be read give nothing (those units are simply decoded)."""
     try:
         index = np.load(cache_dir / INDEX_NAME, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
-        return {}
-    if index.dtype != INDEX_DTYPE or index.ndim != 1 or not len(index):
-        return {}
+        index = np.zeros(0, dtype=INDEX_DTYPE)
+    if index.dtype != INDEX_DTYPE or index.ndim != 1:
+        index = np.zeros(0, dtype=INDEX_DTYPE)
     column = index["unit"]
 
     def listed(key: str) -> str | None:
@@ -233,12 +240,27 @@ def find_earlier(cache_dir: Path, units: Iterable[Unit]) -> dict[str, Earlier]:
         return None
 
     found: dict[str, Earlier] = {}
+    unlisted: list[Unit] = []
     for unit in units:
         if (chunk := listed(unit.key)) is not None:
             found[unit.key] = Earlier(chunk, unit.key)
         elif unit.move and (chunk := listed(unit.move)) is not None:
             found[unit.key] = Earlier(chunk, unit.move, moved=True)
+        else:
+            unlisted.append(unit)
+    if own and unlisted:
+        held = _units_held(cache_dir, own)
+        found.update((unit.key, Earlier(own, unit.key)) for unit in unlisted if unit.key in held)
     return found
+
+
+def _units_held(cache_dir: Path, key: str) -> set[str]:
+    """The unit keys entry ``key``'s records list; none where they are missing or damaged."""
+    try:
+        data = json.loads(records_path(cache_dir, key).read_text(encoding="utf-8"))
+        return {unit for unit, _, _ in unit_records(data)}
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return set()
 
 
 def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Unit], refs: Sequence[SampleRef],

@@ -410,7 +410,7 @@ def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, 
     if cache_dir is None:
         return [], {}, ()
     units = unit_keys(task.refs, task.job, dict(task.libraries), group=task.group is not None, listed=listed)
-    copies = copy_units(cache_dir, find_earlier(cache_dir, units), units, task.refs, task.job)
+    copies = copy_units(cache_dir, find_earlier(cache_dir, units, own=task.key), units, task.refs, task.job)
     copied = copies.units
     if signed:
         copied = {unit: held for unit, held in copied.items()
