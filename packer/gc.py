@@ -7,7 +7,10 @@ over ``max_bad_fraction``: exit 3, written for its report) is never counted amon
 than every kept version stays (the latest attempt and its report), an older one is removed. A
 folder whose manifest cannot be read is not counted as a version and is left alone, and so are
 a build's ``.staging-*`` folders (a build in progress, or interrupted: the next build of that job
-resumes from it or clears it).
+resumes from it or clears it). A version whose build stopped while publishing it (its files
+moved in, no manifest yet: :func:`~packer.versions.is_incomplete_version`) is removed, as a
+leftover ``.trash-*`` is: gc holds the build lock, so no build is publishing it, and nothing
+can read it without its manifest; it is never counted as a version.
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
@@ -54,7 +57,8 @@ class GcPlan:
     ``shared_bytes``: files of the removed versions a kept version (or a staging folder) still
     links: kept. ``elsewhere_bytes``: files of the removed versions with links outside the
     dataset folder: kept too. ``broken``: version folders whose manifest cannot be read, left
-    alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first.
+    alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
+    version folders a build stopped while publishing (no manifest), removed next.
     """
 
     root: Path
@@ -66,11 +70,13 @@ class GcPlan:
     freed_bytes: int
     shared_bytes: int
     elsewhere_bytes: int
+    incomplete: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
                 "remove": [v.to_json() for v in self.remove], "broken": [v.to_json() for v in self.broken],
-                "staging": list(self.staging), "trash": list(self.trash), "freed_bytes": self.freed_bytes,
+                "staging": list(self.staging), "trash": list(self.trash),
+                "incomplete": list(self.incomplete), "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
 
 
@@ -102,7 +108,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
                                                             and (v.created_at, v.version) > newest_kept))
     removed = tuple(v for v in readable if v not in kept)
     trash = tuple(o.folder for o in listing.others if o.kind == "trash")
-    gone = {v.folder for v in removed} | set(trash)
+    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
+    gone = {v.folder for v in removed} | set(trash) | set(incomplete)
     freed = shared = elsewhere = 0
     for links in listing.files.values():
         if not links.owners & gone:
@@ -116,13 +123,13 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None),
                   staging=tuple(o.folder for o in listing.others if o.kind == "staging"), trash=trash,
-                  freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere)
+                  freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere, incomplete=incomplete)
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
-    """Carry out ``plan``: finish the leftover ``.trash-*`` folders, then remove each version
-    of ``plan.remove``, oldest first (renamed to ``.trash-*`` first, its manifest deleted next,
-    then the rest).
+    """Carry out ``plan``: finish the leftover ``.trash-*`` folders, remove the incomplete
+    versions, then each version of ``plan.remove``, oldest first (each renamed to ``.trash-*``
+    first, its manifest deleted next, then the rest).
 
     A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
     read-only file system to exit 6) when a folder cannot be renamed or removed; what was
@@ -150,18 +157,19 @@ def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
             _remove_tree(plan.root / name)
         if on_removed is not None:
             on_removed(name)
-    for version in reversed(plan.remove):  # oldest first: an interrupted gc leaves the newer ones
-        path = plan.root / version.folder
+    # oldest first: an interrupted gc leaves the newer ones
+    for folder in (*plan.incomplete, *(version.folder for version in reversed(plan.remove))):
+        path = plan.root / folder
         if not path.is_dir():
             continue
-        trash = plan.root / f"{TRASH_PREFIX}{version.folder}-{secrets.token_hex(4)}"
+        trash = plan.root / f"{TRASH_PREFIX}{folder}-{secrets.token_hex(4)}"
         with _refused(path):
             os.rename(path, trash)  # atomic: from here on the folder is no version
         with _refused(trash):
             (trash / MANIFEST_FILE).unlink(missing_ok=True)
             _remove_tree(trash)
         if on_removed is not None:
-            on_removed(version.folder)
+            on_removed(folder)
 
 
 @contextlib.contextmanager
@@ -213,6 +221,9 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
                      f"{human_bytes(v.bytes):>12}" + ("  (a failed build)" if v.failed else ""))
     for name in plan.trash:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (left by an interrupted gc)")
+    for name in plan.incomplete:
+        lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a version whose build stopped while "
+                     "publishing it: no manifest.json, not a dataset)")
     lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "
                  f"(or a build's staging folder) still links them: {human_bytes(plan.shared_bytes)}"
                  + (f"; kept because linked outside {plan.root}: {human_bytes(plan.elsewhere_bytes)}"

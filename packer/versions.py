@@ -27,7 +27,7 @@ from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
 from packer.files import human_bytes
-from packer.manifest import MANIFEST_FILE, read_manifest
+from packer.manifest import INDEX_FILE, MANIFEST_FILE, read_manifest
 from packer.storage import is_url
 
 #: Folder prefixes in a dataset folder that are not versions: a build's staging folder (a build
@@ -96,8 +96,9 @@ class VersionUsage:
 @dataclass(frozen=True)
 class OtherFolder:
     """A folder in the dataset folder that is not a readable version: ``kind`` is ``staging`` (a
-    build in progress or interrupted), ``trash`` (a version an interrupted ``packer gc`` was
-    removing) or ``other``."""
+    build in progress or interrupted), ``incomplete`` (a version whose build stopped while
+    publishing it: :func:`is_incomplete_version`), ``trash`` (a version an interrupted ``packer
+    gc`` was removing) or ``other``."""
 
     folder: str
     kind: str
@@ -144,14 +145,27 @@ class DatasetVersions:
 
 
 def is_dataset_folder(folder: str | Path) -> bool:
-    """True when ``folder`` holds at least one version folder (``<version>/manifest.json``), or a
-    build's ``.staging-*`` or an interrupted gc's ``.trash-*`` folder: a dataset whose first
-    build was interrupted holds only its staging folder, and is still the dataset's folder."""
+    """True when ``folder`` holds at least one version folder (``<version>/manifest.json``), a
+    build's ``.staging-*`` or an interrupted gc's ``.trash-*`` folder, or a version whose build
+    stopped while publishing it (:func:`is_incomplete_version`): a dataset whose first build was
+    interrupted holds only such a folder, and is still the dataset's folder."""
     root = Path(folder)
     return root.is_dir() and any(entry.is_dir() and (entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
                                                      or not entry.name.startswith(".")
-                                                     and (entry / MANIFEST_FILE).is_file())
+                                                     and ((entry / MANIFEST_FILE).is_file()
+                                                          or is_incomplete_version(entry)))
                                  for entry in root.iterdir())
+
+
+def is_incomplete_version(folder: Path) -> bool:
+    """True when ``folder`` (a folder of a dataset folder) holds a build's ``_index.parquet`` but
+    no ``manifest.json``: a build publishes a version by renaming its staging folder to the
+    version's name and then writing the manifest, so a build killed between the two, or one whose
+    disk filled at the manifest, leaves this. It is no dataset (nothing reads it without its
+    manifest); building the same job from the same inputs again replaces it, and ``packer gc``
+    removes it."""
+    return (not folder.name.startswith(".") and not (folder / MANIFEST_FILE).is_file()
+            and (folder / INDEX_FILE).is_file())
 
 
 def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
@@ -210,8 +224,13 @@ def scan_links(folders: dict[str, Path]) -> dict[Inode, FileLinks]:
             for inode, (size, nlink) in sizes.items()}
 
 
-def _other_kind(name: str) -> str:
-    return "staging" if name.startswith(STAGING_PREFIX) else "trash" if name.startswith(TRASH_PREFIX) else "other"
+def _other_kind(path: Path) -> str:
+    name = path.name
+    if name.startswith(STAGING_PREFIX):
+        return "staging"
+    if name.startswith(TRASH_PREFIX):
+        return "trash"
+    return "incomplete" if is_incomplete_version(path) else "other"
 
 
 def list_versions(folder: str | Path) -> DatasetVersions:
@@ -234,7 +253,7 @@ def list_versions(folder: str | Path) -> DatasetVersions:
     for name, path in subfolders.items():
         size = sum(f.size for f in by_folder[name])
         if name.startswith(".") or not (path / MANIFEST_FILE).is_file():
-            others.append(OtherFolder(folder=name, kind=_other_kind(name), bytes=size))
+            others.append(OtherFolder(folder=name, kind=_other_kind(path), bytes=size))
             continue
         unique = sum(f.size for f in by_folder[name] if f.owners == {name} and not f.linked_elsewhere)
         try:
@@ -275,6 +294,9 @@ def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
 
 _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of its job clears it)",
                "trash": "a version an interrupted `packer gc` was removing (the next gc finishes it)",
+               "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
+                             "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
+                             "the same inputs replaces it; `packer gc` removes it",
                "other": "not a version (no manifest.json): left alone"}
 
 

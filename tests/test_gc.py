@@ -205,6 +205,38 @@ def test_ls_of_a_version_folder_names_its_dataset_folder(versions: Versions, tmp
     assert f"`packer inspect {root / versions.base}` shows this one" in result.output
 
 
+def test_a_version_whose_build_stopped_while_publishing_is_listed_as_incomplete_and_gc_removes_it(
+        versions: Versions, tmp_path: Path) -> None:
+    """A build publishes by renaming its staging folder to the version and then writing the
+    manifest; killed between the two (or out of disk at the manifest) it leaves a version folder
+    of shards, index and reports without manifest.json. `packer ls` took a dataset folder holding
+    only that for a registry and called its leakage.json a broken registry manifest (exit 5), and
+    `packer gc` called it no dataset folder (exit 2)."""
+    root = dataset_copy(versions, tmp_path)
+    shutil.rmtree(root / versions.base)
+    (root / versions.grown / "manifest.json").unlink()
+    alone = Path(shutil.copytree(root / versions.grown, tmp_path / "alone" / "demo" / versions.grown))
+    listed = invoke("ls", alone.parent)
+    assert listed.exit_code == 0, listed.output
+    assert "0 versions" in listed.output and "BROKEN" not in listed.output and "registry" not in listed.output
+    assert (f"also {versions.grown} (" in listed.output
+            and "INCOMPLETE: a version whose build stopped while publishing it" in listed.output
+            and "Building the job again from the same inputs replaces it; `packer gc` removes it" in listed.output)
+    (other,) = json.loads(invoke("ls", alone.parent, "--json").output)["others"]
+    assert (other["folder"], other["kind"]) == (versions.grown, "incomplete")
+    assert invoke("gc", alone.parent, "--keep", "1").exit_code == 0 and not alone.exists()
+
+    # beside a complete version: never counted among the versions kept, and removed
+    listed = invoke("ls", root)
+    assert listed.exit_code == 0 and "1 version," in listed.output and f"also {versions.grown} (" in listed.output
+    gc = invoke("gc", root, "--keep", "1")
+    assert gc.exit_code == 0, gc.output
+    assert f"keep    {versions.relimited}" in gc.output
+    assert f"removed {versions.grown}  (a version whose build stopped while publishing it" in gc.output
+    assert sorted(p.name for p in root.iterdir()) == [versions.relimited]
+    assert verify_dataset(root / versions.relimited).ok
+
+
 # -- diff ---------------------------------------------------------------------------------------------
 
 

@@ -24,7 +24,9 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
     Newest means by the manifest's created_at (the time the version was built), not by folder
     name or file times. A shard hard-linked into a kept version stays on disk (it is freed when
     its last link goes); the plan says how many bytes that keeps. Left alone: a folder whose
-    manifest cannot be read, and .staging-* folders (a build in progress or interrupted).
+    manifest cannot be read, and .staging-* folders (a build in progress or interrupted). A
+    version folder without manifest.json that holds a build's _index.parquet (its build stopped
+    while publishing it: killed, or a full disk) is no dataset and is removed, never counted.
 
     \b
     Safety:

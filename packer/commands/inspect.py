@@ -148,7 +148,8 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
     hard-linked shards count once; then the total on disk against the versions' sizes added up,
     and the bytes of identical shards stored as separate copies (same sha256, different files).
     Folders that are not versions (.staging-*: a build in progress or interrupted; .trash-*: left
-    by an interrupted `packer gc`) are listed after.
+    by an interrupted `packer gc`; a version folder without manifest.json: a build stopped while
+    publishing it, which building the job again replaces and `packer gc` removes) are listed after.
 
     \b
     REGISTRY (<name>/<version>.json copies written by `packer build` when the job names a
