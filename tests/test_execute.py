@@ -735,3 +735,26 @@ def test_a_real_scheduler_passes_the_greeting_check() -> None:
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
         _check_it_speaks_dask(cluster.scheduler_address)
+
+
+@pytest.mark.slow  # a real dask scheduler and worker
+def test_a_workers_address_given_as_the_scheduler_is_a_config_error_naming_the_scheduler(tmp_path: Path) -> None:
+    """A dask worker greets a connection as a scheduler does, so dask's Client went on and asked
+    it for the scheduler's identity(n_workers=...), and the build died with a TypeError traceback
+    from the worker (exit 1, "a bug"). A worker's (or its nanny's) address is now refused with
+    exit 2 and the address of the scheduler that worker is registered to."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import _check_it_speaks_dask
+
+    with LocalCluster(n_workers=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        worker = next(iter(cluster.scheduler_info["workers"]))
+        with pytest.raises(ConfigError, match=rf"--scheduler {worker}: it is a dask worker, not the dask "
+                                              rf"scheduler; give the scheduler's address \(this worker's is "
+                                              rf"{cluster.scheduler_address}\).*'Registered to:'"):
+            _check_it_speaks_dask(worker, wait=5)
+        scheduler_file = tmp_path / "scheduler.json"
+        scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": worker}))
+        with pytest.raises(ConfigError, match="is a dask worker, not the dask scheduler"):
+            _check_it_speaks_dask(str(scheduler_file), wait=5)
+        _check_it_speaks_dask(cluster.scheduler_address, wait=5)  # the scheduler itself: not a word

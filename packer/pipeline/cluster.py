@@ -639,7 +639,8 @@ def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> 
     """Raise ConfigError where the TCP address ``scheduler`` (or the one its scheduler file
     names) accepts a connection but does not greet it as a dask scheduler does: silent for
     ``wait`` seconds (an HTTP server: dask's Client then waited forever) or with bytes no dask
-    message starts with (an HTTP reply: dask read them as a frame count and died in numpy).
+    message starts with (an HTTP reply: dask read them as a frame count and died in numpy); and
+    where it speaks dask but is a worker, not the scheduler (:func:`_check_it_is_the_scheduler`).
     Anything else (no connection, another scheme, an unreadable file) is left to dask's Client,
     whose own errors are turned into messages by the caller."""
     import socket
@@ -672,6 +673,7 @@ def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> 
         except OSError:
             return
     if first is not None and len(first) >= 8 and int.from_bytes(first[:8], "little") < _MAX_FRAMES:
+        _check_it_is_the_scheduler(scheduler, address, wait)
         return
     said = (f"accepts connections but said nothing in {wait:g} s" if first is None else
             "closed the connection at once" if not first else f"answered {first[:12]!r}")
@@ -680,6 +682,59 @@ def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> 
                       "a scheduler greets every connection (an HTTP server such as the dashboard, :8787, does "
                       "not); give the scheduler's own address (tcp://host:8786 by default, the one `dask scheduler` "
                       f"prints as 'Scheduler at'), or {surface().omit('scheduler')} for a local cluster")
+
+
+def _dask_identity(address: str, wait: float) -> dict[str, Any] | None:
+    """The reply of the dask server at ``address`` to ``identity``, the call every dask server
+    answers (its ``type``: Scheduler, Worker, Nanny; a worker's names its scheduler), or None
+    where it cannot be had in ``wait`` seconds (dask's Client then says why). Asked from a thread
+    of its own, so that a caller already inside an event loop (a notebook) can ask too."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    async def ask() -> Any:
+        async with rpc(address, timeout=wait) as server:
+            return await asyncio.wait_for(server.identity(), wait)
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["reply"] = asyncio.run(ask())
+        except (OSError, ValueError) as err:  # refused, closed, timed out (TimeoutError is an OSError)
+            logging.getLogger(__name__).debug("asking %s for its dask identity: %r", address, err)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="packer: ask the dask scheduler who it is", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    reply = outcome.get("reply")
+    return reply if isinstance(reply, dict) else None
+
+
+def _check_it_is_the_scheduler(scheduler: str, address: str, wait: float) -> None:
+    """Raise ConfigError where the dask server at ``address`` is a worker or a nanny, not a
+    scheduler: dask's Client asked it for the scheduler's ``identity(n_workers=...)``, which a
+    worker's takes no argument for, and died with that TypeError's traceback (an internal error)."""
+    identity = _dask_identity(address, wait)
+    if identity is None:
+        return
+    kind = identity.get("type")
+    registered = identity.get("scheduler")
+    if kind not in ("Worker", "Nanny") and not isinstance(registered, str):
+        return
+    what = "a dask worker's nanny" if kind == "Nanny" else "a dask worker"
+    its_scheduler = (f" (this worker's is {registered})" if isinstance(registered, str) and registered
+                     else "")
+    where = "it" if address == scheduler else address  # a scheduler file's address is named
+    raise ConfigError(f"{surface().option('scheduler', scheduler)}: {where} is {what}, not the dask scheduler; "
+                      f"give the scheduler's address{its_scheduler}: the one `dask scheduler` prints as "
+                      "'Scheduler at', or a worker's log as 'Registered to:' (tcp://host:8786 by default), or "
+                      f"{surface().omit('scheduler')} for a local cluster")
 
 
 def _not_an_address(scheduler: str, err: ValueError) -> ConfigError:
