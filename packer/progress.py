@@ -52,11 +52,13 @@ class Progress:
         self.stream: TextIO = given if given is not None else io.StringIO()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = 0.1 if self.tty else interval
+        self.note_interval = interval  # a line with a note stays on a terminal too: at most one per interval
         self.delay, self.show_bad, self._clock = delay, show_bad, clock
         self.done = self.bad = 0
         self.start = clock()
         self._next = self.start + (self.interval if delay is None else delay)  # when a line may be printed
         self.shown = False  # whether a line has been printed
+        self._next_note = self.start  # when a terminal may get a line with a note (:meth:`update`)
 
     def _line(self) -> str:
         elapsed = max(self._clock() - self.start, 1e-9)
@@ -69,13 +71,22 @@ class Progress:
             line = f"{self.stage:>8}: {self.done}/{self.total} {self.unit} {rate:7.1f}/s  eta {eta_text}"
         return line + (f"  bad {self.bad}" if self.show_bad else "")
 
-    def update(self, done: int = 1, bad: int = 0) -> None:
-        """Count ``done`` more units (``bad`` of them bad); print a line when one is due."""
+    def update(self, done: int = 1, bad: int = 0, *, note: str = "") -> None:
+        """Count ``done`` more units (``bad`` of them bad); print a line when one is due, ending
+        with ``note`` (:meth:`waiting`). On a terminal a line with a note is printed whole, as
+        in a log, at most once an ``interval``, and the live line goes on below it."""
         self.done += done
         self.bad += bad
         if self.quiet:
             return
         now = self._clock()
+        if note and self.tty and now >= self._next_note and (self.delay is None or now >= self._next):
+            self._next_note = now + self.note_interval
+            self._next = now + self.interval
+            self.shown = True
+            self.stream.write("\r" + self._line() + f"  {note}\n")
+            self.stream.flush()
+            return
         if now < self._next:
             return
         self._next = now + self.interval
@@ -83,8 +94,14 @@ class Progress:
         if self.tty:
             self.stream.write("\r" + self._line())
         else:
-            self.stream.write(self._line() + "\n")
+            self.stream.write(self._line() + (f"  {note}" if note else "") + "\n")
         self.stream.flush()
+
+    def waiting(self, note: str = "") -> None:
+        """The stage waits for its next result: print the line when one is due, as :meth:`update`
+        does, with ``note`` (what the wait is on: workers paused for memory, say). A pass whose
+        results stopped coming printed nothing at all, and looked hung."""
+        self.update(0, note=note)
 
     def close(self) -> None:
         """Print the closing line (count, rate and the stage's seconds), unless ``quiet`` or a

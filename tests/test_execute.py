@@ -758,3 +758,71 @@ def test_a_workers_address_given_as_the_scheduler_is_a_config_error_naming_the_s
         with pytest.raises(ConfigError, match="is a dask worker, not the dask scheduler"):
             _check_it_speaks_dask(str(scheduler_file), wait=5)
         _check_it_speaks_dask(cluster.scheduler_address, wait=5)  # the scheduler itself: not a word
+
+
+def _set_status(dask_worker: Any, status: str) -> None:
+    """Run on a worker by ``client.run``: set its status as dask's memory monitor does."""
+    from distributed.core import Status
+
+    dask_worker.status = Status[status]
+
+
+@pytest.mark.slow  # a real dask scheduler and worker
+def test_a_pass_whose_workers_are_paused_for_memory_says_so_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dask pauses a worker at 80% of its memory limit: a pass whose workers were all paused got
+    no result and printed nothing, for ever. While it waits it now hears, every tenth of a second,
+    what the scheduler says of the workers: paused for memory, their limit and the fix; and it
+    goes on by itself once dask resumes them (packer does not fail a build for a pause)."""
+    from distributed import Client
+
+    from packer.pipeline import cluster as cluster_module
+    from packer.pipeline.cluster import Executor
+
+    monkeypatch.setattr(cluster_module, "STALL_CHECK_S", 0.3)
+    # the test pauses the worker itself: dask's own memory monitor would resume it at once
+    with dask.config.set({"distributed.worker.memory.pause": False}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                         memory_limit="300MB") as cluster, Client(cluster) as client:
+        (address,) = client.scheduler_info()["workers"]
+        client.run(_set_status, status="paused")
+        deadline = time.monotonic() + 10
+        while client.scheduler_info()["workers"][address]["status"] != "paused":
+            assert time.monotonic() < deadline, "the scheduler never saw the worker paused"
+            time.sleep(0.05)
+        notes: list[str] = []
+
+        def waiting(note: str) -> None:
+            notes.append(note)
+            if note:
+                client.run(_set_status, status="running")  # dask resumes a worker whose memory fell
+
+        results = list(Executor(client, "a test cluster").map_unordered(abs, [-3], ["abs-minus-3"], waiting=waiting))
+    assert results == [(-3, 3)]
+    assert notes[0] == ""  # before the wait has lasted STALL_CHECK_S: nothing asked, nothing said
+    said = next(note for note in notes if note)
+    assert said == ("waiting: the dask worker is paused for memory (memory limit 286.10 MiB; dask pauses a worker "
+                    "past distributed.worker.memory.pause, 80% of its limit by default, and resumes it once its "
+                    "memory falls): start each worker with a larger --memory-limit or fewer --nthreads (each thread "
+                    "holds a task's files), or lower the job's pack.max_bytes (a Parquet shard is assembled in "
+                    "memory)")
+
+
+def test_what_a_waiting_pass_says_of_workers_that_left_or_are_all_gone() -> None:
+    from packer.pipeline.cluster import _workers_note
+
+    running = {"tcp://w:1": {"status": "running", "memory_limit": 200_000_000}}
+    assert _workers_note(running, 0, 12.0, "tcp://s:8786", local=False) == ""  # a slow task: nothing to say
+    restarting = _workers_note(running, 3, 12.0, "tcp://s:8786", local=False)
+    assert restarting.startswith("waiting: 3 dask worker(s) left the cluster in the 12 s this pass has waited for a "
+                                 "result (a worker past its memory limit is killed, and its nanny starts it again; "
+                                 "memory limit 190.73 MiB): start each worker with a larger --memory-limit")
+    gone = _workers_note({}, 0, 12.0, "tcp://s:8786", local=False)
+    assert gone == ("waiting: the dask scheduler at tcp://s:8786 has no worker now; the pass goes on when one joins "
+                    "(start one with `dask worker tcp://s:8786` where the data and PACKER_WORK_DIR are reachable; "
+                    "Ctrl-C stops)")
+    paused = {f"tcp://w:{i}": {"status": "paused" if i else "running", "memory_limit": 2 << 30} for i in range(3)}
+    assert _workers_note(paused, 0, 12.0, "tcp://s:8786", local=True).startswith(
+        "waiting: 2 of 3 dask workers are paused for memory (memory limit 2.00 GiB each; ")
+    assert _workers_note(paused, 0, 12.0, "tcp://s:8786", local=True).endswith(
+        ": run fewer local workers (--workers N; each gets a larger share of this machine's memory), or lower the "
+        "job's pack.max_bytes (a Parquet shard is assembled in memory)")

@@ -125,6 +125,43 @@ def test_without_a_delay_the_first_line_waits_one_interval_and_the_closing_line_
                                               "    pack: 4/4 samples     0.4/s  eta     0s  bad 1  (10.5s)"]
 
 
+def test_a_pass_waiting_for_results_keeps_printing_its_line_with_what_it_waits_on() -> None:
+    """A pass whose workers were all paused for memory got no result and printed nothing, for
+    ever: the line came only with a result. Waiting, it comes at the usual interval all the same,
+    ending with the executor's note on the workers; under quiet, not at all."""
+    clock, stream = Clock(), io.StringIO()
+    progress = Progress("pack", 4, unit="samples", stream=stream, interval=10.0, clock=clock)
+    clock.now += 10.0
+    progress.update(1)
+    for second in range(1, 26):  # no result for 25 s; the executor asks ten times a second, here once a second
+        clock.now += 1.0
+        progress.waiting("waiting: the dask worker is paused for memory" if second > 5 else "")
+    assert stream.getvalue().splitlines() == [
+        "    pack: 1/4 samples     0.1/s  eta    30s  bad 0",
+        "    pack: 1/4 samples     0.1/s  eta    60s  bad 0  waiting: the dask worker is paused for memory",
+        "    pack: 1/4 samples     0.0/s  eta    90s  bad 0  waiting: the dask worker is paused for memory"]
+
+    quiet_stream = io.StringIO()
+    quiet = Progress("pack", 4, unit="samples", quiet=True, stream=quiet_stream, interval=10.0, clock=clock)
+    for _ in range(30):
+        clock.now += 1.0
+        quiet.waiting("waiting: the dask worker is paused for memory")
+    assert quiet_stream.getvalue() == ""
+
+
+def test_on_a_terminal_a_waiting_note_is_a_whole_line_once_an_interval_under_the_live_line() -> None:
+    clock, terminal = Clock(), Terminal()
+    progress = Progress("process", 4, stream=terminal, interval=10.0, clock=clock)
+    clock.now += 1.0
+    progress.update(1)
+    for _ in range(150):  # 15 s of waiting, asked ten times a second
+        clock.now += 0.1
+        progress.waiting("waiting: the dask worker is paused for memory")
+    lines = terminal.getvalue().split("\n")
+    assert len(lines) == 3 and lines[-1].startswith("\r process: 1/4 files")  # two note lines, the live one after
+    assert all(line.endswith("  bad 0  waiting: the dask worker is paused for memory") for line in lines[:2])
+
+
 def test_a_client_stage_waits_a_few_seconds_read_when_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 3.0 <= STAGE_DELAY <= 5.0
     assert stage_progress("audit", 8, unit="rules").delay == STAGE_DELAY

@@ -215,7 +215,8 @@ def pack_shards(shards: Sequence[PlannedShard], samples: SampleTable, executor: 
     nonce = uuid.uuid4().hex[:8]
     tasks = LazySequence(len(shards), task_of)
     for task, shard in executor.map_unordered(write_shard, tasks,
-                                              [f"pack-{shards[i].file}-{nonce}" for i in order]):
+                                              [f"pack-{shards[i].file}-{nonce}" for i in order],
+                                              waiting=progress.waiting):
         if isinstance(shard, WorkerLost):
             raise PackerError(f"writing shard {task.plan.file} killed its worker process every time ({shard}); "
                               "this happens only when copying already-decoded bytes, so check the worker's memory "

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -245,9 +246,12 @@ class LazySequence(Sequence[T]):
 class Executor:
     """Maps a function over items on a dask client, or in-process when ``client`` is None."""
 
-    def __init__(self, client: Any | None, description: str, *, expected: Environment | None = None) -> None:
+    def __init__(self, client: Any | None, description: str, *, expected: Environment | None = None,
+                 local: bool = False) -> None:
         self.client = client
         self.description = description
+        #: packer's own local cluster (its fixes name --workers), not one given by --scheduler
+        self.local = local
         #: The client's :func:`environment`, checked by every task on its worker (None: not checked)
         self.expected = expected
         #: Paths every worker must see as the client does (:meth:`require_shared`)
@@ -307,12 +311,18 @@ class Executor:
             return 1
         return max(8, 4 * self.threads())
 
-    def map_unordered(self, fn: Callable[[T], R], items: Iterable[T],
-                      keys: Sequence[str] | None = None) -> Iterator[tuple[T, R | WorkerLost]]:
+    def map_unordered(self, fn: Callable[[T], R], items: Iterable[T], keys: Sequence[str] | None = None, *,
+                      waiting: Callable[[str], None] | None = None) -> Iterator[tuple[T, R | WorkerLost]]:
         """Yield ``(item, result)`` as tasks finish. A task whose workers kept dying (dask's
         ``allowed-failures`` exhausted) yields ``(item, WorkerLost)`` instead of raising, so the
         caller can isolate the culprit; any other exception propagates. ``keys`` name the dask
         tasks (they show on the dashboard).
+
+        ``waiting`` (the pass's :meth:`~packer.progress.Progress.waiting`) is called about ten
+        times a second while no result has come, with what :class:`_WorkerWatch` says of the
+        workers once the wait has lasted :data:`STALL_CHECK_S` ("" until then, or when all is
+        well): a pass whose workers were all paused for memory waited on dask without a word,
+        for ever, since its progress line was printed only when a result arrived.
 
         Tasks are submitted in a sliding window (:meth:`window`), not all at once: a task's
         arguments (a chunk's file records, a shard's sample records) live pickled on the client
@@ -349,9 +359,8 @@ class Executor:
 
         while submitted < min(len(items), window):
             submit_next()
-        for future in running:
-            if self.interrupted:
-                raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)
+        watch = _WorkerWatch(self, STALL_CHECK_S)
+        while (future := self._next_done(running, watch, waiting)) is not None:
             if submitted < len(items):
                 submit_next()  # before handing back this result, so the workers stay busy
             item = item_of.pop(future.key)
@@ -368,6 +377,120 @@ class Executor:
                 raise self.lost(str(err.reason)) from err
             finally:
                 future.release()
+
+    def _next_done(self, running: Any, watch: _WorkerWatch, waiting: Callable[[str], None] | None) -> Any | None:
+        """The next finished future of ``running`` (dask's ``as_completed``), or None once none is
+        left. While none is ready, ``waiting`` is called each tenth of a second with
+        :meth:`_WorkerWatch.note`, and a Ctrl-C Python dropped (:func:`_noted_interrupts`) is raised."""
+        while not running.has_ready():
+            if self.interrupted:
+                raise KeyboardInterrupt  # a Ctrl-C Python dropped where it landed (see _noted_interrupts)
+            if running.is_empty():
+                return None
+            with running.thread_condition:  # what as_completed's own blocking next() waits on
+                running.thread_condition.wait(timeout=0.1)
+            if waiting is not None and not running.has_ready():
+                waiting(watch.note())
+        if self.interrupted:
+            raise KeyboardInterrupt
+        watch.result_came()
+        return next(running)
+
+
+#: Seconds a pass goes without a result before it asks the scheduler how its workers are (and then
+#: between two asks): workers all paused for memory, dying and restarting, or all gone are then
+#: said in the pass's progress line (:class:`_WorkerWatch`). A pass whose results keep coming never asks.
+STALL_CHECK_S = 5.0
+
+
+class _WorkerWatch:
+    """What a pass that waits for results says of the cluster's workers. dask pauses a worker whose
+    process passes ``distributed.worker.memory.pause`` (80% by default) of its memory limit, and
+    resumes it only once its memory falls: workers all paused ran nothing, and the build sat
+    silent for good; a worker past its limit's ``terminate`` fraction is killed and its nanny
+    starts it again, over and over, just as silently. The scheduler's worker states (and its
+    event log's ``remove-worker`` events since the last result, by the scheduler's clock against
+    this one's) are read once the pass has had no result for ``every`` seconds, then every
+    ``every`` seconds."""
+
+    def __init__(self, executor: Executor, every: float, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.executor, self.every, self.clock, self.wall = executor, every, clock, wall
+        self.said = ""
+        self.result_came()
+
+    def result_came(self) -> None:
+        """A result arrived: the cluster works; the next ask waits for a stall as long again."""
+        self._next = self.clock() + self.every
+        self.since = self.wall()
+        self.said = ""
+
+    def note(self) -> str:
+        """What is wrong with the workers, as of the last ask ("" when nothing is)."""
+        now = self.clock()
+        client = self.executor.client
+        if now >= self._next and client is not None:
+            self._next = now + self.every
+            with self.executor._talking():
+                workers = dict(client.scheduler_info(n_workers=-1).get("workers") or {})
+                events = client.get_events("all")
+            left = sum(1 for when, event in events
+                       if when >= self.since and isinstance(event, dict) and event.get("action") == "remove-worker")
+            scheduler = getattr(getattr(client, "scheduler", None), "address", None) or "the scheduler"
+            self.said = _workers_note(workers, left, self.wall() - self.since, scheduler, self.executor.local)
+        return self.said
+
+
+def _workers_note(workers: dict[str, Any], left: int, seconds: float, scheduler: str, local: bool) -> str:
+    """What :class:`_WorkerWatch` says of ``workers`` (the scheduler's worker infos), ``left`` of
+    which left the cluster in the ``seconds`` the pass has waited ("" when nothing is wrong)."""
+    limit = _memory_limits(workers)
+    notes = []
+    if left:
+        notes.append(f"{left} dask worker(s) left the cluster in the {seconds:.0f} s this pass has waited for a "
+                     "result (a worker past its memory limit is killed, and its nanny starts it again"
+                     + (f"; {limit})" if workers else ")"))
+    if not workers:
+        notes.append(f"the dask scheduler at {scheduler} has no worker now; the pass goes on when one joins"
+                     + ("" if local else f" ({_start_a_worker(scheduler)})"))
+    paused = [info for info in workers.values() if info.get("status") == "paused"]
+    if paused:
+        who = ("the dask worker is" if len(workers) == 1 else
+               f"every dask worker ({len(workers)}) is" if len(paused) == len(workers)
+               else f"{len(paused)} of {len(workers)} dask workers are")
+        notes.append(f"{who} paused for memory ({limit}; dask pauses a worker past "
+                     "distributed.worker.memory.pause, 80% of its limit by default, and resumes it once its "
+                     "memory falls)")
+    if not notes:
+        return ""
+    fix = f": {_more_memory_fix(local)}" if left or paused else ""
+    return f"waiting: {'; '.join(notes)}{fix}"
+
+
+def _memory_limits(workers: dict[str, Any]) -> str:
+    """The memory limit of the scheduler's ``workers`` (its worker infos), as dask's worker logs
+    write it: ``memory limit 247.96 MiB each``, a range where they differ."""
+    from dask.utils import format_bytes
+
+    sizes = sorted({int(info.get("memory_limit") or 0) for info in workers.values()} - {0})
+    if not sizes:
+        return "no memory limit"
+    shown = " to ".join(format_bytes(size) for size in dict.fromkeys((sizes[0], sizes[-1])))
+    return f"memory limit {shown}" + (" each" if len(workers) > 1 else "")
+
+
+def _more_memory_fix(local: bool) -> str:
+    """How to give a cluster's tasks the memory they need."""
+    if local:
+        return (f"run fewer local workers ({surface().option('workers', 'N')}; each gets a larger share of this "
+                "machine's memory), or lower the job's pack.max_bytes (a Parquet shard is assembled in memory)")
+    return ("start each worker with a larger --memory-limit or fewer --nthreads (each thread holds a task's files), "
+            "or lower the job's pack.max_bytes (a Parquet shard is assembled in memory)")
+
+
+def _start_a_worker(address: str) -> str:
+    """How to give a scheduler a worker."""
+    return f"start one with `dask worker {address}` where the data and PACKER_WORK_DIR are reachable; Ctrl-C stops"
 
 
 #: The dask log records packer's local cluster (its scheduler here, its worker processes) prints on
@@ -560,8 +683,8 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
         except BaseException:
             _close_quietly(None, cluster)
             raise
-    yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected), starting,
-                      client, cluster)
+    yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected, local=True),
+                      starting, client, cluster)
 
 
 def _open_remote(scheduler: str, expected: Environment) -> Iterator[Executor]:
@@ -603,8 +726,7 @@ def wait_for_a_worker(client: Any, scheduler: str, *, every: float = WORKER_WAIT
         return
     address = getattr(getattr(client, "scheduler", None), "address", None) or scheduler
     print(f"packer: waiting: the dask scheduler at {scheduler} has no worker yet; the build starts when one joins "
-          f"(start one with `dask worker {address}` where the data and PACKER_WORK_DIR are reachable; Ctrl-C stops)",
-          file=sys.stderr, flush=True)
+          f"({_start_a_worker(address)})", file=sys.stderr, flush=True)
     waited = 0.0
     while True:
         try:

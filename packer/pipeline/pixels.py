@@ -554,7 +554,7 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     progress = Progress("process" if decode else "headers",
                         len(table) + sum(len(task.refs) for task in group_tasks), quiet=quiet)
     lost: list[ChunkTask] = []
-    for group, done in executor.map_unordered(process_group, groups, names):
+    for group, done in executor.map_unordered(process_group, groups, names, waiting=progress.waiting):
         if isinstance(done, WorkerLost):
             lost.extend(group.tasks)
             continue
@@ -670,7 +670,8 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
     held: list[MemberIssue] = []  # refused files whose groups are not packed without them
     excluded: list[Excluded] = []
     for task, outcome in executor.map_unordered(probe_placements, tasks,
-                                                [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks]):
+                                                [f"series-probe-{t.refs[0].sample_id}-{nonce}" for t in tasks],
+                                                waiting=progress.waiting):
         found = (probe_placements(task) if isinstance(outcome, WorkerLost) else outcome)  # header reads: safe here
         for item in found:
             if isinstance(item, MemberIssue):

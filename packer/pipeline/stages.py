@@ -619,7 +619,7 @@ def _verify_on(executor: Executor, *, quiet: bool = False) -> RunVerify:
         progress = Progress("nearcopy", pairs_in(tasks), unit="pairs", quiet=quiet)
         # named by position, not by the task (a task list may make each task only as it is submitted)
         names = [f"verify-{t}-{uuid.uuid4().hex[:8]}" for t in range(len(tasks))]
-        for task, result in executor.map_unordered(verify_task, tasks, keys=names):
+        for task, result in executor.map_unordered(verify_task, tasks, keys=names, waiting=progress.waiting):
             progress.update(len(task.a_file))
             yield task, verify_task(task) if isinstance(result, WorkerLost) else result
         progress.close()
