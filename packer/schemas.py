@@ -293,6 +293,8 @@ def _whole_numbers_as_int(plain: Any, validator_cls: Any, schema_name: str) -> A
     each is a ``type`` error on a whole float, also inside a ``oneOf`` branch."""
     import jsonschema
 
+    if not _has_whole_float(plain):  # the common case: no second pass over the document
+        return plain
     checker = validator_cls.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
     strict_cls = jsonschema.validators.extend(validator_cls, type_checker=checker)
@@ -314,6 +316,21 @@ def _whole_numbers_as_int(plain: Any, validator_cls: Any, schema_name: str) -> A
             parent = parent[part]
         parent[place[-1]] = int(parent[place[-1]])
     return plain
+
+
+def _has_whole_float(value: Any) -> bool:
+    """Whether ``value`` (a plain JSON-like document) holds a float that is a whole number."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float):
+            if item.is_integer():
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 #: Checks of one value: where one fails, the schema's description of that value says what it takes.
