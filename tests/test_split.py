@@ -559,3 +559,20 @@ def test_a_one_sample_entity_is_one_sample_in_the_balance_warning() -> None:
     alone = Assignment(split=dict.fromkeys(keys, "train"), fold={}, groups=groups, dropped=(), pinned={})
     message = balance_warning(alone, BY_ENTITY)
     assert message is not None and "holds 1 sample (33%)" in message and "1 samples" not in message
+
+
+def test_a_missed_share_that_no_link_formed_is_not_told_to_tune_near_copy_settings() -> None:
+    """split_balance's error said "raise split.near_duplicates.min_score (or lower max_ratio),
+    review the links" for a split whose largest group is one entity joined by 0 links: no
+    near-copy setting can move that share; the seed's draw can."""
+    from packer.errors import LeakageError
+    from packer.pipeline.audit import LeakageAudit, RuleResult, raise_on_leakage
+
+    finding = {"reason": "share", "summary": "split test holds 35.9% of the samples against 10% asked; the largest "
+               "split group holds 6 samples (5%) of 1 entities (e1)", "links": 0, "formed_by": []}
+    audit = LeakageAudit(rules=(RuleResult("split_balance", "fail", 1, (finding,)),), entities_per_split={},
+                         time_ranges={})
+    with pytest.raises(LeakageError) as raised:
+        raise_on_leakage(audit)
+    said = str(raised.value)
+    assert "near_duplicates" not in said and "another split.seed" in said and "balance.accept: true" in said

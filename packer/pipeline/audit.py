@@ -557,7 +557,11 @@ def _balance_fix(finding: dict[str, Any]) -> str:
     exact = ("remove the exact copies shared by several entities (the same file, or the same stored pixels, filed "
              "under each: a shared template, phantom or placeholder image), or, where they are not patient data, "
              "leave them out with where:")
-    said = near if kinds == {"near"} else exact if kinds == {"exact"} else f"{near}; {exact}" if kinds else near
+    if not kinds:  # no link formed the group: near-copy settings cannot move it, the draw can
+        return ("; no duplicate link formed the largest group, so the share follows where each entity's "
+                "seeded hash put it (an unlucky draw among few or unequal entities): try another split.seed, "
+                "or accept the split with split.balance.accept: true")
+    said = near if kinds == {"near"} else exact if kinds == {"exact"} else f"{near}; {exact}"
     return f"; {said}, or accept the split with split.balance.accept: true"
 
 
