@@ -194,7 +194,7 @@ def test_a_bad_cache_limit_is_named_by_the_setting_it_came_from(tmp_path: Path,
     cache = cache_from(tmp_path / "c", "1GB", read_ahead=2)  # the argument wins: the environment is not read
     assert cache is not None and cache.limit == 10**9
     monkeypatch.setenv(LIMIT_ENV, "0")
-    with pytest.raises(ConfigError, match="^environment variable PACKER_SHARD_CACHE_LIMIT must be a positive"):
+    with pytest.raises(ConfigError, match="^environment variable PACKER_SHARD_CACHE_LIMIT: .0. is less than one byte"):
         cache_from(tmp_path / "c", None, read_ahead=2)
 
 
