@@ -722,12 +722,20 @@ def test_an_address_that_does_not_speak_dask_is_a_config_error_not_a_hang_or_a_c
         with pytest.raises(ConfigError, match=f"cannot connect to the dask scheduler: {address} does not speak "
                                               f"dask: it {re.escape(said)}.*tcp://host:8786"):
             _check_it_speaks_dask(address, wait=0.5)
-        scheduler_file = tmp_path / "scheduler.json"
-        scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": address}))
-        with pytest.raises(ConfigError, match="does not speak dask"):
-            _check_it_speaks_dask(str(scheduler_file), wait=0.5)
+        _refused_through_a_scheduler_file(tmp_path, address, "does not speak dask", wait=0.5)
     with _tcp_server(len(b"x" * 58).to_bytes(8, "little") + b"\x01" + bytes(7)) as port:  # a dask greeting's start
         _check_it_speaks_dask(f"tcp://127.0.0.1:{port}", wait=0.5)
+
+
+def _refused_through_a_scheduler_file(tmp_path: Path, address: str, said: str, *, wait: float) -> None:
+    """A scheduler file naming ``address`` is refused as the address itself is (``said``)."""
+    from packer.errors import ConfigError
+    from packer.pipeline.cluster import _check_it_speaks_dask
+
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": address}))
+    with pytest.raises(ConfigError, match=said):
+        _check_it_speaks_dask(str(scheduler_file), wait=wait)
 
 
 def test_a_real_scheduler_passes_the_greeting_check() -> None:
@@ -753,10 +761,7 @@ def test_a_workers_address_given_as_the_scheduler_is_a_config_error_naming_the_s
                                               rf"scheduler; give the scheduler's address \(this worker's is "
                                               rf"{cluster.scheduler_address}\).*'Registered to:'"):
             _check_it_speaks_dask(worker, wait=5)
-        scheduler_file = tmp_path / "scheduler.json"
-        scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": worker}))
-        with pytest.raises(ConfigError, match="is a dask worker, not the dask scheduler"):
-            _check_it_speaks_dask(str(scheduler_file), wait=5)
+        _refused_through_a_scheduler_file(tmp_path, worker, "is a dask worker, not the dask scheduler", wait=5)
         _check_it_speaks_dask(cluster.scheduler_address, wait=5)  # the scheduler itself: not a word
 
 
