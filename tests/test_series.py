@@ -586,6 +586,20 @@ def test_a_refused_acquisition_is_named_as_one_not_as_its_whole_series() -> None
                             "judged, on their own)"), message
 
 
+def test_acquisitions_at_one_position_each_keep_their_series_whole() -> None:
+    """Two echoes at each of five positions, each position numbered its own acquisition (both
+    echoes share it): the split counted frames, not positions, so it made five two-slice
+    "acquisitions" at one place each and refused every file as series_too_short, whose message
+    invites lowering min_slices. One position per acquisition is the per-slice numbering: the
+    series is judged whole, and its echoes share positions."""
+    files = [(_ref(2 * i + echo), replace(_geometry(2.0 * i), acquisition=str(i + 1)))
+             for i in range(5) for echo in range(2)]
+    out = assemble(files, CFG)
+    assert out.series == ()
+    assert [i.reason for i in out.issues] == ["series_duplicate_position"] * 10
+    assert all("acquisition" not in i.message.split(": ")[1] for i in out.issues), out.issues[0].message
+
+
 def write_enhanced_ct(path: Path, frames: np.ndarray, z: list[float]) -> Path:
     """An Enhanced CT (PS3.3 C.7.6.16) whose frame i sits at ``z[i]`` mm (axial, shared orientation,
     per-frame Plane Position): the creator's frame order need not be the spatial one."""

@@ -5,7 +5,7 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 
 - **grouping**: files of one entity with the same Study and Series Instance UID; a multi-frame
   file is a series of its own, its frames the slices (positions from the functional groups);
-  a series of several acquisitions of more than one slice each that fails as one stack (a gap
+  a series of several acquisitions at more than one position each that fails as one stack (a gap
   or a repeated position between its runs) is stacked per Acquisition Number (:func:`_acquisitions`);
 - **order**: by Image Position (Patient) projected on the slice normal (row × column cosines
   of Image Orientation (Patient)), turned so that its dominant component is positive in LPS
@@ -193,10 +193,11 @@ _ACQUISITION_REASONS = ("series_gap", "series_duplicate_position")
 def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...], cfg: SeriesConfig
                   ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str, str]]:
     """``members`` split by Acquisition Number, each part with its digest and its number, where the series holds
-    several acquisitions of more than one slice each (the runs of one series: dcm2niix stacks
+    several acquisitions at more than one position each (the runs of one series: dcm2niix stacks
     across acquisitions, which leaves such a series with a gap or repeated positions); else
     ``[]``, and the series stays one. A scanner that numbers every slice its own acquisition
-    (sequential CT) gives one-slice parts: no split, so a real gap is still ``series_gap``.
+    (sequential CT) gives one-position parts (both echoes of a slice in one, say): no split, so a
+    real gap is still ``series_gap`` and two echoes at a position ``series_duplicate_position``.
     The localizers ``drop_localizers`` leaves out count in no part (a scout of its own
     acquisition number, or of none, stopped the split)."""
     if cfg.drop_localizers and any(not _is_localizer(g) for _, g in members):
@@ -204,11 +205,24 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
     by_acquisition: dict[str, list[tuple[SampleRef, SliceGeometry]]] = {}
     for ref, geometry in members:
         by_acquisition.setdefault(geometry.acquisition, []).append((ref, geometry))
-    if len(by_acquisition) < 2 or "" in by_acquisition or any(
-            sum(g.frames for _, g in part) < 2 for part in by_acquisition.values()):
+    if len(by_acquisition) < 2 or "" in by_acquisition:
+        return []
+    orientation = members[0][1].orientation
+    if orientation is None or any(p is None for _, g in members for p in g.positions):
+        return []  # not reached: a series without places fails as series_no_position, which splits nothing
+    normal = stacking_direction(orientation)
+    places = [_distinct(np.asarray([float(np.dot(normal, np.asarray(p))) for _, g in part for p in g.positions]))
+              for part in by_acquisition.values()]
+    if any(len(part) < 2 for part in places):
         return []
     return [(by_acquisition[number], _digest(*key, "acquisition", number), number)
             for number in sorted(by_acquisition, key=lambda n: (len(n), n))]
+
+
+def _distinct(along: np.ndarray) -> np.ndarray:
+    """The positions ``along`` the normal (mm), sorted, each once (within :data:`POSITION_TOLERANCE`)."""
+    ordered = np.sort(along)
+    return ordered[np.concatenate(([True], np.diff(ordered) > POSITION_TOLERANCE))]
 
 
 def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
