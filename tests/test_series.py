@@ -586,6 +586,21 @@ def test_a_refused_acquisition_is_named_as_one_not_as_its_whole_series() -> None
                             "judged, on their own)"), message
 
 
+def test_interleaved_acquisitions_are_one_scan_and_a_gap_refuses_all_of_it() -> None:
+    """MR concatenations: slices at 0-18 mm, 2 mm apart, Acquisition Number alternating 1/2 slice
+    by slice, the slice at 4 mm missing. The series failed as series_gap, was split per
+    acquisition, and acquisition 2 (2, 6, ..., 18 mm: complete) packed as a five-slice stack at
+    4 mm, every other slice of the scan. Acquisitions whose positions interleave are one scan:
+    every file is series_gap; without the gap the series packs whole, as before."""
+    zs = [2.0 * i for i in range(10)]
+    files = [(_ref(i), replace(_geometry(z), acquisition=str(1 + i % 2))) for i, z in enumerate(zs)]
+    gapped = assemble([f for f, z in zip(files, zs, strict=True) if z != 4.0], CFG)
+    assert gapped.series == ()
+    assert [i.reason for i in gapped.issues] == ["series_gap"] * 9
+    assert "acquisition" not in gapped.issues[0].message.split(": ")[1], gapped.issues[0].message
+    assert [len(s.slices) for s in assemble(files, CFG).series] == [10]
+
+
 def test_acquisitions_at_one_position_each_keep_their_series_whole() -> None:
     """Two echoes at each of five positions, each position numbered its own acquisition (both
     echoes share it): the split counted frames, not positions, so it made five two-slice

@@ -5,8 +5,9 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 
 - **grouping**: files of one entity with the same Study and Series Instance UID; a multi-frame
   file is a series of its own, its frames the slices (positions from the functional groups);
-  a series of several acquisitions at more than one position each that fails as one stack (a gap
-  or a repeated position between its runs) is stacked per Acquisition Number (:func:`_acquisitions`);
+  a series of several acquisitions at more than one position each, separate runs or repeats of
+  the same positions, that fails as one stack (a gap or a repeated position between its runs) is
+  stacked per Acquisition Number (:func:`_acquisitions`); interleaved ones are one stack;
 - **order**: by Image Position (Patient) projected on the slice normal (row × column cosines
   of Image Orientation (Patient)), turned so that its dominant component is positive in LPS
   (:func:`stacking_direction`: axial inferior → superior, sagittal right → left, coronal
@@ -194,12 +195,15 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
                   ) -> list[tuple[list[tuple[SampleRef, SliceGeometry]], str, str]]:
     """``members`` split by Acquisition Number, each part with its digest and its number, where the series holds
     several acquisitions at more than one position each (the runs of one series: dcm2niix stacks
-    across acquisitions, which leaves such a series with a gap or repeated positions); else
-    ``[]``, and the series stays one. A scanner that numbers every slice its own acquisition
-    (sequential CT) gives one-position parts (both echoes of a slice in one, say): no split, so a
-    real gap is still ``series_gap`` and two echoes at a position ``series_duplicate_position``.
-    The localizers ``drop_localizers`` leaves out count in no part (a scout of its own
-    acquisition number, or of none, stopped the split)."""
+    across acquisitions, which leaves such a series with a gap or repeated positions) that are
+    runs of their own (:func:`_separate_runs`); else ``[]``, and the series stays one. A scanner
+    that numbers every slice its own acquisition (sequential CT) gives one-position parts (both
+    echoes of a slice in one, say): no split, so a real gap is still ``series_gap`` and two
+    echoes at a position ``series_duplicate_position``. Acquisitions whose positions interleave
+    (MR concatenations: every other slice) are one scan: no split, or a missing slice would
+    leave a complete acquisition packed at twice the spacing. The localizers ``drop_localizers``
+    leaves out count in no part (a scout of its own acquisition number, or of none, stopped the
+    split)."""
     if cfg.drop_localizers and any(not _is_localizer(g) for _, g in members):
         members = [(ref, g) for ref, g in members if not _is_localizer(g)]
     by_acquisition: dict[str, list[tuple[SampleRef, SliceGeometry]]] = {}
@@ -213,7 +217,7 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
     normal = stacking_direction(orientation)
     places = [_distinct(np.asarray([float(np.dot(normal, np.asarray(p))) for _, g in part for p in g.positions]))
               for part in by_acquisition.values()]
-    if any(len(part) < 2 for part in places):
+    if any(len(part) < 2 for part in places) or not _separate_runs(places):
         return []
     return [(by_acquisition[number], _digest(*key, "acquisition", number), number)
             for number in sorted(by_acquisition, key=lambda n: (len(n), n))]
@@ -223,6 +227,21 @@ def _distinct(along: np.ndarray) -> np.ndarray:
     """The positions ``along`` the normal (mm), sorted, each once (within :data:`POSITION_TOLERANCE`)."""
     ordered = np.sort(along)
     return ordered[np.concatenate(([True], np.diff(ordered) > POSITION_TOLERANCE))]
+
+
+def _separate_runs(places: Sequence[np.ndarray]) -> bool:
+    """Whether acquisitions at these positions along the normal (each sorted, distinct) are
+    runs of their own, every two of them either apart (one ends before the other begins: a
+    chest then an abdomen) or at some of the same positions (pre and post contrast, one of
+    them maybe missing a slice); two whose ranges overlap at no shared position interleave
+    (every other slice of one scan), and are judged as one stack."""
+    for n, a in enumerate(places):
+        for b in places[n + 1:]:
+            apart = a[-1] + POSITION_TOLERANCE < b[0] or b[-1] + POSITION_TOLERANCE < a[0]
+            shared = bool((np.abs(a[:, None] - b[None, :]) <= POSITION_TOLERANCE).any())
+            if not (apart or shared):
+                return False
+    return True
 
 
 def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
