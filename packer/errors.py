@@ -231,6 +231,19 @@ def unmakeable_folder(err: OSError, path: object, elsewhere: str) -> FileSystemE
                            f"({err.strerror or err}); {elsewhere}")
 
 
+def uncreatable(err: OSError, path: Path, *, elsewhere: str | None = None) -> FileSystemError | None:
+    """The :class:`FileSystemError` for the FileNotFoundError met creating the file ``path`` (its
+    folders made with ``mkdir(parents=True)`` first): a file system that takes no new file or folder
+    there (``/proc``, ``/sys``), or a folder removed meanwhile; None for any other error.
+    ``elsewhere``: how to put the file somewhere else (default: :func:`output_elsewhere`)."""
+    if not isinstance(err, FileNotFoundError):
+        return None
+    folder = blocking_file(path.parent) is None and path.parent.is_dir()
+    what = "the file cannot be created there" if folder else "a folder on its way cannot be created there"
+    return FileSystemError(f"cannot write {path}: {what} ({err.strerror or err}); "
+                           f"{elsewhere or output_elsewhere()}")
+
+
 def blocking_file(folder: Path) -> Path | None:
     """The nearest of ``folder`` and its parents that exists but is not a folder (what makes
     creating ``folder`` fail with FileExistsError or NotADirectoryError), or None."""

@@ -339,10 +339,13 @@ def test_key_new_under_a_link_that_leads_nowhere_names_the_link(tmp_path: Path, 
     assert "already exists" not in result.output and "Traceback" not in result.output
 
 
-def test_key_new_where_no_folder_can_be_made_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["key", "new", "/proc/packer-no-such-process/k.key"])
-    assert result.exit_code in (2, 6), result.output
-    assert "cannot create the folder /proc/packer-no-such-process" in result.output or "cannot write" in result.output
+@pytest.mark.parametrize("target", ["/proc/packer-no-such-process/k.key", "/proc/packer-k.key"])
+def test_key_new_where_the_file_system_takes_no_new_file_is_a_file_system_error(target: str) -> None:
+    """/proc takes neither a new folder nor a new file: README exit 6, one message naming the file."""
+    result = CliRunner().invoke(main, ["key", "new", target])
+    assert result.exit_code == 6, result.output
+    assert f"cannot write {target}: " in result.output and "cannot be created there" in result.output
+    assert "choose another FILE" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from packer.commands import exits
-from packer.errors import ConfigError, blocking_file, refused_write
+from packer.errors import ConfigError, blocking_file, refused_write, uncreatable
 
 #: Random bytes in a new key (written as twice as many hex characters).
 KEY_BYTES = 32
@@ -97,7 +97,8 @@ def _make_folder(path: Path) -> None:
             raise ConfigError(f"{broken} is a link to {os.readlink(broken)}, which does not exist (a volume not "
                               f"mounted?), so {path} cannot be created under it; mount or fix the link, or choose "
                               "another FILE") from err
-        refused = refused_write(err, path.parent, opening=True, elsewhere="choose another FILE")
+        refused = (refused_write(err, path.parent, opening=True, elsewhere="choose another FILE")
+                   or uncreatable(err, path, elsewhere="choose another FILE"))  # /proc takes no folder
         if refused is not None:
             raise refused from err
         raise ConfigError(f"cannot create the folder {path.parent} ({err.strerror or err}); choose another "
@@ -138,7 +139,8 @@ def _write_key(path: Path, data: bytes, *, force: bool) -> None:
     except FileExistsError as err:  # created by someone else since the check above
         raise ConfigError(f"{path} already exists; choose another FILE, or pass --force to replace it") from err
     except OSError as err:
-        refused = refused_write(err, path, opening=True, elsewhere="choose another FILE")
+        refused = (refused_write(err, path, opening=True, elsewhere="choose another FILE")
+                   or uncreatable(err, path, elsewhere="choose another FILE"))  # /proc takes no file
         if refused is None:
             raise
         raise refused from err
