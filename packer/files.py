@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packer.errors import ConfigError, blocking_file, refused_write
+from packer.errors import ConfigError, blocking_file, refused_write, uncreatable
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -59,7 +59,8 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     ``durable=False`` skips both fsyncs: for files whose reader verifies them and redoes the
     work when a crash left them damaged (the spill cache), not for outputs.
 
-    A full, read-only or over-quota file system (and, creating the file, a refused permission)
+    A full, read-only or over-quota file system (and, creating the file, a refused permission, or a
+    place that takes no new file or folder: ``/proc``)
     raises :class:`packer.errors.FileSystemError` naming ``path`` and the fix (``elsewhere``: how
     to put the file somewhere else, for a file the user named; default: another output folder), from
     the OSError;
@@ -76,8 +77,9 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     except (FileExistsError, NotADirectoryError) as err:  # a file stands where a folder must be
         raise ConfigError(f"cannot write {path}: {blocking_file(path.parent) or path.parent} is a file, not a "
                           "folder; remove it, or write elsewhere") from err
-    except OSError as err:
-        refused = refused_write(err, path, opening=True, elsewhere=elsewhere)
+    except OSError as err:  # full, read-only, not permitted; or a place that takes no new file or folder (/proc)
+        refused = refused_write(err, path, opening=True, elsewhere=elsewhere) or uncreatable(err, path,
+                                                                                          elsewhere=elsewhere)
         if refused is None:
             raise
         raise refused from err

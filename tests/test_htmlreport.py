@@ -438,6 +438,18 @@ def test_cli_writes_the_report_and_maps_errors_to_exit_codes(built: BuildResult,
     assert CliRunner().invoke(report, [str(tmp_path / "missing")]).exit_code == 2
 
 
+@pytest.mark.parametrize("target", ["/proc/packer-report.html", "/proc/packer-no-such-folder/r.html"])
+def test_a_report_where_the_file_system_takes_no_new_file_is_exit_6_naming_it(built: BuildResult,
+                                                                             target: str) -> None:
+    """-o under /proc raised FileNotFoundError on the temporary file (a traceback, exit 1); README
+    exit 6 covers a file or folder that cannot be created there."""
+    result = CliRunner().invoke(report, [str(built.version_dir), "-o", target])
+    assert result.exit_code == 6, result.output
+    assert f"cannot write {target}: " in result.stderr and "cannot be created there" in result.stderr
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_the_report_of_a_version_with_a_cut_or_missing_shard_warns_on_the_terminal(built: BuildResult,
                                                                                     tmp_path: Path) -> None:
     """The HTML said some samples could not be read, but `packer report` exited 0 printing only
