@@ -450,6 +450,15 @@ def test_a_report_where_the_file_system_takes_no_new_file_is_exit_6_naming_it(bu
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+def test_a_refused_report_file_names_the_report_option_not_a_build(built: BuildResult) -> None:
+    """The fix read "choose another output folder (packer build --out DIR)": packer report has no
+    --out, and building again is no way to place a report."""
+    result = CliRunner().invoke(report, [str(built.version_dir), "-o", "/proc/packer-report.html"])
+    assert result.exit_code == 6, result.output
+    assert "write the report elsewhere (packer report MANIFEST -o FILE)" in result.stderr
+    assert "--out" not in result.stderr
+
+
 def test_the_report_of_a_version_with_a_cut_or_missing_shard_warns_on_the_terminal(built: BuildResult,
                                                                                     tmp_path: Path) -> None:
     """The HTML said some samples could not be read, but `packer report` exited 0 printing only

@@ -44,7 +44,8 @@ def report(manifest_arg: str, output: Path | None) -> None:
     detached = detached_manifest_error(str(manifest), located, data, "a report would show no samples")
     if detached is not None:
         raise detached
-    written = write_report(manifest, output)
+    # packer report has no --out: a refused file is placed elsewhere with -o, not by building again
+    written = write_report(manifest, output, elsewhere="write the report elsewhere (packer report MANIFEST -o FILE)")
     path = written.path
     shows = report_privacy(data)
     click.echo(f"report {path} ({human_bytes(path.stat().st_size)}; {shows})")

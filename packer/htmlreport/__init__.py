@@ -124,9 +124,12 @@ def write_html_report(manifest_path_or_dir: str | Path, output: Path | None = No
 
 
 def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *,
-                 limits: ReportLimits | None = None, quiet: bool = False) -> WrittenReport:
+                 limits: ReportLimits | None = None, quiet: bool = False,
+                 elsewhere: str | None = None) -> WrittenReport:
     """:func:`write_html_report`, also returning the samples read that fail their checksum (for
-    ``packer report`` to say so on the terminal too)."""
+    ``packer report`` to say so on the terminal too). ``elsewhere``: the fix where the file system
+    refuses the file, how this caller puts it somewhere else (default: another build output folder,
+    right for a build's own report; ``packer report`` names its ``-o FILE``)."""
     from packer.files import atomic_output
 
     folder = resolve_manifest_path(manifest_path_or_dir).parent
@@ -137,7 +140,7 @@ def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *
                             unreadable=tuple(report.unreadable), selected=report.selected)
     if _holds(target, data):
         return written
-    with atomic_output(target, shared=True) as fh:  # packer report beside another, or a build
+    with atomic_output(target, shared=True, elsewhere=elsewhere) as fh:  # packer report beside another, or a build
         fh.write(data)
     return written
 
