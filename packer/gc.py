@@ -8,7 +8,7 @@ than every kept version stays (the latest attempt and its report), an older one 
 folder whose manifest cannot be read is not counted as a version and is left alone, and so are
 a build's ``.staging-*`` folders (a build in progress, or interrupted: the next build of that job
 resumes from it or clears it). A version whose build stopped while publishing it (its files
-moved in, no manifest yet: :func:`~packer.versions.is_incomplete_version`) is removed, as a
+moved in, no manifest yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a
 leftover ``.trash-*`` is: gc holds the build lock, so no build is publishing it, and nothing
 can read it without its manifest; it is never counted as a version.
 

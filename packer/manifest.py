@@ -152,11 +152,19 @@ def resolve_manifest_path(path: str | Path) -> Path:
 
     Raises ConfigError (a usage error, exit 2) when ``path`` is plainly not a version: it does not
     exist, it is a file that is not JSON (a shard, say: the message names its version folder), or
-    a folder with neither a manifest nor a version's files; a dataset folder
-    (``<output>/<name>/``) gets the list of its versions. A version folder whose manifest is
-    missing is returned as is: reading it then fails as a damaged version (IntegrityError).
+    a folder with neither a manifest nor a version's files, or a version whose build stopped
+    while publishing it (:func:`is_incomplete_version`: no dataset yet, as ``packer ls`` says); a
+    dataset folder (``<output>/<name>/``) gets the list of its versions. Any other version folder
+    whose manifest is missing (shards, no index) is returned as is: reading it then fails as a
+    damaged version (IntegrityError).
     """
     candidate = Path(path)
+    folder = candidate if candidate.is_dir() else candidate.parent if candidate.name == MANIFEST_FILE else None
+    if folder is not None and is_incomplete_version(folder):
+        raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
+                          f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
+                          f"build` again to finish it, or remove it with `packer gc {folder.parent} --keep N` (it "
+                          "removes all but the N newest versions too: --dry-run shows its plan)")
     if candidate.is_dir():
         manifest = candidate / MANIFEST_FILE
         if manifest.is_file() or _holds_version_files(candidate):
@@ -176,6 +184,17 @@ def resolve_manifest_path(path: str | Path) -> Path:
     if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset)):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
+
+
+def is_incomplete_version(folder: Path) -> bool:
+    """True when ``folder`` (a folder of a dataset folder) holds a build's ``_index.parquet`` but
+    no ``manifest.json``: a build publishes a version by renaming its staging folder to the
+    version's name and then writing the manifest, so a build killed between the two, or one whose
+    disk filled at the manifest, leaves this. It is no dataset (nothing reads it without its
+    manifest); building the same job from the same inputs again replaces it, and ``packer gc``
+    removes it."""
+    return (not folder.name.startswith(".") and not (folder / MANIFEST_FILE).is_file()
+            and (folder / INDEX_FILE).is_file())
 
 
 _PASS_A_VERSION = f"pass a version folder (<output>/<name>/<version>/) or its {MANIFEST_FILE}"

@@ -27,7 +27,7 @@ from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
 from packer.files import human_bytes
-from packer.manifest import INDEX_FILE, MANIFEST_FILE, read_manifest
+from packer.manifest import MANIFEST_FILE, is_incomplete_version, read_manifest
 from packer.storage import is_url
 
 #: Folder prefixes in a dataset folder that are not versions: a build's staging folder (a build
@@ -155,17 +155,6 @@ def is_dataset_folder(folder: str | Path) -> bool:
                                                      and ((entry / MANIFEST_FILE).is_file()
                                                           or is_incomplete_version(entry)))
                                  for entry in root.iterdir())
-
-
-def is_incomplete_version(folder: Path) -> bool:
-    """True when ``folder`` (a folder of a dataset folder) holds a build's ``_index.parquet`` but
-    no ``manifest.json``: a build publishes a version by renaming its staging folder to the
-    version's name and then writing the manifest, so a build killed between the two, or one whose
-    disk filled at the manifest, leaves this. It is no dataset (nothing reads it without its
-    manifest); building the same job from the same inputs again replaces it, and ``packer gc``
-    removes it."""
-    return (not folder.name.startswith(".") and not (folder / MANIFEST_FILE).is_file()
-            and (folder / INDEX_FILE).is_file())
 
 
 def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:

@@ -99,6 +99,7 @@ def test_a_file_outside_the_version_folder_and_a_newer_format_are_refused_with_t
 def test_an_unreadable_manifest_raises_in_either_mode(version: Path, content: bytes | None, expected: str) -> None:
     if content is None:
         (version / "manifest.json").unlink()
+        (version / "_index.parquet").unlink()  # with it there, a build that stopped while publishing: a usage error
     else:
         (version / "manifest.json").write_bytes(content)
     for strict in (True, False):
@@ -144,10 +145,20 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
 
 def test_a_version_folder_without_its_manifest_stays_a_damaged_version(version: Path) -> None:
     (version / "manifest.json").unlink()
+    (version / "_index.parquet").unlink()  # with it there, a build that stopped while publishing (below)
     for location in (version, version / "manifest.json"):
         assert resolve_manifest_path(location) == version / "manifest.json"
         with pytest.raises(IntegrityError, match="cannot read the manifest"):
             read_manifest(location)
+
+
+def test_a_version_whose_build_stopped_while_publishing_is_a_usage_error(version: Path) -> None:
+    """Index and shards, no manifest: `packer ls` calls it INCOMPLETE, not a dataset, so reading it
+    is a usage error saying so, not an integrity failure asking for the folder that was passed."""
+    (version / "manifest.json").unlink()
+    for location in (version, version / "manifest.json"):
+        with pytest.raises(ConfigError, match="a version whose build stopped while publishing it"):
+            resolve_manifest_path(location)
 
 
 def test_file_urls_are_local_paths(version: Path) -> None:

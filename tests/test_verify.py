@@ -312,8 +312,23 @@ def test_an_unreadable_or_missing_manifest_of_a_version_exits_5(version: Path) -
     (version / "manifest.json").write_text("{not json")
     assert invoke(version).exit_code == 5
     (version / "manifest.json").unlink()
+    (version / "_index.parquet").unlink()  # with its index there, a build that stopped while publishing (below)
     result = invoke(version)
     assert result.exit_code == 5 and "cannot read the manifest" in result.output
+
+
+def test_a_version_whose_build_stopped_while_publishing_exits_2_saying_so(version: Path) -> None:
+    """_index.parquet and shards but no manifest.json (`packer ls`: INCOMPLETE) exited 5 saying
+    "pass a manifest.json or the version folder holding it", which is what was passed. It is no
+    version to check (README: exit 2); the message says what it is and how to finish or remove it."""
+    (version / "manifest.json").unlink()
+    for passed in (version, version / "manifest.json"):
+        result = invoke(passed)
+        assert result.exit_code == 2, result.output
+        assert f"{passed}: a version whose build stopped while publishing it" in result.output
+        assert "run the same `packer build` again to finish it" in result.output
+        assert f"packer gc {version.parent} --keep N" in result.output
+        assert "pass a manifest.json" not in result.output
 
 
 def test_a_folder_that_is_not_a_version_exits_2_and_names_what_to_pass(version: Path, tmp_path: Path) -> None:
