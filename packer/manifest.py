@@ -213,25 +213,43 @@ def _holds_version_files(folder: Path) -> bool:
 def _versions_newest_last(folder: Path) -> list[str]:
     """The version folders in ``folder`` (each holding a manifest), oldest first by the
     manifest's ``created_at`` (unreadable ones first, by name)."""
+    return [name for name, _ in _versions_and_failures(folder)]
+
+
+def _versions_and_failures(folder: Path) -> list[tuple[str, bool]]:
+    """:func:`_versions_newest_last`, each with whether it is a failed build's version
+    (:func:`packer.badsamples.failed_build`: kept for its report, refused by a loader)."""
+    from packer.badsamples import failed_build
+
     found = []
     for entry in folder.iterdir():
         manifest = entry / MANIFEST_FILE
         if not (entry.is_dir() and manifest.is_file()):
             continue
         try:
-            created = str(json.loads(manifest.read_text(encoding="utf-8")).get("created_at") or "")
-        except (OSError, ValueError, AttributeError):
-            created = ""
-        found.append((created, entry.name))
-    return [name for _, name in sorted(found)]
+            doc = json.loads(manifest.read_text(encoding="utf-8"))
+            created, failed = str(doc.get("created_at") or ""), failed_build(doc) is not None
+        except (OSError, ValueError, AttributeError, TypeError):
+            created, failed = "", False
+        found.append((created, entry.name, failed))
+    return [(name, failed) for _, name, failed in sorted(found)]
 
 
 def _not_a_version(folder: Path) -> str:
     """Why ``folder`` (no manifest, no version files) is not a version, and what to pass instead."""
-    versions = _versions_newest_last(folder)
+    listed = _versions_and_failures(folder)
+    versions = [name for name, _ in listed]
+    usable = [name for name, failed in listed if not failed]  # a loader refuses a failed build's version
     if versions:
-        return (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first); "
-                f"pass one of them, e.g. the newest, {folder / versions[-1]}")
+        held = f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first); "
+        if usable and usable[-1] == versions[-1]:
+            return f"{held}pass one of them, e.g. the newest, {folder / versions[-1]}"
+        if usable:
+            return (f"{held}pass one of them, e.g. the newest that is not a failed build, {folder / usable[-1]} (a "
+                    "failed build's version, exit 3, is kept for its report, not to train on)")
+        return (f"{held}pass one of them; each is a failed build's version (exit 3: bad samples over "
+                "max_bad_fraction), kept for its report and refused by the loaders: fix the inputs or the job and "
+                "build again for a version to train on")
     copies = sorted(entry.name for entry in folder.iterdir() if entry.is_file() and entry.suffix == ".json")
     if copies:
         return (f"no {MANIFEST_FILE} here; it holds {', '.join(copies[:5])}{' …' if len(copies) > 5 else ''}: "

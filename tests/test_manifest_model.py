@@ -143,6 +143,29 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
     assert read_dataset_hash(empty) is None and read_dataset_hash(dataset) is None
 
 
+def fail_the_build_of(version: Path, created_at: str) -> None:
+    """Make ``version`` what a build over max_bad_fraction leaves (exit 3, kept for its report)."""
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["created_at"] = created_at
+    manifest["bad_samples"].update(total=manifest["inputs"]["files"], fraction=1.0, max_fraction=0.01)
+    (version / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_dataset_folder_suggests_the_newest_version_that_is_not_a_failed_build(version: Path) -> None:
+    """"e.g. the newest" named a failed build's version, which a loader then refused (exit 2):
+    the suggestion is the newest one a loader takes, and where none is the message says so."""
+    dataset = version.parent
+    failed = dataset / "ffffffffffff"
+    shutil.copytree(version, failed)
+    fail_the_build_of(failed, "2999-01-01T00:00:00Z")  # the newest
+    with pytest.raises(ConfigError, match=f"e.g. the newest that is not a failed build, {version} ") as raised:
+        read_manifest(dataset)
+    assert str(failed) not in str(raised.value)
+    fail_the_build_of(version, "2000-01-01T00:00:00Z")
+    with pytest.raises(ConfigError, match="each is a failed build's version .*build again for a version to train on"):
+        read_manifest(dataset)
+
+
 def test_a_version_folder_without_its_manifest_stays_a_damaged_version(version: Path) -> None:
     (version / "manifest.json").unlink()
     (version / "_index.parquet").unlink()  # with it there, a build that stopped while publishing (below)
