@@ -53,6 +53,18 @@ _VERDICT_SHAPING = ("simplejpeg",)
 _RESTORE = "restore the manifest from the registry copy or rebuild"
 
 
+def _restore(where: str) -> str:
+    """The fix for a damaged manifest at ``where``: a version's ``manifest.json`` is restored from
+    its registry copy, but a registry copy (``<registry>/<name>/<version>.json``) is the copy, so
+    it is restored from the version folder's own manifest.json."""
+    parts = where.replace("\\", "/").rsplit("/", 2)
+    if parts[-1] == MANIFEST_FILE or not parts[-1].endswith(".json"):
+        return _RESTORE
+    name = parts[-2] if len(parts) > 1 else "<name>"
+    return (f"this is a registry copy: copy the version folder's own {MANIFEST_FILE} "
+            f"(<output>/{name}/{parts[-1].removesuffix('.json')}/{MANIFEST_FILE}) over it, or rebuild")
+
+
 def library_versions(extra: Iterable[str] = ()) -> dict[str, str]:
     """Versions of packer and of every library whose behaviour shapes the packed bytes; ``extra``:
     the libraries of the source kinds a job uses beyond those (``nibabel`` for NIfTI), recorded
@@ -459,14 +471,14 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
     doc = _parse(raw, where)
     content_hash = compute_dataset_hash(doc) if check_hash or not schema_if_sealed else None
     sealed = content_hash is not None and content_hash == doc.get("dataset_hash")
-    problems = _shape_problems(doc, schema=schema_if_sealed or not sealed)
+    problems = _shape_problems(doc, schema=schema_if_sealed or not sealed, restore=_restore(where))
     if not check_hash:
         content_hash = None  # computed only to know whether it is sealed: not a verdict the caller asked for
     if content_hash is not None and content_hash != doc.get("dataset_hash"):
         recorded = str(doc.get("dataset_hash"))
         problems.append(ManifestProblem("dataset_hash", (
             f"dataset_hash does not match the manifest's content (it records {recorded[:16]}…, the content "
-            f"hashes to {content_hash[:16]}…): the manifest was edited after the build; {_RESTORE}")))
+            f"hashes to {content_hash[:16]}…): the manifest was edited after the build; {_restore(where)}")))
     misplaced = _misplaced(where, doc)
     if misplaced is not None:
         problems.insert(0, ManifestProblem("version_folder", misplaced))
@@ -517,17 +529,18 @@ def _parse(raw: bytes, where: str) -> dict[str, Any]:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise IntegrityError(f"{where}: the manifest is not UTF-8 ({err}); {_RESTORE}") from err
+        raise IntegrityError(f"{where}: the manifest is not UTF-8 ({err}); {_restore(where)}") from err
     except json.JSONDecodeError as err:
-        raise IntegrityError(f"{where}: not valid JSON ({err.msg} at line {err.lineno}); {_RESTORE}") from err
+        raise IntegrityError(f"{where}: not valid JSON ({err.msg} at line {err.lineno}); {_restore(where)}") from err
     if not isinstance(doc, dict):
-        raise IntegrityError(f"{where}: a manifest is a JSON object, not a JSON {type(doc).__name__}; {_RESTORE}")
+        raise IntegrityError(f"{where}: a manifest is a JSON object, not a JSON {type(doc).__name__}; "
+                             f"{_restore(where)}")
     return doc
 
 
-def _shape_problems(doc: dict[str, Any], *, schema: bool = True) -> list[ManifestProblem]:
+def _shape_problems(doc: dict[str, Any], *, schema: bool = True, restore: str = _RESTORE) -> list[ManifestProblem]:
     """A newer format_version, file names that leave the version folder, then (``schema``) the
-    schema's verdict."""
+    schema's verdict. ``restore``: the fix for a damaged manifest (:func:`_restore`)."""
     problems = []
     version = doc.get("format_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
@@ -537,7 +550,7 @@ def _shape_problems(doc: dict[str, Any], *, schema: bool = True) -> list[Manifes
     for where, file in _named_files(doc):
         if not _plain_file(file):
             problems.append(ManifestProblem("unsafe_file", (
-                f"{where} {file!r} is not a plain path inside the version folder; {_RESTORE}")))
+                f"{where} {file!r} is not a plain path inside the version folder; {restore}")))
     problem = _schema_problem(doc) if schema else None
     if problem is not None:
         problems.append(ManifestProblem("schema", problem))

@@ -184,6 +184,28 @@ def test_a_version_whose_build_stopped_while_publishing_is_a_usage_error(version
             resolve_manifest_path(location)
 
 
+def test_a_damaged_registry_copy_is_restored_from_the_version_not_from_itself(version: Path) -> None:
+    """An edited registry copy said "restore the manifest from the registry copy": the broken file
+    itself. Its fix is the version folder's own manifest.json; a version's manifest keeps its fix."""
+    manifest = json.loads((version / "manifest.json").read_text())
+    copy = version.parent.parent / "registry" / manifest["name"] / f"{manifest['version']}.json"
+    copy.parent.mkdir(parents=True)
+    manifest["inputs"]["samples"] += 1  # edited: the copy no longer hashes to its dataset_hash
+    copy.write_text(json.dumps(manifest))
+    own = ("copy the version folder's own manifest.json "
+           f"\\(<output>/{manifest['name']}/{manifest['version']}/manifest.json\\)")
+    [problem] = read_manifest(copy, strict=False).problems
+    assert problem.kind == "dataset_hash" and "from the registry copy" not in problem.detail
+    with pytest.raises(IntegrityError, match=f"edited after the build; this is a registry copy: {own} over it"):
+        read_manifest(copy)
+    copy.write_text("{not json")
+    with pytest.raises(IntegrityError, match=f"not valid JSON .*; this is a registry copy: {own}"):
+        read_manifest(copy)
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match="restore the manifest from the registry copy or rebuild"):
+        read_manifest(version)
+
+
 def test_file_urls_are_local_paths(version: Path) -> None:
     local = read_manifest(version)
     for url in (f"file://{version}", f"file://{version}/manifest.json"):
