@@ -490,6 +490,20 @@ def test_the_report_of_a_version_with_a_cut_or_missing_shard_warns_on_the_termin
     assert "the samples it could read whose checks pass" in warned.stderr
 
 
+def test_a_report_without_its_index_warns_on_the_terminal_that_nothing_was_checked(built: BuildResult,
+                                                                                   tmp_path: Path) -> None:
+    """The checksums are in _index.parquet: without it the report scans the shards and checks no
+    sample, which only a line inside the HTML said while the command exited 0 with empty stderr."""
+    folder = tmp_path / "v"
+    shutil.copytree(built.version_dir, folder)
+    (folder / "_index.parquet").unlink()
+    result = CliRunner().invoke(report, [str(folder), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert f"packer: warning: {folder}: _index.parquet unreadable" in result.stderr
+    assert "no sample the report shows could be checked against its checksum" in result.stderr
+    assert "run `packer verify` on the version" in result.stderr
+
+
 def test_thumbnails_are_capped_and_channels_composed_as_documented() -> None:
     rng = np.random.default_rng(0)
     big = rng.integers(0, 256, size=(300, 520), dtype=np.uint8)

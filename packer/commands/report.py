@@ -26,7 +26,8 @@ def report(manifest_arg: str, output: Path | None) -> None:
     under phi.mode keep it lists their raw paths and entity ids: keep that file local.
     Each sample the report reads is checked against its checksum in _index.parquet (xxh3); a
     sample that fails is named at the top of the report, flagged where it is shown and in a
-    warning here: run `packer verify` on the version.
+    warning here: run `packer verify` on the version. Without a readable index nothing is
+    checked, and a warning here says so.
     Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
     copy, with neither index nor shards beside it, is not: pass the version folder).
     """
@@ -55,6 +56,9 @@ def report(manifest_arg: str, output: Path | None) -> None:
                        "under this warning)", err=True)
     if written.damaged:  # the report's first finding; a terminal or CI log should see it too
         click.echo(f"packer: warning: {damaged_finding(list(written.damaged), written.checked)}", err=True)
+    if written.index_note:  # the checksums are in the index: the samples shown went unchecked, as the HTML says
+        click.echo(f"packer: warning: {located.parent}: {written.index_note}, so no sample the report shows could be "
+                   "checked against its checksum: run `packer verify` on the version", err=True)
     if written.unreadable:
         click.echo(f"packer: warning: {unreadable_finding(written.unreadable, written.selected)}", err=True)
     damaged = shard_size_problems(located.parent, data)

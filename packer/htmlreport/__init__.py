@@ -61,6 +61,7 @@ class WrittenReport:
     checked: int  # samples read whose checksum was compared with the index's
     unreadable: tuple[tuple[str, str], ...] = ()  # selected samples it could not read: (key, why)
     selected: int = 0  # samples it set out to read
+    index_note: str | None = None  # why the index could not be read (the shards were scanned: nothing checked)
 
 
 def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None = None,
@@ -137,7 +138,8 @@ def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *
     text, report = _render(manifest_path_or_dir, manifest=None, limits=limits, quiet=quiet)
     data = text.encode("utf-8")
     written = WrittenReport(path=target, damaged=tuple(report.damaged), checked=report.checked,
-                            unreadable=tuple(report.unreadable), selected=report.selected)
+                            unreadable=tuple(report.unreadable), selected=report.selected,
+                            index_note=report.index_note)
     if _holds(target, data):
         return written
     with atomic_output(target, shared=True, elsewhere=elsewhere) as fh:  # packer report beside another, or a build
