@@ -1152,3 +1152,15 @@ def test_a_time_split_dropping_straddlers_packs_no_later_slice_in_an_earlier_spl
     assert left == {1, 2, 3, 4}
     one = next(r for k, r in excluded.items() if rows_of[k] == 1)
     assert "2024-01-01T00:00:01" in one["detail"] and "latest of the slices its sample stacks" in one["detail"]
+
+
+def test_stations_that_overlap_by_a_few_slices_still_split_into_their_own_stacks() -> None:
+    """A whole-body scan's stations overlap by a few slices at other positions (station 1 at
+    0-38 mm, station 2 at 33-71 mm, 2 mm steps): the interleave rule refused such a series whole
+    once it failed as one stack, where each station is a stack of its own, as before that rule."""
+    one = [2.0 * i for i in range(20)]
+    two = [33.0 + 2.0 * i for i in range(20)]
+    files = ([(_ref(i), replace(_geometry(z), acquisition="1")) for i, z in enumerate(one)]
+             + [(_ref(100 + i), replace(_geometry(z), acquisition="2")) for i, z in enumerate(two)])
+    out = assemble(files, CFG)
+    assert [len(s.slices) for s in out.series] == [20, 20], [i.message for i in out.issues[:2]]

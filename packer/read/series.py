@@ -231,17 +231,24 @@ def _distinct(along: np.ndarray) -> np.ndarray:
 
 def _separate_runs(places: Sequence[np.ndarray]) -> bool:
     """Whether acquisitions at these positions along the normal (each sorted, distinct) are
-    runs of their own, every two of them either apart (one ends before the other begins: a
-    chest then an abdomen) or at some of the same positions (pre and post contrast, one of
-    them maybe missing a slice); two whose ranges overlap at no shared position interleave
-    (every other slice of one scan), and are judged as one stack."""
+    runs of their own, every two of them either mostly apart (a chest then an abdomen, or the
+    stations of a whole-body scan, which may overlap by a few slices: at most half of either's
+    positions lie within the other's range) or at some of the same positions (pre and post
+    contrast, one of them maybe missing a slice). Two whose positions mostly fall between one
+    another's, at no shared position, interleave (every other slice of one scan: MR
+    concatenations), and are judged as one stack."""
     for n, a in enumerate(places):
         for b in places[n + 1:]:
-            apart = a[-1] + POSITION_TOLERANCE < b[0] or b[-1] + POSITION_TOLERANCE < a[0]
             shared = bool((np.abs(a[:, None] - b[None, :]) <= POSITION_TOLERANCE).any())
-            if not (apart or shared):
+            if not shared and (_inside_share(a, b) > 0.5 or _inside_share(b, a) > 0.5):
                 return False
     return True
+
+
+def _inside_share(a: np.ndarray, b: np.ndarray) -> float:
+    """The share of positions ``a`` that lie within the range of positions ``b`` (both sorted)."""
+    inside = (a >= b[0] - POSITION_TOLERANCE) & (a <= b[-1] + POSITION_TOLERANCE)
+    return float(inside.mean())
 
 
 def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: str
