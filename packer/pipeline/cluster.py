@@ -819,22 +819,14 @@ def _dask_identity(address: str, wait: float) -> dict[str, Any] | None:
         async with rpc(address, timeout=wait) as server:
             return await asyncio.wait_for(server.identity(), wait)
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
+    def run() -> Any:
         try:
-            outcome["reply"] = asyncio.run(ask())
+            return asyncio.run(ask())
         except (OSError, ValueError) as err:  # refused, closed, timed out (TimeoutError is an OSError)
             logging.getLogger(__name__).debug("asking %s for its dask identity: %r", address, err)
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
-            outcome["error"] = err
+            return None
 
-    thread = threading.Thread(target=run, name="packer: ask the dask scheduler who it is", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    reply = outcome.get("reply")
+    reply = _in_a_thread(run, "packer: ask the dask scheduler who it is")
     return reply if isinstance(reply, dict) else None
 
 
@@ -1036,25 +1028,33 @@ def _call_interrupts_blocked(start: Callable[[], T]) -> T:
         return start()
     from multiprocessing import resource_tracker
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = start()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
-            outcome["error"] = err
-
     # CPython's resource tracker, when a first multiprocessing lock starts it, blocks SIGINT while
     # it spawns its process and then *unblocks* it in the calling thread: started from dask's IO
     # loop, it undid the mask for every worker spawned after. Started here first, it is running
     # by then and the mask stays.
     resource_tracker.ensure_running()
-    thread = threading.Thread(target=run, name="packer: start dask cluster", daemon=True)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    return _in_a_thread(start, "packer: start dask cluster", masked=True)
+
+
+def _in_a_thread(fn: Callable[[], T], name: str, *, masked: bool = False) -> T:
+    """``fn()`` run in a new thread named ``name`` and waited for here: its value returned, its
+    exception raised here. ``masked``: the thread starts with SIGINT and SIGTERM blocked (a new
+    thread starts with its creator's signal mask, which is set back at once)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if masked else None
     try:
-        thread.start()  # a new thread starts with its creator's signal mask
+        thread.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
