@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from click.testing import CliRunner
+from torch.utils.data import DataLoader
 
 from packer.cli import main
 from packer.config import load_job
@@ -272,6 +273,13 @@ def test_a_mixed_batch_of_one_source_does_not_offer_loading_one_source_at_a_time
         collate_stack(items, shapes=view.shapes)
     message = str(caught.value)
     assert "photos" not in message and "source ct" in message, message
+    # a DataLoader made by hand (collate_fn=collate_stack) passes no shapes: the batch's own keys show
+    # ct with both shapes, so the source view is not offered there either
+    with pytest.raises(MixedShapesError) as caught:
+        next(iter(DataLoader(items, batch_size=3, collate_fn=collate_stack)))
+    message = str(caught.value)
+    assert "source ct itself holds several shapes, so loading one source at a time does not help" in message
+    assert "sources=[" not in message, message
 
 
 def test_a_mixed_batch_through_a_plain_dataloader_names_the_sources_from_the_keys(mixed: BuildResult) -> None:

@@ -178,9 +178,18 @@ def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequen
     """:data:`MIXED_FIXES` for a batch of ``items``, where a source its shapes come from (by the
     manifest's ``shapes`` per source) holds several shapes itself (a DICOM export of CT slices
     and radiographs): loading one source at a time is then offered only for the sources of one
-    shape, and where there are none, not at all (one source would mix them too)."""
+    shape, and where there are none, not at all (one source would mix them too). Without the
+    manifest's shapes (a DataLoader made by hand with ``collate_fn=collate_stack``) the batch's
+    own keys say which source each shape came from: a source seen with two shapes in one batch
+    holds several itself."""
     seen = {tuple(item["image"].shape) for item in items}
     fixes = _fixes_for(seen)
+    if shapes is None:
+        in_batch: dict[str, list[tuple[int, ...]]] = {}
+        for item in items:
+            if (source := key_source(str(item["key"]))) is not None:
+                in_batch.setdefault(source, []).append(tuple(item["image"].shape))
+        shapes = in_batch
     owners = {src: {tuple(k) for k in known} for src, known in (shapes or {}).items()
               if seen & {tuple(k) for k in known}}
     mixed = sorted(src for src, known in owners.items() if len(known) > 1)
