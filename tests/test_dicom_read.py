@@ -487,6 +487,55 @@ def test_encapsulated_frame_without_end_marker_is_truncated(tmp_path: Path) -> N
     issue_of(read(save(ds, tmp_path / "half.dcm")), "truncated")
 
 
+def _compressed_frames(syntax: str, frames: int = 4) -> tuple[Any, list[bytes], np.ndarray]:
+    """A CT multi-frame dataset compressed under ``syntax``, its frames' codestreams, its pixels."""
+    pixels = ct_pixels((frames, 64, 64))
+    ds = ct_dataset(pixels)
+    ds.compress(syntax, pixels)
+    return ds, list(generate_frames(ds.PixelData, number_of_frames=frames)), pixels
+
+
+def test_rle_with_more_fragments_than_frames_and_no_offset_table_is_bad_shape_not_truncated(tmp_path: Path) -> None:
+    """Four RLE frames and a fifth fragment, with an empty Basic Offset Table: RLE frames carry no
+    end marker, so pydicom joined all five fragments into one frame, read as 'truncated: it holds
+    1 frame(s) ... copy it again'. The file is whole; the frames cannot be told apart."""
+    ds, frames, _ = _compressed_frames(RLELossless)
+    ds.PixelData = encapsulate([*frames, frames[0]], has_bot=False)
+    found = issue_of(read(save(ds, tmp_path / "extra.dcm")), "bad_shape", "validate")
+    assert found.message.startswith("extra.dcm: the encapsulated (7FE0,0010) Pixel Data holds 5 fragments for the "
+                                    "4 frames (0028,0008) Number of Frames declares"), found.message
+    assert "neither a Basic Offset Table nor an Extended Offset Table" in found.message
+    assert "cut short" not in found.message and "1 frame" not in found.message
+
+
+def test_rle_cut_short_is_still_truncated(tmp_path: Path) -> None:
+    """Real truncation keeps its verdict: a frame's fragment gone, or the last frame cut inside."""
+    ds, frames, _ = _compressed_frames(RLELossless)
+    ds.PixelData = encapsulate(frames[:3], has_bot=False)
+    issue_of(read(save(ds, tmp_path / "missing.dcm")), "truncated", "read")
+    ds.PixelData = encapsulate([*frames[:3], frames[3][:len(frames[3]) // 4 * 2]], has_bot=False)
+    assert "RLE frame 3 ends before the segments" in issue_of(read(save(ds, tmp_path / "cut.dcm")),
+                                                              "truncated", "read").message
+
+
+@pytest.mark.parametrize(("syntax", "has_bot"), [(JPEG2000Lossless, True), (JPEG2000Lossless, False),
+                                                 (RLELossless, True)])
+def test_frames_in_several_fragments_decode(tmp_path: Path, syntax: str, has_bot: bool) -> None:
+    """Each frame split into two fragments reads as the frames did in one: JPEG 2000 with or
+    without a Basic Offset Table (its frames end with the EOC marker FFD9), RLE where the offset
+    table says which fragments make up which frame (without one, see the test above)."""
+    ds, frames, pixels = _compressed_frames(syntax, frames=3)
+    wide = window(2048.0, 4096.0)
+    whole = read(save(ds, tmp_path / "whole.dcm"), wide)
+    ds.PixelData = encapsulate(frames, fragments_per_frame=2, has_bot=has_bot)
+    split = read(save(ds, tmp_path / "split.dcm"), wide)
+    assert not isinstance(whole, Issue) and not isinstance(split, Issue), getattr(split, "message", whole)
+    assert [sample.key for sample in split] == [sample.key for sample in whole] and len(split) == 3
+    for fragmented, single in zip(split, whole, strict=True):
+        assert np.array_equal(fragmented.image, single.image)
+    assert np.array_equal(pixel_array(pydicom.dcmread(tmp_path / "split.dcm")), pixels)
+
+
 @pytest.mark.parametrize("name", ["SC_jpeg_no_color_transform.dcm", "JPGExtended.dcm", "MR_small_jpeg_ls_lossless.dcm",
                                   "MR_small_jp2klossless.dcm"])
 @pytest.mark.parametrize("kept", [0.5, 0.9])

@@ -36,7 +36,7 @@ import numpy as np
 import pydicom
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
-from pydicom.encaps import generate_frames
+from pydicom.encaps import generate_frames, parse_basic_offsets, parse_fragments
 from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
@@ -955,7 +955,7 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> str | None:
     if len(frames) < geometry.frames:
         return (f"it holds {len(frames)} frame(s) where (0028,0008) Number of Frames declares {geometry.frames}: a "
                 "file cut short (copy it again), or a wrong count (where the file is whole, fix the header)")
-    rle = geometry.transfer_syntax == "1.2.840.10008.1.2.5"
+    rle = geometry.transfer_syntax == _RLE
     for index, frame in enumerate(frames):
         if rle:
             count, *offsets = struct.unpack("<16L", frame[:64]) if len(frame) >= 64 else (1, len(frame))
@@ -1005,16 +1005,50 @@ _NEWER_SYNTAXES = {
 }
 
 
+#: RLE Lossless: the decodable syntax whose frames carry no end marker (JPEG, JPEG-LS and JPEG 2000
+#: codestreams end with FFD9), so nothing in its fragments says where one frame ends
+_RLE = "1.2.840.10008.1.2.5"
+
+
+def _unsplittable_fragments(ds: Dataset, geometry: _Geometry) -> str | None:
+    """What is wrong with multi-frame RLE pixel data that holds more fragments than (0028,0008)
+    Number of Frames and no Basic Offset Table, None where that is not so. Without an offset table
+    frames are told apart by the end marker of their codestream, which an RLE frame does not have:
+    pydicom then joins every fragment into one frame, which read as "truncated, 1 frame". The file
+    is whole; it holds a fragment too many (RLE puts each frame in one fragment, PS3.5 A.4.2) or
+    declares too few frames. (The caller has checked that there is no Extended Offset Table.)"""
+    if geometry.transfer_syntax != _RLE or geometry.frames < 2:
+        return None
+    try:
+        buffer = io.BytesIO(ds.PixelData)
+        if parse_basic_offsets(buffer):
+            return None
+        fragments, _ = parse_fragments(buffer)
+    except _DECODE_ERRORS:
+        return None  # not splittable into items at all: the decoder reports it
+    if fragments <= geometry.frames:
+        return None
+    return (f"the encapsulated (7FE0,0010) Pixel Data holds {fragments} fragments for the {geometry.frames} frames "
+            "(0028,0008) Number of Frames declares, more fragments than frames, and it has neither a Basic Offset "
+            "Table nor an Extended Offset Table to say which fragments make up which frame; RLE frames carry no end "
+            "marker, so the frames cannot be told apart (RLE Lossless puts each frame in one fragment, PS3.5 "
+            "A.4.2). Nothing is missing, nothing was decoded: fix (0028,0008) Number of Frames where the file holds "
+            "more frames, or re-export it with one fragment per frame or with an offset table")
+
+
 def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | None:
     """Before decoding encapsulated data: each frame's own JPEG / JPEG-LS / JPEG 2000 header must
     say Rows × Columns (the decoder allocates what the codestream says, and pydicom reshapes a
     64×48 codestream under a 48×64 header without a word: rows scrambled) and a bit depth Bits
     Allocated holds (a 12-bit codestream under Bits Allocated 8 came back as each value's low
-    byte), and there must not be more frames than (0028,0008) says. Data too broken to split
-    into frames is left to the decoder, which reports it."""
+    byte), and there must not be more frames than (0028,0008) says, nor fragments that cannot be
+    told apart into frames (:func:`_unsplittable_fragments`). Data too broken to split into frames
+    is left to the decoder, which reports it."""
     extended = None
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
         extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
+    elif (unsplittable := _unsplittable_fragments(ds, geometry)) is not None:
+        return _issue(ref, "validate", "bad_shape", unsplittable)
     try:
         frames = generate_frames(ds.PixelData, number_of_frames=geometry.frames, extended_offsets=extended)
         for index, frame in enumerate(islice(frames, geometry.frames + 1)):
