@@ -428,6 +428,41 @@ def test_enhanced_per_frame_then_shared_lookup(tmp_path: Path) -> None:
         np.testing.assert_array_equal(sample.image[0], values.astype(np.float16))
 
 
+def test_a_top_level_voi_lut_does_not_override_an_enhanced_frames_own_window(tmp_path: Path) -> None:
+    """Per frame, then shared, then top level: a stray top-level VOI LUT Sequence rendered every
+    frame through its LUT (record 'file_lut') in place of the frame's own Frame VOI LUT window.
+    A frame with no Frame VOI LUT item at either level still takes the top-level LUT."""
+    frames = _frames()
+    ramp = np.rint(np.linspace(0, 4095, 400)).astype(int).tolist()
+    for shared_window, expected in (((300, 600), [(40, 80), (300, 600), (-600, 1500)]),
+                                    (None, [(40, 80), None, (-600, 1500)])):
+        ds = enhanced_ct_dataset(frames, rescales=[None] * 3, windows=[(40, 80), None, (-600, 1500)],
+                                 shared_rescale=(1.0, -1024.0), shared_window=shared_window)
+        ds.VOILUTSequence = DicomSequence([lut_item(-200, 12, ramp, "STRAY")])
+        split = read(save(ds, tmp_path / "enhanced.dcm"))
+        for sample, values, pair in zip(split, frames - 1024.0, expected, strict=True):
+            record = sample.metadata["windows"][0]
+            if pair is None:
+                assert (record["source"], record["function"]) == ("file_lut", "LUT")
+                continue
+            assert (record["source"], record["center"], record["width"]) == ("file", *pair)
+            np.testing.assert_array_equal(sample.image[0], np.rint(linear(values, *pair) * 255))
+
+
+def test_a_frames_own_voi_lut_wins_over_a_top_level_one(tmp_path: Path) -> None:
+    """The LUT of the frame's Frame VOI LUT item is the frame's, not the top level's."""
+    frames = _frames()[:2]
+    ds = enhanced_ct_dataset(frames, rescales=[None] * 2, windows=[None] * 2, shared_rescale=(1.0, -1024.0))
+    own = Dataset()
+    own.VOILUTSequence = DicomSequence([lut_item(-1024, 8, list(range(256)) * 16, "OWN")])
+    ds.PerFrameFunctionalGroupsSequence[0].FrameVOILUTSequence = DicomSequence([own])
+    ds.VOILUTSequence = DicomSequence([lut_item(-1024, 8, [255 - v for v in range(256)] * 16, "STRAY")])
+    split = read(save(ds, tmp_path / "enhanced.dcm"), file_window("own"), fallback_window=window(40, 80))
+    entry = frames[0].astype(int)  # first mapped -1024 HU = stored 0
+    np.testing.assert_array_equal(split[0].image[0], (entry % 256).astype(np.uint8))
+    assert split[1].metadata["windows"][0]["source"] == "fallback_explicit"  # frame 1 has no LUT called OWN
+
+
 def test_rt_dose_applies_dose_grid_scaling() -> None:
     path = shipped("rtdose.dcm")
     ds = pydicom.dcmread(path)

@@ -285,11 +285,15 @@ NO_FILE_VOI = FileVoi(centers=(), widths=(), explanations=(), function="LINEAR",
 
 
 def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
-    """Collect Window Center/Width/Explanation, VOI LUT Function and VOI LUT Sequence for ``frame``.
+    """Collect Window Center/Width/Explanation, VOI LUT Function and VOI LUT Sequence for ``frame``:
+    all from the frame's Frame VOI LUT item (per frame, then shared), else all from the top level.
 
     Raises ``ValueError`` for a malformed VOI LUT Sequence item.
     """
     item = functional_item(ds, frame, "FrameVOILUTSequence")
+    # The frame's (or shared group's) Frame VOI LUT item is the frame's VOI, whole: its window
+    # pairs and its VOI LUT Sequence, never a top-level VOI LUT Sequence beside them (that one
+    # would win over the frame's own pair #0, as a LUT does at one level)
     source = item if item is not None else ds
     explanations = element(source, "WindowCenterWidthExplanation")
     if explanations is None or explanations == "":
@@ -299,8 +303,7 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
     else:
         explanation_list = tuple(str(e).strip() for e in explanations)
     function = str(element(source, "VOILUTFunction", "") or "LINEAR").strip().upper()
-    voi_items = ((sequence_items(item, "VOILUTSequence") if item is not None else ())
-                 or sequence_items(ds, "VOILUTSequence"))
+    voi_items = sequence_items(source, "VOILUTSequence")
     signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
     luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
     centers, bad_centers = _window_values(element(source, "WindowCenter"), "(0028,1050) Window Center")
