@@ -463,6 +463,21 @@ def test_a_frames_own_voi_lut_wins_over_a_top_level_one(tmp_path: Path) -> None:
     assert split[1].metadata["windows"][0]["source"] == "fallback_explicit"  # frame 1 has no LUT called OWN
 
 
+def test_a_top_level_modality_lut_does_not_override_an_enhanced_frames_own_rescale(tmp_path: Path) -> None:
+    """Per frame, then shared, then top level: a stray top-level Modality LUT Sequence replaced each
+    frame's Pixel Value Transformation (slope 1, 2, then the shared group's 3)."""
+    frames = _frames()
+    ds = enhanced_ct_dataset(frames, rescales=[(1.0, -1024.0), (2.0, -2048.0), None], windows=[None] * 3,
+                             shared_rescale=(3.0, -1000.0))
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 16, [0] * 4096)])
+    samples = read(save(ds, tmp_path / "enhanced.dcm"), output="float16")
+    expected = [frames[0] - 1024.0, frames[1] * 2.0 - 2048.0, frames[2] * 3.0 - 1000.0]
+    for sample, values in zip(samples, expected, strict=True):
+        assert sample.metadata["modality_lut"] is False
+        np.testing.assert_array_equal(sample.image[0], values.astype(np.float16))
+    assert [s.metadata["rescale_slope"] for s in samples] == [1.0, 2.0, 3.0]
+
+
 def test_rt_dose_applies_dose_grid_scaling() -> None:
     path = shipped("rtdose.dcm")
     ds = pydicom.dcmread(path)

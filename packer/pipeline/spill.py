@@ -131,8 +131,9 @@ class CachedChunk:
 #: bits stored as separate planes is refused (OpenCV read it as interleaved), and so is a 16-bit
 #: TIFF mask OpenCV hands back at 8 bits; 40: multi-frame RLE with more fragments than frames and
 #: no offset table is ``bad_shape`` (frames that cannot be told apart), not ``truncated``; 41: an
-#: Enhanced frame's own Frame VOI LUT item wins over a top-level VOI LUT Sequence.
-CACHE_FORMAT = 41
+#: Enhanced frame's own Frame VOI LUT item wins over a top-level VOI LUT Sequence; 42: and its own
+#: Pixel Value Transformation (rescale) over a top-level Modality LUT Sequence.
+CACHE_FORMAT = 42
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

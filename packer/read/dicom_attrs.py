@@ -245,17 +245,20 @@ def _rescale(source: Dataset, keyword: str, partner: str) -> float | None:
 def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     """Stored → modality parameters for ``frame`` (PS3.3 C.11.1; C.7.6.16.2.9 for Enhanced).
 
-    A Modality LUT Sequence wins over Rescale Slope/Intercept (they are mutually exclusive).
-    RT Dose adds Dose Grid Scaling (3004,000E). Raises ``ValueError`` for a malformed LUT.
+    The frame's Pixel Value Transformation item (per frame, then shared) wins over the top level,
+    whose Modality LUT Sequence or Rescale Slope/Intercept then count for nothing (a stray
+    top-level LUT replaced every frame's own rescale). At one level a Modality LUT Sequence wins
+    over Rescale Slope/Intercept (they are mutually exclusive). RT Dose adds Dose Grid Scaling
+    (3004,000E). Raises ``ValueError`` for a malformed LUT.
     """
     little = _little_endian(ds)
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    item = functional_item(ds, frame, "PixelValueTransformationSequence")
+    source = item if item is not None and ("RescaleSlope" in item or "ModalityLUTSequence" in item) else ds
     lut = None
-    modality_luts = sequence_items(ds, "ModalityLUTSequence")
+    modality_luts = sequence_items(source, "ModalityLUTSequence")
     if modality_luts:
         lut = read_lut(modality_luts[0], signed_input=signed, little_endian=little)
-    item = functional_item(ds, frame, "PixelValueTransformationSequence")
-    source = item if item is not None and "RescaleSlope" in item else ds
     slope = _rescale(source, "RescaleSlope", "RescaleIntercept")
     intercept = _rescale(source, "RescaleIntercept", "RescaleSlope")
     dose = None
