@@ -166,3 +166,20 @@ def test_a_frame_whose_percentiles_coincide_is_split_at_them_as_the_readme_says(
     assert (record["low"], record["high"], record["width"]) == (0.0, 0.0, 0.0)
     wide = read(mr_file(tmp_path, flat), percentiles(1, 99), output="uint16")
     np.testing.assert_array_equal(wide.image[0], (flat > 0).astype(np.uint16) * 65535)
+
+
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_fit_s_border_under_a_zscore_over_all_pixels_is_the_frames_lowest_as_padding_is(tmp_path: Path,
+                                                                                       photometric: str) -> None:
+    """README step 5: padded pixels are black, "`fit`'s border the same". Under {zscore: {over:
+    all}} the border was 0, the frame's mean (mid-grey); it is the frame's lowest z-score (the
+    highest negated for MONOCHROME1), as padding is. Over nonzero and for percentiles, 0."""
+    pixels = MR[4:20]  # 16 × 32, no zeros: fit into 32 × 32 pads 8 rows above and below
+    path = mr_file(tmp_path, pixels, photometric=photometric)
+    sample = read(path, zscore("all"), zscore("nonzero"), percentiles(0, 100), output="float16", size=(32, 32),
+                  resize="fit")
+    image = sample.image.astype(np.float32)
+    real = image[:, 8:24]
+    assert real[0].min() < -1.5
+    assert (image[0, :8] == real[0].min()).all() and (image[0, 24:] == real[0].min()).all(), image[0, :8]
+    assert (image[1:, :8] == 0).all() and (image[1:, 24:] == 0).all()

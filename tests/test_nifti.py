@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 from packer.badsamples import read_bad_samples
-from packer.config import load_job
+from packer.config import load_job, parse_window
 from packer.errors import ConfigError
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.pipeline.discover import discover
+from packer.read.nifti_samples import Case, Slicing, slice_samples
+from packer.records import SampleRef
 from tests.helpers import write_job
 
 AFFINE = np.array([[0.8, 0, 0, -20.0], [0, 0.9, 0, -18.0], [0, 0, 2.5, 10.0], [0, 0, 0, 1]])
@@ -551,3 +553,29 @@ def test_a_file_window_by_index_or_name_is_missing_on_a_nifti_which_has_one_rang
     assert bad["reason"] == "missing_window" and "a NIfTI file cannot hold" in bad["message"], bad
     first = run(nifti_job(tmp_path, ["ok.nii.gz,A"], windows=[{"file": 0}], sample="volume"), tmp_path)
     assert len(records(first)) == 1
+
+
+@pytest.mark.parametrize("sample", ["slice", "neighbors"])
+def test_fit_s_border_is_black_under_every_normalisation(sample: str) -> None:
+    """README, Transforms step 5: a slice is resized like a DICOM frame, ``fit``'s border black:
+    0 for percentiles and a z-score over the non-zero voxels (their background), the volume's
+    lowest z-score over all voxels, where 0 is the mean (the border was 0 there: mid-grey
+    tissue to a network). Each slice of a neighbour stack the same."""
+    rng = np.random.default_rng(13)
+    values = rng.uniform(10, 100, (1, 3, 4, 8)).astype(np.float32)  # 3 slices of 4 × 8: fit to 8 × 8 pads 2 rows a side
+    case = Case(values=values, affine=np.eye(4), names=("mr",), cal=(None,))
+    ref = SampleRef(sample_id="c", source="s", kind="nifti", path="/raw/c.nii.gz", relpath="c.nii.gz")
+    windows = ({"zscore": {"over": "all"}}, {"zscore": {"over": "nonzero"}}, {"percentiles": [0, 100]})
+    plan = Slicing(windows=tuple(parse_window(w, f"w[{i}]") for i, w in enumerate(windows)), sample=sample,
+                   axis="axial", neighbors=1, edge="replicate", spacing=None, size=(8, 8), resize="fit",
+                   output="float16", volume_spacing=None, volume_size=None)
+    lowest = np.float16((values.min() - values.mean(dtype=np.float64)) / values.std(dtype=np.float64))
+    samples = slice_samples(ref, case, plan, {})
+    assert len(samples) == 3
+    for packed in samples:
+        assert packed.image.shape == (3 * (3 if sample == "neighbors" else 1), 8, 8)
+        for channel in packed.image.reshape(-1, 3, 8, 8):
+            border = np.concatenate([channel[:, :2], channel[:, 6:]], axis=1)
+            assert border[0] == pytest.approx(np.full((4, 8), lowest), abs=1e-3) and lowest < -1.5, border[0]
+            assert (border[0] <= channel[0, 2:6].min()).all()
+            assert (border[1:] == 0).all()

@@ -129,11 +129,13 @@ class CachedChunk:
 #: 39: a sample is ``blank`` when each channel is flat on its own (one colour: a tinted slide
 #: background), not only when every channel holds one value; a TIFF page or mask of more than 8
 #: bits stored as separate planes is refused (OpenCV read it as interleaved), and so is a 16-bit
-#: TIFF mask OpenCV hands back at 8 bits; 40: multi-frame RLE with more fragments than frames and
-#: no offset table is ``bad_shape`` (frames that cannot be told apart), not ``truncated``; 41: an
+#: TIFF mask OpenCV hands back at 8 bits; 40: multi-frame RLE with more fragments than frames and no
+#: offset table is ``bad_shape`` (frames that cannot be told apart), not ``truncated``; 41: an
 #: Enhanced frame's own Frame VOI LUT item wins over a top-level VOI LUT Sequence; 42: and its own
-#: Pixel Value Transformation (rescale) over a top-level Modality LUT Sequence.
-CACHE_FORMAT = 42
+#: Pixel Value Transformation (rescale) over a top-level Modality LUT Sequence; 43: ``fit``'s border
+#: under a z-score over all pixels is black (the lowest z-score of a DICOM frame or NIfTI volume),
+#: not 0, their mean.
+CACHE_FORMAT = 43
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -9,7 +9,7 @@ metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -47,7 +47,7 @@ from packer.transform.dicom import (
     spacing_size,
     to_modality_values,
 )
-from packer.transform.intensity import apply_zscore, percentile_stats, zscore_stats
+from packer.transform.intensity import apply_zscore, percentile_stats, zscore_black, zscore_stats
 from packer.transform.window import padding_mask
 
 GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
@@ -284,7 +284,7 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     for a stack). ``luma``: a colour frame becomes its one-channel luma (:func:`render_luma`)."""
     spacing = pixel_spacing(ds, frame)
 
-    def finish(image: np.ndarray, pad_value: float = 0.0) -> np.ndarray:
+    def finish(image: np.ndarray, pad_value: float | Sequence[float] = 0.0) -> np.ndarray:
         return finish_image(image, pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size,
                             policy=cfg.resize, output=cfg.output, pad_value=pad_value)
 
@@ -345,12 +345,14 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
 def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, padding: np.ndarray,
                        modality: ModalityTransform, cfg: DicomTransformConfig, specs: tuple[WindowSpec, ...],
                        photometric: str, spacing: tuple[float, float] | None,
-                       finish: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, dict[str, Any]] | Issue:
+                       finish: Callable[[np.ndarray, list[float]], np.ndarray]
+                       ) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
     a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
     the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels, negated
     for MONOCHROME1 so that bright means dense there too, its record ``inverted: true``), padding
-    black (0; a z-score over all pixels: the frame's lowest, since 0 is its mean). (Without a
+    and fit's border black (0; a z-score over all pixels: the frame's lowest, since 0 is its mean:
+    :func:`~packer.transform.intensity.zscore_black`). (Without a
     normalisation, float16 keeps its meaning: one channel of modality values.)
     ``specs``: the frame's windows (``cfg.windows_for`` its Modality)."""
     values = to_modality_values(stored, modality)
@@ -360,7 +362,7 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
     if isinstance(vois, Issue):
         return vois
     by_spec = dict(zip(fixed, vois, strict=True))
-    channels, records = [], []
+    channels, records, blacks = [], [], []
     for spec in specs:
         if spec.kind == "zscore":
             stats = zscore_stats(values[~padding], spec.over or "nonzero")
@@ -371,19 +373,20 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
                 np.subtract(np.float32(0.0), channel, out=channel)  # +0.0 where z is 0, never -0.0
                 record["inverted"] = True
             records.append(record)
-            # padding is black: 0 is the mean under over: all, so there the frame's lowest z-score;
-            # under nonzero, 0 (the background zeros stay 0 too)
-            real = channel[~padding] if stats.over == "all" and padding.any() else None
-            channel[padding] = real.min() if real is not None and real.size else 0.0
+            # padding and fit's border are black: 0 is the mean under over: all, so there the
+            # frame's lowest z-score; under nonzero, 0 (the background zeros stay 0 too)
+            black = zscore_black(stats, inverted=photometric == "MONOCHROME1")
         else:
             voi = by_spec[spec]
             channel = apply_voi(values, voi, monochrome1=photometric == "MONOCHROME1")
             records.append(voi.to_json())
-            channel[padding] = 0.0
+            black = 0.0
+        channel[padding] = black
+        blacks.append(black)
         channels.append(channel.astype(np.float32, copy=False))
     meta = _frame_metadata(ds, frame, modality, (), spacing)
     meta["windows"] = records
-    return finish(np.stack(channels, axis=-1)), meta
+    return finish(np.stack(channels, axis=-1), blacks), meta
 
 
 def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,

@@ -21,7 +21,8 @@ Sampling (``transform.nifti.sample``):
 
 - ``slice``: one sample per slice along ``axis`` (``axial``: D; ``coronal``: H, shown with
   superior up; ``sagittal``: W, superior up, anterior left), key ``<id>-fNNNN``, each slice
-  windowed, resampled to ``spacing`` and resized to ``size`` as a DICOM frame, with its place in
+  windowed, resampled to ``spacing`` and resized to ``size`` as a DICOM frame (``fit``'s border
+  black: a z-score over all voxels the volume's lowest), with its place in
   patient space (``slice.position`` of pixel (0, 0), ``slice.orientation`` as DICOM's Image
   Orientation: the direction of increasing column, then of increasing row);
 - ``{neighbors: k}``: each slice with its ``k`` neighbours on either side as channels
@@ -47,7 +48,14 @@ from packer.keys import frame_key
 from packer.read.series import stack_neighbors
 from packer.records import Sample, SampleRef
 from packer.transform.dicom import display_dtype, finish_image, keeps_geometry, quantise
-from packer.transform.intensity import Stats, apply_percentiles, apply_zscore, percentile_stats, zscore_stats
+from packer.transform.intensity import (
+    Stats,
+    apply_percentiles,
+    apply_zscore,
+    percentile_stats,
+    zscore_black,
+    zscore_stats,
+)
 from packer.transform.mask import transform_mask_dicom
 from packer.transform.volume import Volume, crop_or_pad, resample_linear, resample_nearest
 from packer.transform.window import apply_window
@@ -129,6 +137,13 @@ class _Channel:
         if self.spec.kind == "zscore" and self.stats is not None:
             return apply_zscore(values, self.stats)
         return apply_window(values, float(self.center or 0.0), float(self.width or 1.0), self.function, dtype)
+
+    @property
+    def black(self) -> float:
+        """The value that displays black, which ``fit``'s border takes: 0 for a window and
+        percentiles; a z-score's :func:`~packer.transform.intensity.zscore_black` (over all
+        voxels, the volume's lowest z-score: 0 is its mean)."""
+        return zscore_black(self.stats) if self.spec.kind == "zscore" and self.stats is not None else 0.0
 
 
 def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
@@ -213,6 +228,7 @@ def _slice_geometry(affine: np.ndarray, shape: tuple[int, int, int], axis: str, 
 def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any]) -> list[Sample]:
     """One sample per slice along ``plan.axis`` (module docstring), or neighbour stacks of them."""
     channels = plan_channels(case, plan.windows)
+    blacks = [channel.black for channel in channels]  # fit's border, as a DICOM frame's
     count = case.values.shape[AXES[plan.axis]]
     shape = (case.values.shape[1], case.values.shape[2], case.values.shape[3])
     out = []
@@ -225,7 +241,7 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
                                                           spacing=plan.spacing, size=plan.size))
         rendered = np.stack([channel.render(values[channel.index], dtype) for channel in channels], axis=-1)
         image = finish_image(rendered, pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
-                             policy=plan.resize, output=plan.output)
+                             policy=plan.resize, output=plan.output, pad_value=blacks)
         metadata = {**base, "windows": [c.record for c in channels], "pixel_spacing": where.pop("pixel_spacing"),
                     "slice": {"axis": plan.axis, "index": index, "count": count, **where}}
         if plan.spacing is not None:

@@ -26,6 +26,7 @@ after the palette) are scaled to [0, 1] by their bit depth and quantised the sam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,13 +349,14 @@ def quantise(image: np.ndarray, output: str) -> np.ndarray:
 
 def finish_image(image: np.ndarray, *, pixel_spacing: tuple[float, float] | None,
                  spacing: tuple[float, float] | None, size: tuple[int, int] | None,
-                 policy: str, output: str, pad_value: float = 0.0) -> np.ndarray:
+                 policy: str, output: str, pad_value: float | Sequence[float] = 0.0) -> np.ndarray:
     """H×W×C float32 (or float64: :func:`display_dtype`) → C×H'×W' array of dtype ``output``,
     C-contiguous, native byte order.
 
     Resample to ``spacing`` first (when both it and ``pixel_spacing`` are given), then resize
-    to ``size`` under ``policy`` (stretch/fit/crop; fit pads with ``pad_value``: 0, black, for
-    display values; the frame minimum for float16 modality values), then :func:`quantise`.
+    to ``size`` under ``policy`` (stretch/fit/crop; fit pads with ``pad_value``, one value or one
+    per channel: 0, black, for display values; the frame minimum for float16 modality values; a
+    z-score's black, :func:`packer.transform.intensity.zscore_black`), then :func:`quantise`.
     """
     if spacing is not None and pixel_spacing is not None:
         image = resample_to_spacing(image, pixel_spacing, spacing)

@@ -44,6 +44,9 @@ class Stats:
     mean: float | None = None
     std: float | None = None
     percentiles: tuple[float, float] | None = None
+    #: The lowest and highest value of the region (z-score): where black lies, :func:`zscore_black`
+    minimum: float | None = None
+    maximum: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record of a sample's channel (``metadata.windows[i]``), rounded to float32's
@@ -88,7 +91,8 @@ def zscore_stats(values: np.ndarray, over: str = "nonzero") -> Stats:
         return Stats("zscore", over, 0, mean=0.0, std=0.0)
     mean = float(np.mean(region, dtype=np.float64))
     std = float(np.std(region, dtype=np.float64))
-    return Stats("zscore", over, int(region.size), mean=mean, std=std)
+    return Stats("zscore", over, int(region.size), mean=mean, std=std, minimum=float(region.min()),
+                 maximum=float(region.max()))
 
 
 def apply_percentiles(values: np.ndarray, stats: Stats, dtype: type[np.floating] = np.float32) -> np.ndarray:
@@ -133,3 +137,16 @@ def apply_zscore(values: np.ndarray, stats: Stats) -> np.ndarray:
     if zero is not None:
         out[zero] = 0.0
     return out
+
+
+def zscore_black(stats: Stats, *, inverted: bool = False) -> float:
+    """The value that is black in an image z-scored by ``stats``, which its padding and ``fit``'s
+    border take (README, Transforms step 5): over ``nonzero``, 0 (the background zeros stay 0);
+    over ``all``, 0 is the mean (mid-grey), so the lowest z-score of the values the statistics
+    came from (a DICOM frame's, a NIfTI volume's); ``inverted`` (MONOCHROME1's -z), the highest
+    z-score negated. Computed by :func:`apply_zscore` itself, so it is the float32 value the
+    darkest pixel has, bit for bit. 0 for an empty region."""
+    if stats.over != "all" or not stats.count or stats.minimum is None or stats.maximum is None:
+        return 0.0
+    z = float(apply_zscore(np.array([stats.maximum if inverted else stats.minimum]), stats)[0])
+    return 0.0 - z if inverted else z  # +0.0, never -0.0, as the inverted channel has

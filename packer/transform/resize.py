@@ -20,6 +20,8 @@ sat about half a source pixel toward the origin.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import cv2
 import numpy as np
 
@@ -51,12 +53,13 @@ def _scale(image: np.ndarray, height: int, width: int, interpolation: str = "aut
 
 
 def resize_image(image: np.ndarray, size: tuple[int, int], policy: str = "stretch",
-                 pad_value: float = 0.0, *, interpolation: str = "auto") -> np.ndarray:
+                 pad_value: float | Sequence[float] = 0.0, *, interpolation: str = "auto") -> np.ndarray:
     """Resize H×W×C ``image`` to ``size`` = (height, width); dtype and channel count are kept.
 
     ``interpolation``: ``auto`` (AREA shrinking, LINEAR growing) for pixel values, ``nearest``
     (INTER_NEAREST_EXACT, see the module docstring) for class ids: every output value is a
-    source value. ``fit`` pads with ``pad_value`` either way. ``cv2`` handles at most 512
+    source value. ``fit`` pads with ``pad_value`` either way: one value, or one per channel (a
+    z-score's black is not a window's). ``cv2`` handles at most 512
     channels; packer's images have a handful. Raises ValueError on an unknown policy or
     interpolation, or an array that is not H×W×C.
     """
