@@ -432,3 +432,19 @@ def test_a_colour_image_swapped_to_rgb_at_the_end_gives_the_bytes_of_swapping_fi
             assert a.tobytes() == b.tobytes()
         else:  # the resize's lanes: at most one level (how often depends on the size and the CPU)
             assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("window", [(("center", 0.5), ("width", 1.0)), (("percentiles", (0.0, 100.0)),)],
+                         ids=["center-width", "percentiles"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_pixel_is_blended_by_the_resize_at_its_level_not_spread(window: tuple[Any, ...],
+                                                                             bad: float) -> None:
+    """README: NaN and −inf pack black, +inf white. A NaN went through the resize as NaN and
+    blackened every output pixel the filter touched (one NaN in a white 8×8 block shrunk to one
+    pixel made it 0); it is black before the resize, so the block is 63/64 white."""
+    image = np.tile(np.linspace(0.0, 1.0, 64, dtype=np.float32), (64, 1))
+    image[:8, 32:40] = 1.0
+    image[3, 35] = bad
+    (tile,) = transform_image(image, ImageTransformConfig(color="gray", size=(8, 8), window=window))
+    level = 1.0 if bad == np.inf else 0.0
+    assert abs(int(tile.image[0, 0, 4]) - round(255 * (63 + level) / 64)) <= 1, tile.image[0, 0, 4]

@@ -134,8 +134,9 @@ class CachedChunk:
 #: Enhanced frame's own Frame VOI LUT item wins over a top-level VOI LUT Sequence; 42: and its own
 #: Pixel Value Transformation (rescale) over a top-level Modality LUT Sequence; 43: ``fit``'s border
 #: under a z-score over all pixels is black (the lowest z-score of a DICOM frame or NIfTI volume),
-#: not 0, their mean.
-CACHE_FORMAT = 43
+#: not 0, their mean; 44: a float image's NaN pixels are black before its resize, not spread by the
+#: filter over their neighbours.
+CACHE_FORMAT = 44
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

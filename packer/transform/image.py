@@ -16,6 +16,8 @@
    LINEAR_EXACT, or :func:`window_percentiles`), else the full range of the stored dtype
    (uint8 / 255, uint16 / 65535: a 16-bit image is *scaled*, not shifted). Float images have
    no full range and need a window. Window values are in stored units (0-65535 for 16-bit).
+   A float image's NaN pixels are then black (0), as −inf is, so the resize blends them as
+   black instead of spreading NaN over every output pixel its filter touches.
 5. :func:`packer.transform.resize.resize_image` to ``cfg.size`` under ``cfg.resize``
    (``fit`` pads with 0 = black).
 6. :func:`to_uint8`: ``rint(clip(x, 0, 1) * 255)``.
@@ -258,6 +260,10 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
                                   pool=grey if grey is not None and grey.shape[2] == 1 else None)
     if late_alpha is not None:
         unit = (unit * late_alpha + (np.float32(1.0) - late_alpha)).astype(np.float32)
+    if image.dtype.kind not in "ui":
+        # a window leaves NaN as NaN (np.clip does): black now, before the resize, whose filter
+        # would spread it to every output pixel it touches (one NaN blackened a whole 8×8 block)
+        np.nan_to_num(unit, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
     if cfg.size:
         unit = resize_image(np.ascontiguousarray(unit, dtype=np.float32), cfg.size, cfg.resize)
     out = to_uint8(unit, finite=image.dtype.kind in "ui")  # integer pixels: finite through every step
