@@ -609,6 +609,33 @@ def test_a_10_to_14_bit_white_is_zero_tiff_is_inverted_in_the_scale_opencv_reads
         assert np.abs(sample.image[0].astype(np.float64) - np.rint(seen / top * 255)).max() <= 1, photometric
 
 
+@pytest.mark.parametrize("pages", [1, 2])
+@pytest.mark.parametrize("bits", [10, 12, 14])
+def test_a_10_to_14_bit_tiffs_window_is_in_its_stored_units(tmp_path: Path, bits: int, pages: int) -> None:
+    """A {center, width} window is in stored units; OpenCV reads 10-, 12- and 14-bit samples
+    scaled to 16 bits, and the window was applied to those: a 12-bit image under center 2048,
+    width 4096 packed 95% white. It is applied to the stored values (LINEAR_EXACT), grey and
+    RGB, one page or several, and the samples' bit_depth is the stored bits."""
+    import tifffile
+
+    top = (1 << bits) - 1
+    rng = np.random.default_rng(bits)
+    grey = rng.integers(0, top + 1, (pages, 12, 16)).astype(np.uint16)
+    rgb = rng.integers(0, top + 1, (pages, 12, 16, 3)).astype(np.uint16)
+    center, width = (top + 1) / 2, top + 1.0
+    for name, stored, color in (("grey", grey, "gray"), ("rgb", rgb, "rgb")):
+        path = tmp_path / f"{name}.tif"
+        tifffile.imwrite(path, stored if pages > 1 else stored[0], bitspersample=bits,
+                         photometric="rgb" if name == "rgb" else "minisblack")
+        samples = read_ok(path, ImageTransformConfig(color=color, window=(("center", center), ("width", width))))
+        assert len(samples) == pages
+        for sample, page in zip(samples, stored, strict=True):
+            want = np.rint(np.clip((page - center) / width + 0.5, 0, 1) * 255).astype(np.uint8)
+            chw = want[None] if name == "grey" else want.transpose(2, 0, 1)
+            np.testing.assert_array_equal(sample.image, chw, err_msg=name)
+            assert sample.metadata["bit_depth"] == bits
+
+
 @pytest.mark.parametrize("shape", [(48, 48), (48, 48, 3), (2, 40, 40)], ids=["grey", "rgb", "two-pages"])
 def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, ...]) -> None:
     """Uncompressed tiles: OpenCV 5.0's in-memory TIFF reader refuses them ("Invalid tile byte

@@ -412,6 +412,9 @@ class _Page:
     page: int | None = None
     #: samples per pixel as the file stores them (its header's; OpenCV decodes grey+alpha as 4)
     channels: int | None = None
+    #: bits per sample as stored where OpenCV hands them back scaled to 16 (a 10-, 12- or 14-bit
+    #: TIFF: :data:`~packer.transform.image.OPENCV_SCALED_TIFF_BITS`), whose window is in stored units
+    scaled_bits: int | None = None
 
     @property
     def where(self) -> str:
@@ -473,6 +476,13 @@ def _tiff_as_stored(data: bytes, ifd: Ifd, image: np.ndarray) -> tuple[np.ndarra
         shift = OPENCV_SCALED_TIFF_BITS.get(layout.bits, 0)
         image = np.subtract(((1 << layout.bits) - 1) << shift, image, dtype=np.uint16)
     return image, by_pillow
+
+
+def _scaled_bits(ifd: Ifd, image: np.ndarray) -> int | None:
+    """The page's stored bits per sample where OpenCV decoded it scaled up to 16 bits (10, 12 or 14
+    bits come back as ``v << (16 - bits)``), else None."""
+    bits = TiffSamples.of(ifd).bits
+    return bits if bits in OPENCV_SCALED_TIFF_BITS and image.dtype == np.uint16 else None
 
 
 def _pillow_grey_alpha(data: bytes, ifd: Ifd, where: str) -> tuple[np.ndarray, bool]:
@@ -572,7 +582,7 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], headers:
         if ifd.index in wanted:
             stored, by_pillow = _tiff_as_stored(data, ifd, image)
             out.append(_Page(stored, header.orientation, oriented if by_pillow is None else by_pillow,
-                             ifd.index if len(pages) > 1 else None, header.channels))
+                             ifd.index if len(pages) > 1 else None, header.channels, _scaled_bits(ifd, stored)))
     return out
 
 
@@ -607,7 +617,8 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
         # a grey PNG whose transparency is a colour key: OpenCV gives the grey alone
         opaque = np.iinfo(image.dtype).max
         image = np.dstack([image, np.where(image == key, 0, opaque).astype(image.dtype)])
-    page = _Page(image, orientation, oriented, channels=header.channels)
+    page = _Page(image, orientation, oriented, channels=header.channels,
+                 scaled_bits=_scaled_bits(chain[0], image) if chain else None)
     return _zero_samples_checked(data, chain, [page]) if chain else [page]
 
 
@@ -671,7 +682,7 @@ def _samples(ref: SampleRef, fmt: str, page: _Page, tiles: list[Tile], pages: in
         "source_width": int(stored_w),
         "source_channels": page.channels if page.channels is not None else (
             int(page.image.shape[2]) if page.image.ndim == 3 else 1),
-        "bit_depth": int(page.image.dtype.itemsize * 8),
+        "bit_depth": page.scaled_bits or int(page.image.dtype.itemsize * 8),
         "orientation": page.orientation,
     }
     key = ref.sample_id
@@ -699,7 +710,8 @@ def read_image(ref: SampleRef, cfg: ImageTransformConfig, *,
     ``metadata`` = format, source_height/source_width (as stored, before orientation, like
     :func:`probe_image`), source_channels (samples per pixel as the header stores them: grey+alpha PNG 2,
     palette PNG 3, CMYK JPEG 4, whatever OpenCV decodes them to),
-    bit_depth (of the decoded samples: 8, 16, 32 or 64), orientation (1-8), tile [row, col].
+    bit_depth (of the decoded samples: 8, 16, 32 or 64; a 10-, 12- or 14-bit TIFF's stored bits,
+    the units its window is in), orientation (1-8), tile [row, col].
 
     A TIFF with N > 1 pages gives every page's samples, in IFD order, each page transformed on its
     own with ``cfg``: keys ``{sample_id}-p{page:05d}`` (tiled: ``…-p{page:05d}-t{row:05d}_{col:05d}``),
@@ -751,7 +763,8 @@ def _read(ref: SampleRef, cfg: ImageTransformConfig, limits: LimitsConfig,
                                 message=f"{_name(ref)}: {page.where}{page.image.dtype} pixels have no fixed range to "
                                         "scale to 8 bits; set transform.image.window ({center, width} or "
                                         "{percentiles: [lo, hi]})")
-        tiled = [transform_image(page.image, cfg, 1 if page.oriented else page.orientation) for page in pages]
+        tiled = [transform_image(page.image, cfg, 1 if page.oriented else page.orientation,
+                                 scaled_bits=page.scaled_bits) for page in pages]
     except Defect as defect:
         return Issue.of(ref, stage=progress.stage, reason=defect.reason, message=f"{_name(ref)}: {defect.message}")
     for page, tiles in zip(pages, tiled, strict=True):

@@ -15,7 +15,8 @@
 4. To float32 in [0, 1]: the configured window (:func:`window_center_width`, like DICOM
    LINEAR_EXACT, or :func:`window_percentiles`), else the full range of the stored dtype
    (uint8 / 255, uint16 / 65535: a 16-bit image is *scaled*, not shifted). Float images have
-   no full range and need a window. Window values are in stored units (0-65535 for 16-bit).
+   no full range and need a window. Window values are in stored units (0-65535 for 16-bit,
+   0-4095 for a 12-bit TIFF, which OpenCV decodes scaled to 16 bits: the window is scaled too).
    A float image's NaN pixels are then black (0), as −inf is, so the resize blends them as
    black instead of spreading NaN over every output pixel its filter touches.
 5. :func:`packer.transform.resize.resize_image` to ``cfg.size`` under ``cfg.resize``
@@ -219,13 +220,20 @@ def tile_origins(height: int, width: int, tile: tuple[int, int],
     return [(r, c) for r in rows for c in cols]
 
 
-def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: int = 1) -> list[Tile]:
+def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: int = 1, *,
+                    scaled_bits: int | None = None) -> list[Tile]:
     """Decoded OpenCV array → list of :class:`Tile` (uint8 C×H×W, C-contiguous).
 
     ``image`` is H×W or H×W×C (C in 1-4, BGR(A) order). Steps and their order are in the
     module docstring. One Tile with ``origin=None`` when ``cfg.tile_size`` is unset; else
     one per full tile (possibly none). Raises ValueError when ``image`` is neither uint8
     nor uint16 and ``cfg.window`` is empty, or on a bad config (see check_image_config).
+
+    ``scaled_bits``: the stored bits of a 10-, 12- or 14-bit TIFF that OpenCV decoded scaled to
+    16 (``v << shift``, :data:`OPENCV_SCALED_TIFF_BITS`). A ``{center, width}`` window is in
+    stored units, so it is scaled by ``2**shift`` to meet the decoded values: exact in float32,
+    the same bytes as windowing the stored values. Percentiles and the full range are the same
+    either way.
     """
     window = _window_params(cfg.window)
     peak = full_range_max(image.dtype)
@@ -254,7 +262,8 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
         unit = (np.multiply(values, scale, out=values) if values.dtype == np.float32
                 else np.multiply(values, scale, dtype=np.float32))
     elif window[0] == "center_width":
-        unit = window_center_width(values.astype(np.float32, copy=False), window[1], window[2])
+        stored = float(1 << OPENCV_SCALED_TIFF_BITS.get(scaled_bits or 0, 0))  # decoded units per stored unit
+        unit = window_center_width(values.astype(np.float32, copy=False), window[1] * stored, window[2] * stored)
     else:
         unit = window_percentiles(values.astype(np.float32, copy=False), window[1], window[2],
                                   pool=grey if grey is not None and grey.shape[2] == 1 else None)
