@@ -636,6 +636,28 @@ def test_a_10_to_14_bit_tiffs_window_is_in_its_stored_units(tmp_path: Path, bits
             assert sample.metadata["bit_depth"] == bits
 
 
+@pytest.mark.parametrize("photometric", ["minisblack", "miniswhite"])
+@pytest.mark.parametrize("bits", [2, 4])
+def test_a_2_or_4_bit_grey_tiff_is_unsupported_naming_its_layout_not_damaged(tmp_path: Path, bits: int,
+                                                                             photometric: str) -> None:
+    """A valid 2- or 4-bit greyscale TIFF (baseline TIFF allows 4) is a depth OpenCV does not read:
+    it returned nothing, and the file was decode_failed, "re-export it", as if damaged. It is
+    unsupported, naming the page, its depth and layout, and the fix (8 or 16 bits); a later page
+    of that depth is named too."""
+    import tifffile
+
+    stored = np.random.default_rng(bits).integers(0, 1 << bits, (2, 16, 24)).astype(np.uint8)
+    tifffile.imwrite(tmp_path / "one.tif", stored[0], bitspersample=bits, photometric=photometric)
+    with tifffile.TiffWriter(tmp_path / "two.tif") as tif:
+        tif.write(stored[0] << (8 - bits), photometric=photometric)
+        tif.write(stored[1], bitspersample=bits, photometric=photometric)
+    for name, ifd in (("one.tif", 0), ("two.tif", 1)):
+        issue = read_image(make_ref(tmp_path / name), ImageTransformConfig(color="gray"))
+        assert isinstance(issue, Issue) and issue.reason == "unsupported", issue
+        assert f"TIFF IFD {ifd} at byte" in issue.message and f"a {bits}-bit greyscale" in issue.message
+        assert "save it at 8 or 16 bits" in issue.message and "re-export" not in issue.message
+
+
 @pytest.mark.parametrize("shape", [(48, 48), (48, 48, 3), (2, 40, 40)], ids=["grey", "rgb", "two-pages"])
 def test_a_tiff_of_uncompressed_tiles_decodes(tmp_path: Path, shape: tuple[int, ...]) -> None:
     """Uncompressed tiles: OpenCV 5.0's in-memory TIFF reader refuses them ("Invalid tile byte

@@ -135,11 +135,11 @@ class CachedChunk:
 #: Pixel Value Transformation (rescale) over a top-level Modality LUT Sequence; 43: ``fit``'s border
 #: under a z-score over all pixels is black (the lowest z-score of a DICOM frame or NIfTI volume),
 #: not 0, their mean; 44: a float image's NaN pixels are black before its resize, not spread by the
-#: filter over their neighbours; 45: a float image's NaN pixels are black before its resize, not
-#: spread by the filter over their neighbours; 42: a 10-, 12- or 14-bit TIFF's {center, width}
-#: window is in its stored units (OpenCV's values are scaled to 16 bits), and its samples' bit_depth
-#: is the stored bits.
-CACHE_FORMAT = 45
+#: filter over their neighbours; 45: a 10-, 12- or 14-bit TIFF's {center, width} window is in its
+#: stored units (OpenCV's values are scaled to 16 bits), and its samples' bit_depth is the stored
+#: bits; 46: a TIFF page of a depth OpenCV does not read (2- or 4-bit grey) is ``unsupported``,
+#: naming the layout, not ``decode_failed``.
+CACHE_FORMAT = 46
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

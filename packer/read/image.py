@@ -523,6 +523,30 @@ def _unpremultiplied(image: np.ndarray) -> np.ndarray:
     return np.concatenate([straight.astype(image.dtype), image[:, :, -1:]], axis=2)
 
 
+#: Bits per sample OpenCV's TIFF decoder reads (4 only as a palette's indices): a valid page of any
+#: other depth (a 2- or 4-bit greyscale scan) makes it return nothing, which reads as a damaged file
+OPENCV_TIFF_BITS = (1, 8, 10, 12, 14, 16, 32, 64)
+#: What a TIFF PhotometricInterpretation is, for a refusal to name the layout
+_TIFF_LAYOUTS = {0: "greyscale (WhiteIsZero)", 1: "greyscale", 2: "RGB", 3: "palette", 5: "CMYK", 6: "YCbCr"}
+
+
+def _check_opencv_reads_bits(chain: list[Ifd]) -> None:
+    """Raise ``unsupported`` for the first IFD of ``chain`` (every one is decoded) whose bits per
+    sample OpenCV does not read (:data:`OPENCV_TIFF_BITS`): the file is valid, and OpenCV's
+    empty answer would otherwise be ``decode_failed``, "re-export it", as if it were damaged."""
+    for ifd in chain:
+        layout = TiffSamples.of(ifd)
+        read = layout.bits in OPENCV_TIFF_BITS or (layout.bits == 4 and layout.photometric == 3)
+        if read or not 1 < layout.bits < 64:
+            continue  # a depth of 0 or past 64 is no layout but damage: OpenCV's decode_failed says so
+        kind = _TIFF_LAYOUTS.get(layout.photometric, f"photometric {layout.photometric}")
+        raise Defect("unsupported", (
+            f"TIFF IFD {ifd.index} at byte {ifd.offset}: a {layout.bits}-bit {kind} TIFF ({layout.samples} "
+            f"sample{'s' if layout.samples != 1 else ''} per pixel), which OpenCV (packer's decoder) does not read: "
+            "it reads 1, 8, 10, 12, 14, 16, 32 or 64 bits a sample (4 only as a palette); save it at 8 or 16 bits "
+            "a sample (a TIFF or a PNG)"))
+
+
 def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
     reduced (there is then no full-resolution image they could stand for)."""
@@ -599,6 +623,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
         # every IFD decoded at once: each one's size checked before a strip is inflated
         headers = _chain_headers(chain, limits) if [ifd.index for ifd in pages] != [0] else None
         check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
+        _check_opencv_reads_bits(chain)
         data = straight_alpha(data, chain)
         if headers is not None:
             return _zero_samples_checked(data, chain, _decode_tiff_pages(data, chain, pages, headers))
