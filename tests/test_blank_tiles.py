@@ -176,3 +176,39 @@ def test_a_split_collapsed_by_exact_copies_counts_a_link_per_joined_entity_and_s
         "split_balance"]["findings"]
     assert finding["links"] == 11 and {f["kind"] for f in finding["formed_by"]} == {"exact"}
     assert len({f["b"]["entity_id"] for f in finding["formed_by"]}) == 11
+
+
+def test_exact_copies_the_near_copy_search_also_pairs_are_called_exact_copies_in_a_collapsed_split(
+        tmp_path: Path) -> None:
+    """The same 12 copies with the near-copy search on (the default): it pairs them too, score
+    1.00. Counted as near links, those pairs sorted first and filled the listed links, so the
+    failure showed only "score 1.00" links and advised raising near_duplicates.min_score, which
+    cannot part identical pixels. A pair that is an exact copy is the exact copy, and the fix is
+    decided by every link, not by the listed ones."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    raw = tmp_path / "raw"
+    rows = []
+    for i in range(20):
+        _slide(raw / f"own{i}.png", 100 + i)
+        rows.append(f"own{i}.png,normal,patient{i:02d}")
+    for i in range(12):
+        _slide(raw / f"shared{i}.png", 7)
+        rows.append(f"shared{i}.png,normal,patient{i:02d}")
+    job = _labelled_job(tmp_path, "shared", rows, {"ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1},
+                        {"size": [32, 32]})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert run.exit_code == 4, run.output
+    assert "joined by 11 duplicate link(s) (exact copies)" in run.output, run.output
+    assert "identical pixels" in run.output and "score 1.00" not in run.output
+    assert "near_duplicates.min_score" not in run.output
+    assert "remove the exact copies shared by several entities" in run.output
+    leakage = json.loads((tmp_path / "out" / "shared" / "leakage.json").read_text())
+    assert leakage["rules"]["near_duplicates_across_splits"]["links"] > 0  # the search did pair them
+    (finding,) = leakage["rules"]["split_balance"]["findings"]
+    assert finding["exact_links"] == 11 and finding["near_links"] == 0 and finding["links"] == 11
+    assert {f["kind"] for f in finding["formed_by"]} == {"exact"}
+    checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
+    assert checked.exit_code == 4 and "joined by 11 duplicate link(s) (exact copies)" in checked.output, checked.output

@@ -576,3 +576,26 @@ def test_a_missed_share_that_no_link_formed_is_not_told_to_tune_near_copy_settin
         raise_on_leakage(audit)
     said = str(raised.value)
     assert "near_duplicates" not in said and "another split.seed" in said and "balance.accept: true" in said
+
+
+def test_a_collapsed_split_is_told_the_fix_for_every_kind_of_link_that_formed_it_not_only_the_listed_ones() -> None:
+    """A group joined by 66 near links and 11 exact copies lists the weakest near links first; the
+    advice was chosen from the listed links alone, so the exact copies, which no near-copy setting
+    parts, went unmentioned. The count of each kind decides it, and the message says both."""
+    from packer.errors import LeakageError
+    from packer.pipeline.audit import LeakageAudit, RuleResult, raise_on_leakage
+
+    def where(path: str) -> dict[str, str]:
+        return {"path": path, "source": "raw", "key": path}
+
+    near = {"kind": "near", "score": 0.93, "detail": 0.9, "intensity": 0.95, "zoom": 1.0, "shift": [0, 0]}
+    listed = [{"a": where(f"n{i}.png"), "b": where(f"m{i}.png"), **near} for i in range(20)]
+    finding = {"reason": "group", "summary": "one split group holds 24 samples (46%) of 12 entities (P00, ...)",
+               "links": 77, "near_links": 66, "exact_links": 11, "formed_by": listed}
+    audit = LeakageAudit(rules=(RuleResult("split_balance", "fail", 1, (finding,)),), entities_per_split={},
+                         time_ranges={})
+    with pytest.raises(LeakageError) as raised:
+        raise_on_leakage(audit)
+    said = str(raised.value)
+    assert "joined by 77 duplicate link(s) (11 exact copies, 66 near links)" in said, said
+    assert "raise split.near_duplicates.min_score" in said and "remove the exact copies" in said, said

@@ -268,6 +268,8 @@ def _span_entities(samples: _Samples, links: NearLinks) -> RuleResult:
 
 #: Members listed per conflicting group (the size is always complete).
 MAX_MEMBERS = 20
+#: The links a ``split_balance`` finding lists (``formed_by``); it counts them all, by kind.
+MAX_FORMED = 20
 
 
 def _label_conflicts(samples: _Samples, found: LabelConflicts, cfg: SplitConfig) -> RuleResult:
@@ -426,20 +428,29 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     group = balance.largest
     members = set(group.members)
     entity_of = samples.entity_codes
-    formed: list[dict[str, Any]] = []  # the links that joined its entities, the weakest first
-    for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
-        if i in members and j in members and entity_of[i] != entity_of[j]:
-            formed.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
-    for exact in exact_groups([samples.value("sha256", i) for i in group.members],
-                              [samples.value("stored_digest", i) for i in group.members],
-                              [samples.value("blank", i) for i in group.members]):
-        copies = [group.members[k] for k in exact]
+    exact: list[dict[str, Any]] = []  # the links that joined its entities: exact copies, then near ones
+    copy_of: dict[int, int] = {}  # a member's exact-copy group, where it has one
+    for c, found in enumerate(exact_groups([samples.value("sha256", i) for i in group.members],
+                                           [samples.value("stored_digest", i) for i in group.members],
+                                           [samples.value("blank", i) for i in group.members])):
+        copies = [group.members[k] for k in found]
+        copy_of.update((i, c) for i in copies)
         first_of: dict[int, int] = {}  # each entity's first copy: one link joins it to the first entity's
         for i in copies:
             first_of.setdefault(int(entity_of[i]), i)
         anchor, *joined = first_of.values()
-        formed.extend({"a": samples.where(anchor), "b": samples.where(other), "kind": "exact"} for other in joined)
-    formed.sort(key=lambda f: float(f.get("score", 9.0)))
+        exact.extend({"a": samples.where(anchor), "b": samples.where(other), "kind": "exact"} for other in joined)
+    near: list[dict[str, Any]] = []
+    for k, (i, j) in enumerate(zip(links.i.tolist(), links.j.tolist(), strict=True)):
+        # two exact copies that the near-copy search also paired (score 1.00) are the exact copy already
+        # listed: counted as near, they made the fix read "raise min_score", which cannot part them
+        if (i in members and j in members and entity_of[i] != entity_of[j]
+                and (i not in copy_of or copy_of[i] != copy_of.get(j))):
+            near.append({"a": samples.where(i), "b": samples.where(j), "kind": "near", **links.describe(k)})
+    near.sort(key=lambda f: float(f["score"]))  # the weakest first: the ones a higher min_score drops
+    # both kinds listed where both joined it, so leakage.json shows what each fix must move
+    shown = near[:MAX_FORMED - min(len(exact), MAX_FORMED // 4)]
+    formed = shown + exact[:MAX_FORMED - len(shown)]
     named = ", ".join(group.entities[:3]) + (", ..." if len(group.entities) > 3 else "")
     why = (f"one split group holds {group.size:,} samples ({balance.largest_share:.0%}, over "
            f"split.balance.max_group_share {cfg.max_group_share:.0%}) of {len(group.entities):,} entities ({named})"
@@ -450,7 +461,8 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
            f"({named})")
     finding = {"reason": balance.collapsed, "summary": why, "group_size": group.size,
                "group_share": round(balance.largest_share, 4), "entities": len(group.entities),
-               "entity_ids": list(group.entities[:20]), "links": len(formed), "formed_by": formed[:20]}
+               "entity_ids": list(group.entities[:20]), "links": len(near) + len(exact),
+               "near_links": len(near), "exact_links": len(exact), "formed_by": formed}
     return RuleResult("split_balance", severity, 1, (finding,), detail)
 
 
@@ -551,8 +563,9 @@ def raise_on_leakage(report: LeakageAudit, listed_in: Path | str = LEAKAGE_FILE)
 def _balance_fix(finding: dict[str, Any]) -> str:
     """What to change for a collapsed split, by the links that formed its largest group: the
     near-copy settings move near links only; exact copies (the same bytes or stored pixels) join
-    their entities whatever those settings say."""
-    kinds = {link.get("kind") for link in finding.get("formed_by", ())}
+    their entities whatever those settings say. Decided by the counts of every link, not by the
+    listed ones: a long list of near links can crowd the exact copies out of ``formed_by``."""
+    kinds = {kind for kind, count in _link_counts(finding).items() if count}
     near = "raise split.near_duplicates.min_score (or lower max_ratio), review the links"
     exact = ("remove the exact copies shared by several entities (the same file, or the same stored pixels, filed "
              "under each: a shared template, phantom or placeholder image), or, where they are not patient data, "
@@ -571,9 +584,17 @@ def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where:
     conflict's targets, a leak's splits, a link's evidence), at most ``members`` of a group's;
     ``where``: a label conflict's members with their split and entity too, and how they are linked."""
     if "summary" in finding:
-        links = "; ".join(f"{_name(link['a'])} ~ {_name(link['b'])} ({_evidence(link)})"
-                          for link in finding["formed_by"][:3])
-        return (f"{finding['summary']}, joined by {finding['links']} duplicate link(s)"
+        counts = _link_counts(finding)
+        formed = finding["formed_by"]
+        near = [link for link in formed if link.get("kind") != "exact"]
+        exact = [link for link in formed if link.get("kind") == "exact"]
+        # an example of each kind that joined the group: its fix depends on which did
+        examples = near[:2] + exact[:1] if near and exact else formed[:3]
+        links = "; ".join(f"{_name(link['a'])} ~ {_name(link['b'])} ({_evidence(link)})" for link in examples)
+        kinds = (f" ({counts['exact']:,} exact copies, {counts['near']:,} near links)"
+                 if counts["exact"] and counts["near"] else " (exact copies)" if counts["exact"]
+                 else " (near links)" if counts["near"] else "")
+        return (f"{finding['summary']}, joined by {finding['links']} duplicate link(s){kinds}"
                 + (f", e.g. {links}" if links else ""))
     if rule == "label_conflicts":
         shown = finding["samples"][:members]
@@ -602,6 +623,14 @@ def finding_text(rule: str, finding: dict[str, Any], *, members: int = 3, where:
         return (f"{_name(finding['a'])} [{finding['a']['split']}] ~ {_name(finding['b'])} "
                 f"[{finding['b']['split']}] ({_evidence(finding)})")
     return json.dumps(finding, sort_keys=True, ensure_ascii=False)  # a report rule's own record, whole
+
+
+def _link_counts(finding: dict[str, Any]) -> dict[str, int]:
+    """A ``split_balance`` finding's links by kind (``near``, ``exact``), all of them, not only the
+    listed ones (a finding without the counts: its listed links)."""
+    listed = finding.get("formed_by", ())
+    return {kind: int(finding.get(f"{kind}_links", sum(link.get("kind") == kind for link in listed)))
+            for kind in ("near", "exact")}
 
 
 def _evidence(link: dict[str, Any]) -> str:
