@@ -456,6 +456,56 @@ def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_close
     assert len(built_splits(result)) == 6
 
 
+def test_an_item_naming_a_file_refused_as_a_bad_sample_is_said_to_and_not_pointed_at_another_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A listed file that is there but truncated was called an item that names no sample, "the
+    closest existing name is '00000010_001.png'": another patient's file, for a list that is right.
+    It names a bad sample, and the warning says so, by its reason; a missing item beside it is
+    still unknown, with its closest name."""
+    files = {nih_relpath(p, i): (f"{p:08d}", 10 * p + i) for p in range(11) for i in range(2)}  # 1 bad of 22
+    raw = write_tree(tmp_path, files)
+    broken = raw / nih_relpath(1, 1)
+    broken.write_bytes(broken.read_bytes()[:200])  # cut short: a truncated PNG, a bad sample
+    (tmp_path / "train.txt").write_text("\n".join(Path(nih_relpath(p, i)).name for p in range(8) for i in range(2))
+                                        + "\n00000002_009.png\n")
+    (tmp_path / "test.txt").write_text("\n".join(Path(nih_relpath(p, i)).name for p in range(8, 11) for i in range(2)))
+    split = {"by": "list", "match": "name", "lists": {"train": "train.txt", "test": "test.txt"}}
+    result = run_build(job_file(tmp_path, split))
+    err = capsys.readouterr().err
+    assert ("split.lists.train (train.txt): 1 of its 17 items name a file refused as a bad sample (truncated 1), "
+            "e.g. line 4: '00000001_001.png'; not packed: the bad-sample report (bad_samples.jsonl)") in err, err
+    assert ("1 of its 17 items name no sample (by name), e.g. line 17: '00000002_009.png'; the closest existing "
+            "name is") in err, err
+    assert "'00000001_001.png'; the closest" not in err
+    assert [issue["reason"] for issue in read_bad_samples(result.version_dir / "bad_samples.jsonl")] == ["truncated"]
+    assert len(built_splits(result)) == 21
+    code, report, output = validate(job_file(tmp_path, split))
+    assert code == 0, output
+    assert any("name a file refused as a bad sample (truncated 1), e.g. line 4" in w["message"]
+               for w in report["warnings"]), report["warnings"]
+
+
+def test_under_pseudonymization_an_item_naming_a_bad_sample_is_said_to_by_its_line_only(tmp_path: Path) -> None:
+    """The bad sample's keyed id still finds the listed path it names; the warning quotes neither
+    it nor a closest name."""
+    files = {f"Doe^John_MRN{p:03d}/{i}.png": (f"P{p}", 10 * p + i) for p in range(11) for i in range(2)}
+    raw = write_tree(tmp_path, files)
+    broken = raw / "Doe^John_MRN001/1.png"
+    broken.write_bytes(broken.read_bytes()[:200])
+    (tmp_path / "phi.key").write_text("5f" * 32 + "\n")
+    for name, patients in (("train", range(8)), ("test", range(8, 11))):
+        (tmp_path / f"{name}.txt").write_text("\n".join(f"Doe^John_MRN{p:03d}/{i}.png" for p in patients
+                                                        for i in (0, 1)))
+    doc = yaml.safe_load(job_file(tmp_path, {"by": "list", "lists": {"train": "train.txt", "test": "test.txt"}})
+                         .read_text())
+    doc["phi"] = {"mode": "pseudonymize", "key_file": "phi.key"}
+    code, report, output = validate(write_job(tmp_path, doc, "job.yaml"))
+    assert code == 0, output
+    (warning,) = [w["message"] for w in report["warnings"] if "split.lists.train" in w["message"]]
+    assert "1 of its 16 items name a file refused as a bad sample (truncated 1), e.g. line 4;" in warning, warning
+    assert "Doe" not in warning and "closest" not in warning
+
+
 def test_a_list_of_names_read_as_paths_is_a_config_error_that_says_which_match(tmp_path: Path) -> None:
     files = {nih_relpath(p, 0): (f"{p:08d}", p) for p in range(4)}
     write_tree(tmp_path, files)

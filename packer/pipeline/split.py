@@ -643,7 +643,7 @@ def _spread_labels(groups: Sequence[SplitGroup], counts: np.ndarray, out: dict[i
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
                   strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
                   leave_out: frozenset[int] = frozenset(), quiet: bool = False,
-                  stacked: Mapping[str, str] | None = None) -> Assignment:
+                  stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
@@ -656,20 +656,21 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     sources (by name) whose samples are neighbour stacks or volumes of series (``neighbors``,
     ``volume``), timed by their latest slice under ``drop_straddlers``
     (:func:`packer.read.dicom_kind.timed_by_latest_slice`), as the records of those it leaves out
-    say."""
+    say. ``bad``: for ``by: list``, the files refused as bad samples by their name under
+    ``split.match``, with their reason (:func:`packer.pipeline.splitlists.split_from_lists`)."""
     with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
-        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked)
+        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad)
 
 
 def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strata: Strata,
             pseudonym: Callable[[str], str] | None, leave_out: frozenset[int], progress: Progress,
-            stacked: Mapping[str, str] | None = None) -> Assignment:
+            stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None) -> Assignment:
     """:func:`assign_splits`, counting the groups placed in ``progress`` (its total set once the
     groups are known; a given split's groups all at once)."""
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
     progress.total = len(groups)
     if cfg.given:
-        given = _assign_given(table, cfg, groups, pseudonym, leave_out)
+        given = _assign_given(table, cfg, groups, pseudonym, leave_out, bad)
         progress.update(len(groups))
         return given
     rows = read_pinned_rows(cfg.pinned, hide_values=pseudonym is not None) if cfg.pinned else {}
@@ -791,11 +792,13 @@ def _place_groups(groups: Sequence[SplitGroup], group_split: Mapping[int, str], 
 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
-                  pseudonym: Callable[[str], str] | None, leave_out: frozenset[int] = frozenset()) -> Assignment:
+                  pseudonym: Callable[[str], str] | None, leave_out: frozenset[int] = frozenset(),
+                  bad: Mapping[str, str] | None = None) -> Assignment:
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
-    ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue."""
-    given = (split_from_lists(table, cfg, pseudonym) if cfg.by == "list"
+    ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue.
+    ``bad``: the bad samples' names, which a list may name (:func:`split_from_lists`)."""
+    given = (split_from_lists(table, cfg, pseudonym, bad) if cfg.by == "list"
              else split_from_column(table, cfg, hide_paths=pseudonym is not None))
     unlisted = given.unlisted
     if leave_out:

@@ -15,8 +15,11 @@ What is refused, and how:
 - an item in two lists: ConfigError naming both lists and lines;
 - a list none of whose items names a sample, or a table value that is no split: ConfigError
   with an example and the closest name (the usual mistake: lists of names read as paths);
-- a list some of whose items name no sample (a partial download, a file left out as bad): a
+- a list some of whose items name no sample (a partial download, a file left out): a
   warning saying how many, an example line and the closest existing name;
+- a list some of whose items name a file refused as a bad sample (a truncated PNG): a warning
+  of its own saying how many, why and an example line, pointing at the bad-sample report, never
+  at another file as the closest name;
 - a sample no list names (or whose split cell is empty): a ``not_in_split`` bad sample, never
   dropped unsaid.
 """
@@ -29,7 +32,7 @@ import hashlib
 import io
 import posixpath
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from packer.config import MATCHES, SPLITS, SplitConfig, SplitList
@@ -155,10 +158,14 @@ def _hint(example: str, match: str, names_by_match: Callable[[str], set[str]]) -
 
 
 def split_from_lists(table: SampleTable, cfg: SplitConfig,
-                     pseudonym: Callable[[str], str] | None = None) -> GivenSplit:
+                     pseudonym: Callable[[str], str] | None = None,
+                     bad: Mapping[str, str] | None = None) -> GivenSplit:
     """``by: list``: each sample's split from the lists (:func:`read_split_list`) under
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
+    ``bad``: the files refused as bad samples, by their name under ``cfg.match``
+    (:func:`name_of`), each with its reason code: an item naming one is said to, not called
+    unknown (None: not known, as under ``match: entity``).
     See the module docstring for what is refused."""
     # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
     # entity id, or a path, name or stem whose folders or file name may name the patient
@@ -176,18 +183,30 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     for entry in cfg.lists:
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
         missing = sorted((line, text, name) for line, text, name in listed if name not in present)
-        if not missing:
-            continue
-        line, text, name = missing[0]
-        # a pseudonym close to another says nothing to the user who wrote the raw id; and under PHI a
-        # close path, name or stem is the data's, whose folders may name the patient: not printed
-        close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
-        nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
-        said = (f"split.lists.{entry.split} ({entry.spec}): {len(missing):,} of its {len(listed):,} items name no "
-                f"sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
-        if len(missing) == len(listed):
-            raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
-        warnings.append(said + " (a file that is missing, or was a bad sample, is not packed)")
+        # a listed file that is there but was refused (a truncated PNG) is no unknown item: the
+        # closest existing name would point at another patient's file, and the list is right
+        refused = [item for item in missing if bad is not None and item[2] in bad]
+        unknown = [item for item in missing if bad is None or item[2] not in bad]
+        if unknown:
+            line, text, name = unknown[0]
+            # a pseudonym close to another says nothing to the user who wrote the raw id; and under PHI a
+            # close path, name or stem is the data's, whose folders may name the patient: not printed
+            close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
+            nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
+            said = (f"split.lists.{entry.split} ({entry.spec}): {len(unknown):,} of its {len(listed):,} items name "
+                    f"no sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
+            if len(unknown) == len(listed):
+                raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
+            warnings.append(said + (" (a file that is missing, or was a bad sample, is not packed)" if bad is None
+                                    else " (a file that is missing, or was left out on purpose, is not packed)"))
+        if refused and bad is not None:
+            line, text, name = refused[0]
+            reasons = ", ".join(f"{reason} {count:,}" for reason, count in
+                                sorted(Counter(bad[item[2]] for item in refused).items()))
+            warnings.append(f"split.lists.{entry.split} ({entry.spec}): {len(refused):,} of its {len(listed):,} "
+                            f"items name a file refused as a bad sample ({reasons}), e.g. line "
+                            f"{line}{'' if hidden else f': {text!r}'}; not packed: the bad-sample report "
+                            "(bad_samples.jsonl) lists each with its reason and fix")
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: no split list names it (by {cfg.match}: "
         f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "

@@ -60,7 +60,7 @@ from packer.pipeline.audit import (
 from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
-from packer.pipeline.discover import discover
+from packer.pipeline.discover import discover, make_sample_id
 from packer.pipeline.filecache import damage_report
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, pairs_in, verify_task
@@ -72,6 +72,7 @@ from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere
 from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
+from packer.pipeline.splitlists import name_of
 from packer.progress import Progress
 from packer.read.dicom_masks import annotation_notes_warning, note_count, possible_annotations_warning
 from packer.read.kinds import source_kind, source_libraries
@@ -266,7 +267,8 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
                                stacked={s.name: job.dicom.sample for s in job.sources
-                                        if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None})
+                                        if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None},
+                               bad=_listed_bad(job, split_cfg, issues, phi))
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
@@ -323,6 +325,28 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
         which = f"all {len(excluded)} files of the job are left out on purpose ({why}); the first"
     return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. Change what leaves "
                        "them out (the source's where:, its table's files:), or remove the source")
+
+
+def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], phi: Pseudonymizer) -> dict[str, str] | None:
+    """For ``split: {by: list}``: the files refused as bad samples, by their name under
+    ``split.match``, each with its reason code, so that a list naming one is told so, not that its
+    item names nothing (with the closest name: another patient's file). A bad sample's relative
+    path is its path under its source's root, checked against its sample id (discover's, from the
+    source and relative path). None under ``match: entity``: a refused file's entity may never
+    have been read."""
+    if cfg.by != "list" or cfg.match == "entity":
+        return None
+    names: dict[str, str] = {}
+    for issue in issues:
+        for source in job.sources:
+            root = str(source.root).rstrip("/")
+            if not issue.path.startswith(root + "/"):
+                continue
+            rel = issue.path[len(root) + 1:]
+            if make_sample_id(source.name, rel, phi) == issue.sample_id:
+                names.setdefault(name_of(rel, None, cfg.match), issue.reason)
+                break
+    return names
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
