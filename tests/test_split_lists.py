@@ -617,3 +617,21 @@ def test_a_csv_split_list_reads_long_cells_and_refuses_an_unclosed_quote(
         return
     with pytest.raises(ConfigError, match=match):
         read_split_list(entry)
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("train.tsv", "image\tx\na.png\t1\n\nb.png\t2\n"),  # a tab-separated list, by its name
+    ("train.csv", "image;x\na.png;1\n\nb.png;2\n"),  # Excel's "CSV" where the decimal mark is a comma
+    ("train.csv", "image\tx\na.png\t1\n\nb.png\t2\n"),  # a spreadsheet saved as text, named .csv
+])
+def test_a_csv_split_list_is_separated_as_a_source_table_is(tmp_path: Path, name: str, text: str) -> None:
+    """A list's CSV was always read with commas: a .tsv or semicolon list was one column named by its
+    whole header line, and the error suggested that line ('image\\tx') as the column to name."""
+    from packer.config import SplitList
+    from packer.pipeline.splitlists import read_split_list
+
+    path = tmp_path / name
+    path.write_text(text)
+    entry = SplitList(split="train", path=path, spec=name, column="image",
+                      sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    assert read_split_list(entry) == [(2, "a.png"), (4, "b.png")]

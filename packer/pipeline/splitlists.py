@@ -100,11 +100,13 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
     if entry.column is None:
         return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
-    from packer.pipeline.tables import long_cells, swallowed_lines, unreadable_csv
+    from packer.pipeline.tables import long_cells, swallowed_lines, table_head, unreadable_csv
 
-    reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         with long_cells():  # a list's cells as long as a labels table's (a cell of 131,072 characters)
+            # separated as a source's table is (a .tsv list by tabs, an Excel "CSV" by semicolons)
+            head = table_head(io.StringIO(text, newline=""), entry.path.name)
+            reader = csv.DictReader(head.lines, delimiter=head.delimiter)
             columns = [c for c in reader.fieldnames or [] if c is not None]
             if entry.column not in columns:
                 close = difflib.get_close_matches(entry.column, columns, n=1)
@@ -113,10 +115,11 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
                                   f"{', '.join(columns) or 'nothing'}{hint}")
             cells = []
             for row in reader:
+                number = head.above + reader.line_num
                 cell = (row.get(entry.column) or "").strip()
-                swallowed_lines(where, reader.line_num, entry.column, cell, "a listed item")
+                swallowed_lines(where, number, entry.column, cell, "a listed item")
                 if cell:
-                    cells.append((reader.line_num, cell))
+                    cells.append((number, cell))
             return cells
     except csv.Error as err:
         raise unreadable_csv(where, err) from err

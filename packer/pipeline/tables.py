@@ -301,6 +301,29 @@ class _Lines:
             raise
 
 
+@dataclass(frozen=True)
+class TableHead:
+    """Where a text table's rows start, as :func:`table_head` found it: its ``lines`` from the
+    header on, the ``delimiter`` of its cells, and how many lines sit ``above`` the header (a
+    csv reader's ``line_num`` plus ``above`` is the line as a text editor numbers it)."""
+
+    lines: Iterator[str]
+    delimiter: str
+    above: int
+
+
+def table_head(fh: IO[str], name: str) -> TableHead:
+    """The header of a CSV/TSV table opened as text (``name``: its file name, whose ``.tsv``
+    says tabs) and the delimiter its cells are separated by (:func:`_delimiter`). Blank lines
+    above the header (an export's preamble) are skipped. Every table packer reads as CSV goes
+    through here, a source's table as much as a split list or a pinned table, so that one file
+    is read alike wherever a job names it."""
+    header, above = fh.readline(), 0
+    while header and not header.strip():
+        header, above = fh.readline(), above + 1
+    return TableHead(lines=itertools.chain([header], fh), delimiter=_delimiter(name, header), above=above)
+
+
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
                hide_values: bool = False, file_columns: Sequence[str] = ()
                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
@@ -311,11 +334,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
         with _open_text(path, storage_options) as fh, long_cells():
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key, hide_values=hide_values)
-            header, above = fh.readline(), 0
-            while header and not header.strip():  # blank lines above the header (an export's preamble)
-                header, above = fh.readline(), above + 1
-            delimiter = _delimiter(name, header)
-            lines = _Lines(itertools.chain([header], fh))
+            head = table_head(fh, name)
+            above, delimiter = head.above, head.delimiter
+            lines = _Lines(head.lines)
             reader = csv.DictReader(lines, delimiter=delimiter)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
             rows = []
