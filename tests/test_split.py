@@ -439,16 +439,19 @@ def test_a_pinned_table_reads_long_cells_and_refuses_an_unclosed_quote(
         read_pinned_rows(pins)
 
 
-@pytest.mark.parametrize(("name", "sep"), [("pins.csv", ";"), ("pins.tsv", "\t"), ("pins.csv", "\t")])
-def test_a_pinned_table_is_separated_as_a_source_table_is(tmp_path: Path, name: str, sep: str) -> None:
+@pytest.mark.parametrize(("name", "sep", "hint"), [("pins.csv", ";", ""), ("pins.tsv", "\t", ""),
+                                                  ("pins.csv", "\t", ""), ("pins.csv", ";", "sep=;\r\n")])
+def test_a_pinned_table_is_separated_as_a_source_table_is(tmp_path: Path, name: str, sep: str, hint: str) -> None:
     """An Excel "CSV" saved where the decimal mark is a comma (semicolons), or a tab-separated
     export, was read with commas: one column 'entity;split', and "a pinned table needs the columns
-    entity,split" above a header that has both."""
+    entity,split" above a header that has both. Excel's 'sep=;' line names the delimiter and is no
+    header; rows keep an editor's line numbers."""
     pins = tmp_path / name
-    pins.write_text(f"entity{sep}split\nP0{sep}test\n\nP1{sep}valid\n")
+    pins.write_text(f"{hint}entity{sep}split\nP0{sep}test\n\nP1{sep}valid\n")
     from packer.pipeline.split import read_pinned_rows
 
-    assert read_pinned_rows(pins) == {"P0": ("test", 2), "P1": ("valid", 4)}
+    above = 1 if hint else 0
+    assert read_pinned_rows(pins) == {"P0": ("test", 2 + above), "P1": ("valid", 4 + above)}
 
 
 def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() -> None:

@@ -366,6 +366,26 @@ def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, s
     assert found.issues == []
 
 
+@pytest.mark.parametrize(("hint", "sep"), [("sep=;", ";"), ("sep=\t", "\t"), ('"sep=|"', "|"), ("sep=,", ",")])
+def test_excel_s_sep_line_names_the_delimiter_and_is_not_the_header(tmp_path: Path, hint: str, sep: str) -> None:
+    """Excel writes (and reads) a first line 'sep=;' naming the delimiter. It was read as the header:
+    the real header became row 2, refused as "3 cells but the header names 2 columns ... a value
+    holding the separator needs quotes", which no quoting fixes. Rows keep the numbers an editor
+    gives them, the hint line counted."""
+    _files(tmp_path / "raw", ["a/1.png", "b/2.png"])
+    rows = [["path", "label", "entity", "note"], ["a/1.png", "cat", "S1", "a, b; c"], ["b/2.png", "dog", "S2", ""],
+            ["gone.png", "dog", "S3", ""]]
+    note = '"a, b; c"' if sep in ",;" else "a, b; c"
+    text = hint + "\r\n" + "".join(sep.join(r).replace("a, b; c", note) + "\r\n" for r in rows)
+    (tmp_path / "raw" / "labels.csv").write_text(text, newline="")
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": "raw/labels.csv"})))
+    refs = _by_path(found)
+    assert [(r.label, r.entity, r.extra) for r in refs.values()] == [("cat", "S1", (("note", "a, b; c"),)),
+                                                                     ("dog", "S2", (("note", ""),))]
+    (issue,) = found.issues
+    assert "labels.csv row 5 lists 'gone.png'" in issue.message, issue.message
+
+
 @pytest.mark.parametrize(("name", "head", "said"), [
     ("labels.xlsx", b"PK\x03\x04\x14\x00\x06\x00", "a zip archive (an Excel .xlsx"),
     ("labels.xls", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Excel .xls workbook"),

@@ -301,6 +301,11 @@ class _Lines:
             raise
 
 
+#: Excel's first line naming a table's delimiter (``sep=;``, ``sep=,``, a tab after ``sep=``),
+#: written by its exports in some locales and by tools meant for Excel, quoted by some.
+_SEP_LINE = re.compile(r'"?sep=([^\r\n"])"?', re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class TableHead:
     """Where a text table's rows start, as :func:`table_head` found it: its ``lines`` from the
@@ -314,14 +319,18 @@ class TableHead:
 
 def table_head(fh: IO[str], name: str) -> TableHead:
     """The header of a CSV/TSV table opened as text (``name``: its file name, whose ``.tsv``
-    says tabs) and the delimiter its cells are separated by (:func:`_delimiter`). Blank lines
-    above the header (an export's preamble) are skipped. Every table packer reads as CSV goes
-    through here, a source's table as much as a split list or a pinned table, so that one file
-    is read alike wherever a job names it."""
-    header, above = fh.readline(), 0
-    while header and not header.strip():
+    says tabs) and the delimiter its cells are separated by: the one a ``sep=;`` line above the
+    header names (the hint Excel writes and reads, :data:`_SEP_LINE`), else :func:`_delimiter`'s.
+    Blank lines above the header (an export's preamble) are skipped, and the hint line with them:
+    read as the header it made the real header row 2, refused as holding an unquoted separator.
+    Every table packer reads as CSV goes through here, a source's table as much as a split list
+    or a pinned table, so that one file is read alike wherever a job names it."""
+    header, above, named = fh.readline(), 0, None
+    while header and (not header.strip() or (named is None and _SEP_LINE.fullmatch(header.rstrip("\r\n")))):
+        hint = _SEP_LINE.fullmatch(header.rstrip("\r\n"))
+        named = hint.group(1) if hint else named
         header, above = fh.readline(), above + 1
-    return TableHead(lines=itertools.chain([header], fh), delimiter=_delimiter(name, header), above=above)
+    return TableHead(lines=itertools.chain([header], fh), delimiter=named or _delimiter(name, header), above=above)
 
 
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
