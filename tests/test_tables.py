@@ -366,6 +366,39 @@ def test_a_tab_separated_table_is_read_by_its_tabs(tmp_path: Path, table: str, s
     assert found.issues == []
 
 
+@pytest.mark.parametrize(("sep", "spacing"), [(";", "0.143"), (";", "0,143"), ("\t", "0.143"), ("\t", "0,143")])
+def test_a_comma_inside_a_column_name_does_not_make_a_semicolon_or_tab_table_comma_separated(
+        tmp_path: Path, sep: str, spacing: str) -> None:
+    """NIH's Data_Entry_2017.csv names a column 'OriginalImage[Width,Height]'. Re-saved by Excel where
+    the decimal mark is a comma it is semicolon-separated (its spacings then '0,143'), exported as
+    text it is tab-separated, and either keeps its .csv name: the header's comma made it a comma
+    table, and row 2 was refused as "cut short, as an interrupted download leaves the last row"."""
+    _files(tmp_path / "raw", ["00000001_000.png", "00000002_000.png"])
+    header = ["Image Index", "Finding Labels", "Patient ID", "OriginalImage[Width,Height]", "Spacing"]
+    rows = [["00000001_000.png", "Effusion", "1", "2500 2048", spacing],
+            ["00000002_000.png", "No Finding", "2", "", ""]]
+    (tmp_path / "raw" / "Data_Entry_2017.csv").write_text("".join(sep.join(r) + "\n" for r in [header, *rows]))
+    table = {"file": "raw/Data_Entry_2017.csv", "path": "Image Index"}
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "entity": "Patient ID",
+                                              "label": {"column": "Finding Labels"}, "table": table})))
+    refs = _by_path(found)
+    assert [(r.label, r.entity) for r in refs.values()] == [("Effusion", "1"), ("No Finding", "2")]
+    assert dict(refs["00000001_000.png"].extra)["OriginalImage[Width,Height]"] == "2500 2048"
+    assert dict(refs["00000001_000.png"].extra)["Spacing"] == spacing
+
+
+def test_a_short_row_above_others_names_the_delimiter_read_not_a_cut_download(tmp_path: Path) -> None:
+    """Only the last row is what an interrupted download cuts short; a short row with rows below it
+    was told so too ("download the table again"). It is now told with the delimiter the table was
+    read with, and how to name another."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png"])
+    _csv(tmp_path / "raw" / "labels.csv", "path,label,entity", ["a.png,cat,S1", "b.png,dog", "c.png,cat,S3"])
+    message = _discover_error(_job(tmp_path, {"root": "raw", "table": "raw/labels.csv"}))
+    assert "row 3 has 2 cells but the header names 3 columns (no cell for 'entity'); the table was read as " \
+           "comma-separated" in message, message
+    assert "sep=;" in message and "download" not in message, message
+
+
 @pytest.mark.parametrize(("hint", "sep"), [("sep=;", ";"), ("sep=\t", "\t"), ('"sep=|"', "|"), ("sep=,", ",")])
 def test_excel_s_sep_line_names_the_delimiter_and_is_not_the_header(tmp_path: Path, hint: str, sep: str) -> None:
     """Excel writes (and reads) a first line 'sep=;' naming the delimiter. It was read as the header:

@@ -320,7 +320,8 @@ class TableHead:
 def table_head(fh: IO[str], name: str) -> TableHead:
     """The header of a CSV/TSV table opened as text (``name``: its file name, whose ``.tsv``
     says tabs) and the delimiter its cells are separated by: the one a ``sep=;`` line above the
-    header names (the hint Excel writes and reads, :data:`_SEP_LINE`), else :func:`_delimiter`'s.
+    header names (the hint Excel writes and reads, :data:`_SEP_LINE`), else the one that
+    splits the header and the first rows alike (:func:`_delimiter`).
     Blank lines above the header (an export's preamble) are skipped, and the hint line with them:
     read as the header it made the real header row 2, refused as holding an unquoted separator.
     Every table packer reads as CSV goes through here, a source's table as much as a split list
@@ -330,7 +331,9 @@ def table_head(fh: IO[str], name: str) -> TableHead:
         hint = _SEP_LINE.fullmatch(header.rstrip("\r\n"))
         named = hint.group(1) if hint else named
         header, above = fh.readline(), above + 1
-    return TableHead(lines=itertools.chain([header], fh), delimiter=named or _delimiter(name, header), above=above)
+    sample = list(itertools.islice(fh, _SAMPLE_LINES))
+    return TableHead(lines=itertools.chain([header], sample, fh), delimiter=named or _delimiter(name, header, sample),
+                     above=above)
 
 
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
@@ -348,17 +351,20 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             lines = _Lines(head.lines)
             reader = csv.DictReader(lines, delimiter=delimiter)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
-            rows = []
+            rows, cut = [], None
             for record in reader:
+                if cut is not None:  # a row cut short with rows below it is no interrupted download's last row
+                    raise _short_row_error(path, *cut, columns, delimiter, last=False)
                 n = above + reader.line_num  # the row as a text editor numbers it: blank lines count
                 extra = [cell for cell in record.get(None) or () if cell.strip()]
                 if extra:  # misaligned: every cell after the stray separator is under the wrong column
                     shown = (f"{len(extra)} not empty; not shown under PHI pseudonymization" if hide_values
                              else ", ".join(repr(c) for c in extra[:3]))
+                    quoted = f' ("a{delimiter} b")' if delimiter != "\t" else ""
                     raise ConfigError(f"{path}: row {n} has {len(columns) + len(record[None]):,} cells "
                                       f"but the header names {len(columns):,} columns (cells past the last: "
-                                      f"{shown}); a value holding the separator "
-                                      "needs quotes (\"a, b\"), so its cells land under the right columns")
+                                      f"{shown}); {_read_as(delimiter)}; a value holding the separator "
+                                      f"needs quotes{quoted}, so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
                 _check_swallowed(path, n, cells, columns, delimiter)
                 if lines.ended:  # a quote still open at the end of the file (the csv module reads it without a word)
@@ -366,16 +372,13 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                 short = [k for k, v in record.items() if v is None and k is not None and k.strip()]
                 if (short and any(v.strip() for v in cells.values())
                         and not any("\n" in v for v in cells.values())):  # (a quote left open: _check_path_cells)
-                    # cut short (the last row of an interrupted download): its labels are not blank
-                    given = len(columns) - len(short)
-                    raise ConfigError(f"{path}: row {n} has {given:,} cells but the header names {len(columns):,} "
-                                      f"columns (no cell for {', '.join(repr(c) for c in short[:3])}"
-                                      f"{', ...' if len(short) > 3 else ''}); the row was cut short, as an "
-                                      "interrupted download or copy leaves the last row: download the table again, "
-                                      "or give the row its missing cells (empty ones are written as separators)")
+                    cut = (n, short)  # its labels are not blank: said once it is known whether it is the last row
+                    continue
                 # numbered by the line it starts on, as an editor shows it (a quoted cell of several
                 # lines made it the line the row ends on)
                 rows.append((_opening_line(n, cells), cells))
+            if cut is not None:
+                raise _short_row_error(path, *cut, columns, delimiter, last=True)
             return _without_trailing_commas(columns, rows)
     except UnicodeDecodeError as err:
         raise not_utf8(path, err, storage_options) from err
@@ -384,6 +387,29 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})"
                           f"{_nested_copy_hint(path) if isinstance(err, FileNotFoundError) else ''}") from err
+
+
+def _read_as(delimiter: str) -> str:
+    """What a row's error says of the delimiter the table was read with, and how to name another."""
+    return (f"the table was read as {_DELIMITER_NAMES.get(delimiter, repr(delimiter))}-separated; if another "
+            "character separates its cells, name it on a first line of its own, as Excel does: sep=; (or sep=, "
+            "or sep= and a tab)")
+
+
+def _short_row_error(path: Path | str, n: int, short: Sequence[str], columns: Sequence[str], delimiter: str, *,
+                     last: bool) -> ConfigError:
+    """The error for row ``n``, which has no cells for the columns ``short``. The ``last`` row of
+    the table is what an interrupted download or copy cuts short; a row with rows below it was
+    not cut so, and is told with the delimiter the table was read with (a wrong one splits every
+    row into fewer cells than the header: a semicolon table whose header has a comma)."""
+    said = (f"{path}: row {n} has {len(columns) - len(short):,} cells but the header names {len(columns):,} columns "
+            f"(no cell for {', '.join(repr(c) for c in short[:3])}{', ...' if len(short) > 3 else ''}); ")
+    if last:
+        return ConfigError(said + "the row was cut short, as an interrupted download or copy leaves the last row: "
+                           "download the table again, or give the row its missing cells (empty ones are written "
+                           "as separators)")
+    return ConfigError(said + f"{_read_as(delimiter)}; else give the row its missing cells (empty ones are written "
+                       "as separators)")
 
 
 def _nested_copy_hint(path: Path | str) -> str:
@@ -502,16 +528,52 @@ def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) ->
                 raise _swallowed_error(table.file, n, record, column, _FILE_PATH_BREAK)
 
 
-def _delimiter(name: str, header: str) -> str:
-    """A tab for a tab-separated table (``.tsv``/``.tab``, gzipped or not, or a header line with
-    tabs and no comma: BIDS' ``participants.tsv``, a CSV saved from a spreadsheet as text), a
-    semicolon for a header line with semicolons and neither (what Excel writes as "CSV" where the
-    decimal mark is a comma), else a comma."""
+#: The delimiters :func:`_delimiter` chooses from (where no ``sep=`` line names one), and what messages call each.
+_DELIMITER_NAMES = {",": "comma", "\t": "tab", ";": "semicolon"}
+
+#: How many lines under the header :func:`table_head` reads ahead for :func:`_delimiter`.
+_SAMPLE_LINES = 20
+
+
+def _named_delimiter(name: str, header: str) -> str:
+    """The delimiter the header line and the file name suggest: a tab for a tab-separated table
+    (``.tsv``/``.tab``, gzipped or not, or a header line with tabs and no comma: BIDS'
+    ``participants.tsv``, a CSV saved from a spreadsheet as text), a semicolon for a header line
+    with semicolons and neither (what Excel writes as "CSV" where the decimal mark is a comma),
+    else a comma."""
     if ("\t" in header) != ("," in header):  # the header says which: one of the two and not the other
         return "\t" if "\t" in header else ","
     if ";" in header and "\t" not in header and "," not in header:
         return ";"
     return "\t" if name.lower().removesuffix(".gz").endswith((".tsv", ".tab")) else ","
+
+
+def _fit(delimiter: str, header: str, rows: Sequence[str]) -> tuple[int, int]:
+    """(how many of ``rows`` split by ``delimiter`` into the header's cells, how many cells the
+    header splits into); (0, 0) where the header is one cell. A row may lack the unnamed cells a
+    header ending in separators names (NIH's Data_Entry_2017.csv), or have empty cells past them."""
+    try:
+        records = [r for r in csv.reader([header, *rows], delimiter=delimiter) if r]
+    except csv.Error:  # a quote the sample cut off: no fit
+        return 0, 0
+    width = len(records[0]) if records else 0
+    if width < 2:
+        return 0, 0
+    named = width - next((k for k, c in enumerate(reversed(records[0])) if c.strip()), width)
+    return sum(len(r) >= named and not any(c.strip() for c in r[width:]) for r in records[1:]), width
+
+
+def _delimiter(name: str, header: str, rows: Sequence[str] = ()) -> str:
+    """The delimiter of a table's cells, of comma, tab and semicolon: the one that splits the
+    header and most of its first ``rows`` into the same number of cells (ties: the one splitting
+    the header into more), so that a comma inside a column name (NIH's
+    ``OriginalImage[Width,Height]`` in a semicolon-separated re-save) does not make a
+    semicolon or tab table one of commas. Where none splits any row as the header, and among
+    ties that remain, the one the header line and the file name suggest (:func:`_named_delimiter`)."""
+    named = _named_delimiter(name, header)
+    fits = {d: _fit(d, header, rows) for d in _DELIMITER_NAMES}
+    best = max((named, *_DELIMITER_NAMES), key=lambda d: fits[d])  # max keeps the first of equals: named
+    return best if fits[best][0] > 0 else named
 
 
 def _without_trailing_commas(columns: tuple[str, ...], rows: list[tuple[int, Record]]
