@@ -1174,6 +1174,34 @@ def test_a_row_that_differs_from_its_file_only_in_case_is_named_in_both_records(
     assert "but row 2 names 'img_1.png', which differs from it only in case" in unlabeled, unlabeled
 
 
+@pytest.mark.parametrize("files", ["root", "table"])
+def test_a_row_that_differs_from_its_file_only_in_case_is_not_dropped_as_not_downloaded(
+        tmp_path: Path, files: str) -> None:
+    """Under missing: drop, a row naming A0.PNG for the on-disk a0.png was left out as not_downloaded
+    ('no such file is under the root') and, under files: table, the file as not_in_table: the file
+    vanished with no bad sample. The file is there, so the row is a missing_file naming it, and the
+    file's own record names the row."""
+    _files(tmp_path / "raw", ["a0.png", "a1.png"], real=True)
+    _csv(tmp_path / "t.csv", "path,label,entity", ["A0.PNG,x,p1", "a1.png,y,p2", "a2.png,y,p3"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv", "files": files, "missing": "drop"}})
+    found = discover(load_job(job))
+    (missing,) = [i for i in found.issues if i.reason == "missing_file"]
+    assert Path(missing.path).name == "A0.PNG"
+    own = "not_in_table" if files == "table" else "missing_label"
+    assert (f"(the root holds 'a0.png', which differs from it only in case: file names compare with their case, so "
+            f"that file has no row; its own record is {own}); fix the row (missing: drop leaves out only rows whose "
+            "file is not there)") in missing.message, missing.message
+    assert [(Path(e.path).name, e.why) for e in found.excluded if e.why == "not_downloaded"] == [
+        ("a2.png", "not_downloaded")]  # a file truly not there is still dropped
+    if files == "table":
+        (left,) = [e for e in found.excluded if e.why == "not_in_table"]
+        assert Path(left.path).name == "a0.png"
+        assert "but row 2 names 'A0.PNG', which differs from it only in case" in left.detail, left.detail
+    else:
+        (unlabeled,) = [message for message in found.unlabeled.values() if "a0.png" in message]
+        assert "but row 2 names 'A0.PNG', which differs from it only in case" in unlabeled, unlabeled
+
+
 def test_a_table_whose_backslashed_cells_are_file_names_says_the_archive_lost_its_folders(tmp_path: Path) -> None:
     """A Windows zip unpacked where a backslash is no separator leaves files named 'case0\\img.png';
     the table (written on Windows) names them so, and a backslash in a cell is a folder separator:

@@ -762,8 +762,13 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             continue
         row = rows.get(rel)
         if row is None and only_table:
-            excluded.append(Excluded(sample_id, path, "discover", "not_in_table",
-                                     f"{table} names no such file (files: table)"))
+            said = f"{table} names no such file (files: table)"
+            if (twin := _case_twin(rel, folded_rows := folded_rows if folded_rows is not None else _folded(
+                    set(rows) - {listed for listed, _ in files}))) is not None:
+                said = (f"no row of {table} names {rel!r}, but row {rows[twin].row} names {twin!r}, which differs "
+                        "from it only in case (file names compare with their case; that row's own record is "
+                        "missing_file): write the row as the file is named (files: table)")
+            excluded.append(Excluded(sample_id, path, "discover", "not_in_table", said))
             continue
         label = _target_text(source, rel, row, known)
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
@@ -915,22 +920,28 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                 message=f"{table} row {row.row} lists {rel!r}, but {target} is not one of the "
                                         f"source's files {why}"))
             continue
-        if drop:
+        # a file that differs only in case is there, not undownloaded: never dropped in silence
+        twin = None if by_name else _case_twin(rel, folded_files := folded_files if folded_files is not None
+                                               else _folded(seen))
+        if drop and twin is None:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
                                      f"{table} row {row.row} names {rel!r}, and no such file is under the root "
                                      "(table.missing: drop)"))
             continue
         said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
-        if not by_name and (twin := _case_twin(rel, folded_files := folded_files if folded_files is not None
-                                               else _folded(seen))) is not None:
+        if twin is not None:
+            own = "not_in_table" if source.table_map is not None and source.table_map.files == "table" \
+                else "missing_label"
             said += (f" (the root holds {twin!r}, which differs from it only in case: file names compare with their "
-                     "case, so that file has no row; its own record is missing_label)")
+                     f"case, so that file has no row; its own record is {own})")
         elif not by_name and "/" in rel and (backslashed := rel.replace("/", "\\")) in seen:
             said += (f" (a backslash in the cell is read as a folder separator, and the root holds {backslashed!r} "
                      "itself: rename that file without the backslash)")
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
-                            message=f"{table} row {row.row} lists {rel!r}, but {said}; fix the row, or, where part "
-                                    f"of the dataset is not downloaded, set {kind.table_key}.missing: drop"))
+                            message=f"{table} row {row.row} lists {rel!r}, but {said}; " + (
+                                "fix the row (missing: drop leaves out only rows whose file is not there)" if drop
+                                else f"fix the row, or, where part of the dataset is not downloaded, set "
+                                     f"{kind.table_key}.missing: drop")))
     return outside
 
 
