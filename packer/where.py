@@ -12,17 +12,22 @@ counted as filtered and listed, never packed. One condition per key::
 
 A key may hold several values (a multi-valued DICOM attribute such as ImageType): equality and
 membership hold when any value is listed, ``not`` when none is, ``match`` when any matches.
-Numbers compare as numbers, so ``1`` matches a cell written ``1.0``.
+A value the job writes as a number (unquoted YAML: ``1``, ``2.5``) compares as a number with
+cells in plain decimal notation, so ``1`` matches a cell written ``1.0`` or ``1e0``; a value the
+job writes as text (quoted: ``'007'``) matches only that text, as ids with leading zeros are
+distinct entities everywhere else in packer.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from packer.errors import ConfigError
+from packer.targets.base import cell_number
 
 #: The operators a condition may use, as the job file writes them.
 OPERATORS = ("in", "not", "match")
@@ -35,28 +40,35 @@ def _text(value: Any) -> str:
     return str(value).strip()
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+def _number(value: Any) -> int | float | None:
+    """``value`` where the job file writes it as a number (unquoted ``10``, ``2.5``), else None: a
+    quoted ``'007'`` is text, and YAML's ``true`` is no number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None  # YAML's .inf and .nan are compared as the text a cell would hold ('inf')
+    return value
 
 
-def _same(value: str, wanted: str) -> bool:
+def _same(value: str, wanted: str, number: int | float | None) -> bool:
+    """Whether a cell's ``value`` is the job's ``wanted``: the same text, or, where the job wrote
+    a number, the same number in plain decimal notation (:func:`~packer.targets.base.cell_number`:
+    ``10.0`` and ``1e1`` are 10, but not ``1_0`` or a full-width ``１０``, which Python's float()
+    would read)."""
     if value == wanted:
         return True
-    a, b = _number(value), _number(wanted)
-    return a is not None and b is not None and a == b
+    return number is not None and cell_number(value) == number
 
 
 @dataclass(frozen=True)
 class Condition:
     """One ``where:`` condition: ``key`` (a table column or a header keyword), ``op`` (``in``,
-    ``not`` or ``match``) and ``values`` (the listed values, or the one regular expression)."""
+    ``not`` or ``match``) and ``values`` (the listed values, or the one regular expression);
+    ``numbers``: for each value the job wrote as a number, that number (None for text), compared
+    as a number; empty where every value is text."""
 
     key: str
     op: str
     values: tuple[str, ...]
+    numbers: tuple[int | float | None, ...] = ()
 
     def holds(self, values: Iterable[str]) -> bool:
         """Whether a row's or header's ``values`` for :attr:`key` meet the condition (an absent
@@ -65,7 +77,8 @@ class Condition:
         if self.op == "match":
             pattern = re.compile(self.values[0], re.IGNORECASE)
             return any(pattern.search(v) for v in present)
-        listed = any(_same(v, w) for v in present for w in self.values)
+        numbers = self.numbers or (None,) * len(self.values)
+        listed = any(_same(v, w, n) for v in present for w, n in zip(self.values, numbers, strict=True))
         return not listed if self.op == "not" else listed
 
     def describe(self) -> str:
@@ -78,11 +91,14 @@ class Condition:
         return f"{self.key} = {shown}" if len(self.values) == 1 else f"{self.key} in {shown}"
 
     def to_json(self) -> Any:
-        if self.op == "in":
-            return self.values[0] if len(self.values) == 1 else list(self.values)
+        """The condition as the job wrote it: a number stays a number, as it is compared as one."""
         if self.op == "match":
             return {"match": self.values[0]}
-        return {"not": list(self.values)}
+        numbers = self.numbers or (None,) * len(self.values)
+        written = [w if n is None else n for w, n in zip(self.values, numbers, strict=True)]
+        if self.op == "in":
+            return written[0] if len(written) == 1 else written
+        return {"not": written}
 
 
 def parse_where(raw: Mapping[str, Any] | None, where: str) -> tuple[Condition, ...]:
@@ -107,14 +123,16 @@ def parse_where(raw: Mapping[str, Any] | None, where: str) -> tuple[Condition, .
                                   "characters, e.g. '\\.'") from err
             out.append(Condition(str(key), op, (text,)))
             continue
-        values = tuple(_text(v) for v in (value if isinstance(value, list) else [value]))
+        listed = value if isinstance(value, list) else [value]
+        values = tuple(_text(v) for v in listed)
         if not values:
             raise ConfigError(f"{at}: an empty list keeps nothing; list the values to keep, or remove the key")
         if not all(values):  # "" would read as "keep (or drop) the empty cells", and did neither
             raise ConfigError(f"{at}: an empty value never matches: an empty cell is no value (it meets {{not: "
                               f"[...]}} whatever the list holds, and no listed value); to leave out the rows whose "
                               f"{key} is empty, write {key}: {{match: '.'}}")
-        out.append(Condition(str(key), op, values))
+        numbers = tuple(_number(v) for v in listed)
+        out.append(Condition(str(key), op, values, numbers if any(n is not None for n in numbers) else ()))
     return tuple(sorted(out, key=lambda c: c.key))
 
 

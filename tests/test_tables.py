@@ -583,6 +583,27 @@ def test_a_where_value_that_is_empty_is_a_config_error_saying_what_drops_empty_c
             load_job(job)
 
 
+@pytest.mark.parametrize(("wanted", "kept"), [
+    (10, ["10", "10.0", "1e1"]),  # an unquoted number: the same number in plain decimal notation
+    ({"not": [10]}, ["007", "07", "1_0", "7", "\uff11\uff10"]),
+    ("007", ["007"]),  # quoted: that text, an id whose leading zeros make it another entity than 7
+    (["07", 7], ["07", "7", "007"]),
+])
+def test_a_where_number_compares_as_a_plain_decimal_and_a_quoted_value_as_its_text(
+        tmp_path: Path, wanted: Any, kept: list[str]) -> None:
+    """where: {site: 10} kept cells 1_0 and a full-width １０ (Python's float() reads both), and the
+    quoted where: {site: '007'} kept the rows of sites 7 and 07."""
+    sites = ["10", "10.0", "1e1", "1_0", "\uff11\uff10", "007", "7", "07"]
+    names = [f"a{i}.png" for i in range(len(sites))]
+    _files(tmp_path / "raw", names)
+    (tmp_path / "t.csv").write_text("path,label,entity,site\n" + "".join(
+        f"{name},x,E{i},{site}\n" for i, (name, site) in enumerate(zip(names, sites, strict=True))), encoding="utf-8")
+    job = load_job(_job(tmp_path, {"root": "raw", "table": {"file": "t.csv"}, "where": {"site": wanted}}))
+    found = discover(job)
+    assert sorted(dict(ref.extra)["site"] for ref in found.refs) == sorted(kept)
+    assert job.sources[0].to_json()["where"] == {"site": wanted}  # a number is recorded as one, text as text
+
+
 def test_a_kaggle_table_without_path_or_entity_columns_says_which_keys_to_set(tmp_path: Path) -> None:
     """Kaggle's Diabetic Retinopathy trainLabels.csv is 'image,level': neither the default 'path'
     nor 'entity' column is there, and no column is close to either name."""
