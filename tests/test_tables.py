@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import posixpath
 import tarfile
 import unicodedata
 from pathlib import Path
@@ -112,6 +113,23 @@ def test_a_row_written_from_the_root_under_path_base_is_told_how_to_write_it(tmp
         "where every cell is written from the root, drop table.path_base")
     unlabeled = found.unlabeled[str(tmp_path / "CheXpert-v1.0-small" / cell)]
     assert f"{table} row 4 names {cell!r}, but the table's cells are read from table.path_base" in unlabeled
+
+
+@pytest.mark.parametrize("cell", ["/mnt/old-server/imgs/a5.png", "./imgs/../../old/a5.png"])
+def test_an_outside_root_cell_under_path_base_is_quoted_as_the_table_writes_it(tmp_path: Path, cell: str) -> None:
+    """A table made by a glob on another machine holds '/mnt/old-server/imgs/a5.png': under
+    path_base its outside_root record quoted '../../mnt/old-server/imgs/a5.png', the path rebuilt
+    from where the cell led, a text the table never held, so the user could not find the row."""
+    _files(tmp_path / "imgs", ["a0.png"])
+    _csv(tmp_path / "t.csv", "path,label,entity", ["imgs/a0.png,x,E0", f"{cell},y,E1"])
+    found = discover(load_job(_job(tmp_path, {"root": "imgs", "table": {"file": "t.csv", "path_base": "."}})))
+    (outside,) = [i for i in found.issues if i.reason == "outside_root"]
+    rel = posixpath.relpath(posixpath.normpath(posixpath.join(str(tmp_path), cell)), str(tmp_path / "imgs"))
+    how = ("an absolute path (not read from table.path_base)" if cell.startswith("/") else
+           f"read from table.path_base ({tmp_path})")
+    assert outside.message == (
+        f"{tmp_path / 't.csv'} row 3: {cell!r}, {how}, is {rel!r} from the source root {tmp_path / 'imgs'}, outside "
+        "it; give a path inside the root, or set safety.outside_root: allow")
 
 
 def _build_records(job: Path, **phi: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
