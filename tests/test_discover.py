@@ -113,6 +113,11 @@ def test_row_numbers_are_the_lines_a_text_editor_shows(tmp_path: Path) -> None:
     # two columns of one name: the reader silently took the second one's labels
     (["a.png,cat,S1,,dog"], "path,label,entity,timestamp,label",
      r"column 'label' \(named by label\) is in the header 2 times, and only the last one's cells would be read"),
+    # a column the job does not name, repeated (merged exports): each record kept the second one's
+    # cells only, and the first one's reached no output, without a word
+    (["a.png,cat,S1,,first,second"], "path,label,entity,timestamp,note,note",
+     r"column 'note' is in the header 2 times, and only the last one's cells would be read \(each sample's record "
+     r"keeps a column by its name\); rename all but one of them, e.g. note_2"),
 ])
 def test_bad_tables_are_config_errors_naming_row_and_column(tmp_path: Path, rows: list[str], header: str,
                                                             match: str) -> None:
@@ -143,6 +148,17 @@ def test_a_row_without_the_header_s_trailing_unnamed_column_is_read(tmp_path: Pa
     found = discover(job)
     assert not found.issues and sorted(r.label for r in found.refs) == ["cat", "dog"]
 
+
+
+@pytest.mark.parametrize("header", [",path,label,entity,timestamp,", ",path,label,entity,timestamp,,"])
+def test_an_index_column_and_trailing_commas_are_no_repeated_columns(tmp_path: Path, header: str) -> None:
+    """A pandas index (an unnamed first column) beside a header's trailing commas names the
+    column "" more than once: no job names those, so they are not refused as repeated columns."""
+    extra = "," * header.count(",", header.rindex("timestamp"))
+    job = load_job(make_tree(tmp_path, [f"0,a.png,cat,S1,{extra}", f"1,b.png,dog,S2,{extra}"], ["a.png", "b.png"],
+                             header=header))
+    found = discover(job)
+    assert not found.issues and sorted(r.label for r in found.refs) == ["cat", "dog"]
 
 def test_missing_root_is_a_config_error(tmp_path: Path) -> None:
     path = make_tree(tmp_path, [], [])

@@ -832,6 +832,18 @@ def test_a_join_with_missing_drop_filters_the_unmatched_rows(tmp_path: Path) -> 
         ("0c4eb1e1-b801903c.jpg", "filtered"), ("174413ec-4ec4c1f7.jpg", "filtered")]
 
 
+def test_a_joined_table_that_repeats_a_column_is_refused_naming_that_table(tmp_path: Path) -> None:
+    """A repeated column of a joined table reached each record with its last cells only, as one of
+    the main table does: refused, naming the joined table."""
+    job = _mimic(tmp_path)
+    chexpert = tmp_path / "mimic" / "mimic-cxr-2.0.0-chexpert.csv"
+    _csv(chexpert, "subject_id,study_id,Cardiomegaly,Edema,note,note",
+         ["10000898,50771383,1.0,0.0,a,b", "10000032,50414267,1.0,0.0,a,b", "10000764,57375967,0.0,0.0,a,b"])
+    with pytest.raises(ConfigError, match=rf"{chexpert}: column 'note' is in the header 2 times, and only the last "
+                                          "one's cells would be read"):
+        discover(load_job(job))
+
+
 def test_a_bad_label_joined_from_another_table_names_that_tables_row(tmp_path: Path) -> None:
     """The cell to fix is in the joined table: its record names that row first, then the main
     table's row it was joined to (not the main table alone, which does not hold the column)."""

@@ -34,7 +34,7 @@ import os
 import posixpath
 import re
 import unicodedata
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
@@ -621,6 +621,20 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                           f"{', '.join(columns) or 'nothing'}")
 
 
+def _check_repeated(path: Path | str, columns: Sequence[str]) -> None:
+    """Raise ConfigError for the first column name the header of the table at ``path`` repeats
+    (``note,note``, as merged exports write): a row is read as a mapping, so only the last such
+    column's cells are kept (in each sample's record, with every column the job does not name)
+    and the others' reach no output. A column without a name is not refused: a pandas index or
+    a trailing comma's column, which no job names (:func:`_without_trailing_commas`)."""
+    counts = Counter(c for c in columns if c.strip())
+    for column, count in counts.items():
+        if count > 1:
+            raise ConfigError(f"{path}: column {column!r} is in the header {count} times, and only the last one's "
+                              f"cells would be read (each sample's record keeps a column by its name); rename all "
+                              f"but one of them, e.g. {column}_2, so that every column's cells are kept")
+
+
 def _column_fix(key: str, column: str, near: str) -> str:
     """The edit that makes the job key ``key`` name the header's column ``near`` instead of the
     missing ``column``: ``set table.path: Path`` where the key is the column name itself; where
@@ -687,6 +701,7 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
         join_columns, join_rows = _read_file(join.file, join.records, storage_options, hide_values=hide_values)
         _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
         _check_columns(join.file, join_columns, {c: "join.on" for c in join.on})
+        _check_repeated(join.file, join_columns)
         shared = [c for c in join_columns if c in all_columns and c not in join.on]
         if shared:
             raise ConfigError(f"{join.file}: column {shared[0]!r} is in {path} too; join on it (on: "
@@ -744,6 +759,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
                    _column_fixes(source))
+    _check_repeated(table.file, columns)  # after the named columns' check, whose message names the job key
     return joined
 
 
