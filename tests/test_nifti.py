@@ -579,3 +579,19 @@ def test_fit_s_border_is_black_under_every_normalisation(sample: str) -> None:
             assert border[0] == pytest.approx(np.full((4, 8), lowest), abs=1e-3) and lowest < -1.5, border[0]
             assert (border[0] <= channel[0, 2:6].min()).all()
             assert (border[1:] == 0).all()
+
+
+def test_a_z_scored_volume_over_all_voxels_is_padded_with_its_lowest_z_score(tmp_path: Path) -> None:
+    """0 is the mean of a z-score over all voxels (mid-grey): a volume padded to ``size`` takes its
+    lowest z-score there, black as in a slice's ``fit`` border; a window's channel 0."""
+    save(tmp_path / "raw" / "a.nii.gz", phantom())
+    job = nifti_job(tmp_path, ["a.nii.gz,P1"], windows=[{"zscore": {"over": "all"}}, "abdomen"], output="float16",
+                    sample={"volume": {"size": [14, 24, 28]}})   # D 10 → 14, H 20 → 24, W 24 → 28
+    ((record, image, _),) = records(run(job, tmp_path)).values()
+    values = phantom().astype(np.float64)
+    lowest = (values.min() - values.mean()) / values.std()
+    pad = np.ones(image.shape[1:], dtype=bool)
+    pad[2:12, 2:22, 2:26] = False
+    assert np.unique(image[0][pad]).tolist() == [pytest.approx(lowest, abs=2e-3)]
+    assert float(image[0][~pad].min()) == pytest.approx(lowest, abs=2e-3)
+    assert np.unique(image[1][pad]).tolist() == [0.0]

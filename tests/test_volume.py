@@ -450,3 +450,34 @@ def test_the_canonical_axes_follow_direction_not_voxel_size() -> None:
     # nibabel: input axis -> output axis; packer: output axis (z, y, x) -> input axis
     ornt = nib.orientations.io_orientation(affine)
     assert {int(ornt[i, 0]): i for i in range(3)}[2] == canonical_order(affine)[0]
+
+
+@pytest.mark.parametrize(("windows", "monochrome1", "black"), [
+    ([{"center": 1000, "width": 3000}], False, lambda v: -1024.0),           # float16 keeps HU: air, not 0 (water)
+    ([{"center": 1000, "width": 3000}], True, lambda v: 3000 - 1024.0),  # MONOCHROME1: its largest (the bright row)
+    ([{"zscore": {"over": "all"}}], False, lambda v: float(v.min())),        # the lowest z-score: 0 is the mean
+    ([{"zscore": {"over": "nonzero"}}, {"center": 1000, "width": 3000}], False, lambda v: 0.0),  # background, black
+])
+def test_a_float16_volume_is_padded_with_its_black_never_a_value_that_reads_as_tissue(
+        tmp_path: Path, windows: list[Any], monochrome1: bool, black: Any) -> None:
+    """The padding of a volume follows the 2-D rule (README, Transforms step 5): float16 modality
+    values pad with the volume's smallest value (its largest for MONOCHROME1), a z-score over all
+    voxels with its lowest z-score; a window or a z-score over non-zero voxels with 0. It was 0
+    whatever the channel: 0 HU, water, beside −1024 HU air."""
+    raw = tmp_path / "raw"
+    overrides = {i: {"PhotometricInterpretation": "MONOCHROME1"} for i in range(4)} if monochrome1 else None
+    _write_series(raw / "s", seed=5, slices=4, overrides=overrides)  # slice i: 100·i − 1024 HU, one row 1976 HU
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"windows": windows, "output": "float16",
+                                    "sample": {"volume": {"size": [8, 20, 20]}}}}, validate={"max_bad_fraction": 0.9})
+    volume, _, _ = _packed(_build(job))
+    assert volume.shape[1:] == (8, 20, 20)
+    body = volume[:, 2:6, 2:18, 2:18].astype(np.float64)
+    pad = np.ones(volume.shape[1:], dtype=bool)
+    pad[2:6, 2:18, 2:18] = False
+    for c in range(volume.shape[0]):
+        expected = black(body[c]) if c == 0 else 0.0
+        assert np.unique(volume[c][pad]).tolist() == [pytest.approx(expected, abs=1e-3)], c
+    if not monochrome1 and "center" in windows[0]:
+        assert body.min() == -1024.0 and not (volume[0][pad] == 0).any()
+

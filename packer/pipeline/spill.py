@@ -138,8 +138,9 @@ class CachedChunk:
 #: filter over their neighbours; 45: a 10-, 12- or 14-bit TIFF's {center, width} window is in its
 #: stored units (OpenCV's values are scaled to 16 bits), and its samples' bit_depth is the stored
 #: bits; 46: a TIFF page of a depth OpenCV does not read (2- or 4-bit grey) is ``unsupported``,
-#: naming the layout, not ``decode_failed``.
-CACHE_FORMAT = 46
+#: naming the layout, not ``decode_failed``; 47: a volume padded to ``size`` pads each channel with
+#: its black (float16 modality values their smallest, a z-score over all voxels its lowest), not 0.
+CACHE_FORMAT = 47
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -267,7 +267,8 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
         volume = resample_linear(volume, plan.volume_spacing)
     depth = volume.array.shape[1]
     # A slice at a time, windowed (in float64) and quantised at once: no float copy of the
-    # rendered volume. Quantising before the crop or pad is the same: padding is 0 either way.
+    # rendered volume. Quantising before the crop or pad is the same: each channel's padding is
+    # its black (0 for a window, the volume's lowest z-score over all voxels), float16 or a level.
     # The values are resampled (in float32) before windowing, so a window's display values are
     # never interpolated: uint16 takes them in float64 (exact levels) whether resampled or not.
     dtype = display_dtype(plan.output)
@@ -280,7 +281,7 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
     finished = Volume(quantised, volume.affine)
     del volume, quantised
     if plan.volume_size is not None:
-        finished = crop_or_pad(finished, plan.volume_size)
+        finished = crop_or_pad(finished, plan.volume_size, [channel.black for channel in channels])
     image = np.ascontiguousarray(finished.array)
     metadata = {**base, "windows": [c.record for c in channels], "volume": {
         "slices": int(image.shape[1]), "affine": [[round(float(v), 6) for v in row] for row in finished.affine],

@@ -543,7 +543,8 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     ``volume.constant_slices``: how many slices are constant (present only when some are; each
     slice's own note is its file's, not the volume's warning)."""
     stacked = np.stack([s.image for s in slices], axis=1)
-    volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size)
+    volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size,
+                          fill=volume_blacks(stacked, slices[0].metadata, cfg.output))
     first = slices[0]
     about: dict[str, object] = {
         "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
@@ -564,6 +565,24 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     metadata.pop("frame", None)
     return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
                     metadata=metadata)]
+
+
+def volume_blacks(stacked: np.ndarray, metadata: dict[str, Any], output: str) -> list[float]:
+    """Each channel's black in a C×D×H×W stack of windowed slices (``metadata``: the first
+    slice's), which a volume's padding takes (README, Transforms step 5, as a frame's): 0 for a
+    window and percentiles (and under ``uint8``/``uint16`` and for colour); a z-score over all
+    voxels, the volume's lowest z-score (each slice's own, its padding already its lowest);
+    float16 modality values with no window, the volume's smallest value, its largest for
+    MONOCHROME1, which displays black once inverted (a slice's padding already holds its own)."""
+    channels = stacked.shape[0]
+    photometric = str(metadata.get("photometric_interpretation", "") or "")
+    if output != "float16" or photometric not in ("", "MONOCHROME1", "MONOCHROME2") or stacked.size == 0:
+        return [0.0] * channels
+    windows = metadata.get("windows") or []
+    if not windows and channels == 1:  # modality values, no window
+        return [float(stacked.max() if photometric == "MONOCHROME1" else stacked.min())]
+    return [float(stacked[c].min()) if isinstance(w, dict) and w.get("source") == "zscore" and w.get("over") == "all"
+            else 0.0 for c, w in enumerate(windows[:channels])] + [0.0] * max(0, channels - len(windows))
 
 
 def slice_statistics(slices: Sequence[Sample]) -> list[Any] | None:

@@ -17,11 +17,14 @@ spacing and size, with the affine that maps its voxels back to patient space (pu
    voxel values are resampled, then windowed), centre-aligned: the new grid spans the same extent,
    ``n' = round(n · s / s')`` voxels, so the recorded spacing is ``s · n / n'`` (within half a
    voxel of the request over the volume) and the origin moves by ``(n/n' - 1)/2`` old voxels.
-4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding with 0.
+4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding each channel
+   with the value that is black in it (0 for a window, the lowest value for a z-score over all
+   voxels or float16 modality values: the caller's ``fill``), never a value that reads as tissue.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -274,11 +277,15 @@ def resample_to_grid(labels: Volume, shape: tuple[int, int, int], affine: np.nda
     return out
 
 
-def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float = 0) -> Volume:
-    """``volume`` centre-cropped or padded with ``fill`` (0: black, or a mask's pad id) to
-    ``size`` (D, H, W); the origin follows."""
+def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float | Sequence[float] = 0) -> Volume:
+    """``volume`` centre-cropped or padded to ``size`` (D, H, W); the origin follows. ``fill``:
+    what the padding holds, one value, or one per channel (each channel's black: 0 for a window,
+    its lowest value for a z-score over all voxels or for float16 modality values; a mask's pad id)."""
     array = volume.array
     affine = volume.affine.copy()
+    fills = [fill] * array.shape[0] if not isinstance(fill, Sequence) else list(fill)
+    if len(fills) != array.shape[0]:
+        raise ValueError(f"{len(fills)} fill values for a volume of {array.shape[0]} channels")
     for axis, want in enumerate(size):
         n = array.shape[1 + axis]
         if n > want:
@@ -289,7 +296,10 @@ def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float = 0) -> 
             before = (want - n) // 2
             pads = [(0, 0)] * array.ndim
             pads[1 + axis] = (before, want - n - before)
-            array = np.pad(array, pads, constant_values=fill)
+            if len(set(fills)) == 1:
+                array = np.pad(array, pads, constant_values=fills[0])
+            else:  # each channel its own black
+                array = np.stack([np.pad(array[c], pads[1:], constant_values=f) for c, f in enumerate(fills)])
             affine[:3, 3] -= affine[:3, axis] * before
     return Volume(np.ascontiguousarray(array), affine)
 
@@ -304,14 +314,14 @@ def requantise(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def build_volume(slices: np.ndarray, affine: np.ndarray, *, spacing: tuple[float, float, float] | None,
-                 size: tuple[int, int, int] | None) -> Volume:
+                 size: tuple[int, int, int] | None, fill: float | Sequence[float] = 0) -> Volume:
     """C×D×H×W windowed slices (as rendered: uint8, uint16 or float16) and their stack affine →
-    the finished volume, in the slices' dtype: canonical, resampled, cropped or padded (module
-    docstring, steps 2-4)."""
+    the finished volume, in the slices' dtype: canonical, resampled, cropped or padded with
+    ``fill`` (module docstring, steps 2-4)."""
     volume = canonical(Volume(slices, affine))
     if spacing is not None:
         volume = resample_linear(volume, spacing)
         volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
     if size is not None:
-        volume = crop_or_pad(volume, size)
+        volume = crop_or_pad(volume, size, fill)
     return volume
