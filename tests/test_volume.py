@@ -19,6 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packer.badsamples import read_bad_samples
+from packer.buildwarnings import read_warnings
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.loader import ShardDataset, make_loader
@@ -481,3 +482,73 @@ def test_a_float16_volume_is_padded_with_its_black_never_a_value_that_reads_as_t
     if not monochrome1 and "center" in windows[0]:
         assert body.min() == -1024.0 and not (volume[0][pad] == 0).any()
 
+
+IRREGULAR = [0.0, 2.0, 4.0, 6.0, 9.0, 12.0, 15.0]   # steps 2, 2, 2, 3, 3, 3: median 2.5, within gap_tolerance 0.25
+
+
+def _irregular_job(tmp: Path, raw: Path, volume: Any) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                transform={"dicom": {**WINDOW, "output": "float16", "sample": volume,
+                                     "series": {"gap_tolerance": 0.25}}}, validate={"max_bad_fraction": 0.9})
+
+
+@pytest.mark.parametrize("volume", ["volume", {"volume": {"spacing": [1.0, 0.5, 0.5]}}])
+def test_slices_off_the_uniform_grid_are_resampled_onto_it_from_their_true_positions(tmp_path: Path,
+                                                                                     volume: Any) -> None:
+    """A series irregular within ``gap_tolerance`` was stacked by index on the uniform grid between
+    its first and last slice, so its affine put the slice at z = 9 mm at 10 mm (1.5 mm off, no
+    warning). Each voxel along D now holds the true slices interpolated at the z its affine gives
+    it (with ``spacing``, straight from the true slices: one interpolation), and the record and the
+    build's warnings say so."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "s", seed=8, positions=IRREGULAR)   # slice i: 100·i − 1024 HU, its row i bright
+    result = _build(_irregular_job(tmp_path, raw, volume))
+    packed, affine, _ = _packed(result)
+    (record,) = [r for r in _records_of(result)]
+    z = affine[2, 3] + affine[2, 0] * np.arange(packed.shape[1])
+    expected = np.interp(z, np.array(IRREGULAR) + 0.0, [100.0 * i - 1024 for i in range(len(IRREGULAR))])
+    column = packed[0, :, -1, 0].astype(np.float64)   # the last row: bright in no slice
+    assert np.abs(column - expected).max() <= 0.5, (column, expected)   # float16 steps are 0.5 at 1000 HU
+    # the grid between the first and last slice (2.5 mm), or spacing's over the same extent: 18 × 7/18 steps
+    assert z[0] == pytest.approx(0.0 if volume == "volume" else (7 / 18 - 1) / 2 * 2.5, abs=1e-6)
+    (warning,) = [w for w in record["metadata"]["warnings"] if w.startswith("irregular slice positions")]
+    assert "up to 1.500 mm from the uniform grid" in warning and "linear interpolation" in warning
+    warned = [w.message for w in read_warnings(result.version_dir / "warnings.jsonl")]
+    assert any("1 file(s) packed with a reader's warning" in w and "irregular slice positions" in w for w in warned)
+
+
+def _records_of(result: Any) -> list[dict[str, Any]]:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in result.version_dir.glob("train-*.tar"))
+    return [s["json"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode()]
+
+
+def test_a_regular_series_is_stacked_as_read_and_a_mask_follows_the_nearest_true_slice() -> None:
+    """Positions within 1% of a step of the grid (DS rounding) are no irregularity: no resampling,
+    the bytes as before. Further off, the label map along D takes the nearest true slice, on the
+    grid the image is interpolated on, so it stays aligned with the image."""
+    from packer.config import DicomTransformConfig
+    from packer.read.dicom_masks import volume_mask
+    from packer.read.series import Series, off_grid
+    from packer.transform.volume import build_volume
+
+    def series(zs: list[float]) -> Series:
+        return Series(uid_key="k", refs=(), slices=tuple((i, 0) for i in range(len(zs))),
+                      steps=tuple(float(s) for s in np.diff(zs)), pixel_spacing=(1.0, 1.0), rows=2, columns=2,
+                      step=(0.0, 0.0, (zs[-1] - zs[0]) / (len(zs) - 1)))
+
+    assert off_grid(series([0.0, 2.5, 5.01, 7.5])) is None   # 0.01 mm: 0.4% of the step
+    positions, offset = off_grid(series(IRREGULAR)) or (None, 0.0)
+    assert offset == pytest.approx(1.5) and positions is not None
+    labels = np.broadcast_to(np.arange(1, 8, dtype=np.uint8)[:, None, None], (7, 2, 2)).copy()
+    affine = series(IRREGULAR).affine()
+    mask = volume_mask(labels, affine, DicomTransformConfig(windows=()), 0, positions)
+    # the grid's z 0, 2.5, 5, 7.5, 10, 12.5, 15 mm: nearest true slices at 0, 2, 6 (5: a tie, the upper),
+    # 9 (7.5: a tie), 9, 12 and 15 mm
+    assert mask[:, 0, 0].tolist() == [1, 2, 4, 5, 5, 6, 7]
+    image = build_volume(labels[None].astype(np.float16), affine, spacing=None, size=None, positions=positions)
+    assert image.array[0, :, 0, 0].astype(float).tolist() == pytest.approx([1, 2.25, 3.5, 4.5, 5 + 1 / 3, 6 + 1 / 6, 7],
+                                                                          abs=5e-3)
+    assert np.array_equal(build_volume(labels[None], affine, spacing=None, size=None).array[0, :, 0, 0],
+                          np.arange(1, 8))   # without positions: by index, as a regular series is

@@ -293,6 +293,7 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
     if samples:  # a refused series packs nothing, so none of its files is packed with a warning
         for decoded in per_file:
             _note_warnings(decoded, notes)
+        _note_warnings(samples, notes)  # and a volume's own (slices resampled off an irregular grid, say)
     gone = {r.sample_id for r in failed}  # a file with its own record keeps that one
     return [samples, *failed, *(r for r in records if r.sample_id not in gone)]
 

@@ -139,7 +139,8 @@ class CachedChunk:
 #: stored units (OpenCV's values are scaled to 16 bits), and its samples' bit_depth is the stored
 #: bits; 46: a TIFF page of a depth OpenCV does not read (2- or 4-bit grey) is ``unsupported``,
 #: naming the layout, not ``decode_failed``; 47: a volume padded to ``size`` pads each channel with
-#: its black (float16 modality values their smallest, a z-score over all voxels its lowest), not 0.
+#: its black (float16 modality values their smallest, a z-score over all voxels its lowest), not 0,
+#: and a series whose slices lie off the uniform grid is resampled onto it from their true positions.
 CACHE_FORMAT = 47
 
 

@@ -46,7 +46,15 @@ from packer.read.dicom_masks import (
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.dicom_series import HeaderFingerprint
 from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register, series_incomplete, with_channels
-from packer.read.series import Series, assemble, is_constant_slice, stack_neighbors, stack_volume, volume_size
+from packer.read.series import (
+    Series,
+    assemble,
+    is_constant_slice,
+    off_grid,
+    stack_neighbors,
+    stack_volume,
+    volume_size,
+)
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
 from packer.transform.channels import check_channels
@@ -469,8 +477,9 @@ class DicomSeries(Grouping):
             pad = annotated_sources(job)[series.refs[0].source].pad
             if job.dicom.sample == "volume":
                 (volume,) = stack_volume(slices, series, job.dicom)
-                return timed_by_latest_slice([with_mask(volume, volume_mask(labels, series.affine(), job.dicom, pad),
-                                                       metadata)], slices, job), records
+                irregular = off_grid(series)  # the mask along D from the true slices, as the image
+                mask = volume_mask(labels, series.affine(), job.dicom, pad, None if irregular is None else irregular[0])
+                return timed_by_latest_slice([with_mask(volume, mask, metadata)], slices, job), records
             slices = slice_masks(slices, labels, job.dicom, pad, metadata)
             if not job.dicom.by_series:
                 return slices, records

@@ -59,7 +59,16 @@ from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
 from packer.records import Excluded, Issue, Sample, SampleRef
 from packer.transform.mask import transform_mask_dicom
-from packer.transform.volume import Volume, canonical, crop_or_pad, resample_nearest
+from packer.transform.volume import (
+    Volume,
+    canonical,
+    canonical_order,
+    crop_or_pad,
+    depth_grid,
+    depth_resample,
+    held_depth,
+    resample_nearest,
+)
 
 #: How a refused series' records name it (:func:`packer.read.series.assemble`: a digest of entity,
 #: study and series, which an annotation's UID digest cannot be matched to)
@@ -549,13 +558,22 @@ def with_mask(sample: Sample, mask: np.ndarray, metadata: dict[str, Any]) -> Sam
     return replace(sample, mask=mask, metadata={**sample.metadata, "annotations": metadata})
 
 
-def volume_mask(labels: np.ndarray, affine: np.ndarray, cfg: DicomTransformConfig, pad: int) -> np.ndarray:
+def volume_mask(labels: np.ndarray, affine: np.ndarray, cfg: DicomTransformConfig, pad: int,
+                positions: np.ndarray | None = None) -> np.ndarray:
     """The D×H×W mask of a series' volume: its slices' label maps stacked (series order) with the
     stack's ``affine``, made canonical, resampled by nearest neighbour and cropped or padded
-    (``pad``) exactly as :func:`packer.transform.volume.build_volume` treats the image."""
-    volume = canonical(Volume(labels[None], affine))
-    if cfg.volume_spacing is not None:
-        volume = resample_nearest(volume, cfg.volume_spacing)
+    (``pad``) exactly as :func:`packer.transform.volume.build_volume` treats the image; with
+    ``positions`` (slices off the uniform grid, :func:`packer.read.series.off_grid`), each voxel
+    along D from the true slice nearest it, so the mask stays on its resampled image."""
+    if positions is None:
+        volume = canonical(Volume(labels[None], affine))
+        if cfg.volume_spacing is not None:
+            volume = resample_nearest(volume, cfg.volume_spacing)
+    else:
+        targets, placed = depth_grid(affine, labels.shape[0], cfg.volume_spacing)
+        volume = canonical(Volume(depth_resample(labels[None], positions, targets, nearest=True), placed))
+        if cfg.volume_spacing is not None:  # D is on its grid already: the other two axes only
+            volume = resample_nearest(volume, held_depth(cfg.volume_spacing, volume, canonical_order(affine).index(0)))
     if cfg.volume_size is not None:
         volume = crop_or_pad(volume, cfg.volume_size, fill=pad)
     return np.ascontiguousarray(volume.array[0])

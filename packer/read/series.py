@@ -543,7 +543,9 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     ``volume.constant_slices``: how many slices are constant (present only when some are; each
     slice's own note is its file's, not the volume's warning)."""
     stacked = np.stack([s.image for s in slices], axis=1)
+    irregular = off_grid(series)
     volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size,
+                          positions=None if irregular is None else irregular[0],
                           fill=volume_blacks(stacked, slices[0].metadata, cfg.output))
     first = slices[0]
     about: dict[str, object] = {
@@ -560,11 +562,55 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     if series.depth_assumed:
         axis = canonical_order(series.affine()).index(0)  # the output axis the stack's D became
         warnings.append(one_slice_depth_note(axis, volume.spacing[axis]))
+    if irregular is not None:
+        warnings.append(off_grid_note(irregular[1], series))
     if warnings:
         metadata["warnings"] = warnings
     metadata.pop("frame", None)
     return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
                     metadata=metadata)]
+
+
+#: A volume's slices are taken to lie on the uniform grid between its first and last slice
+#: (the affine's step) while none is further from it than this fraction of the step: positions
+#: written as DS (16 characters) and table positions rounded to hundredths of a mm stay on it, so
+#: a regular series is stacked as read, and an offset this small moves anatomy by a hundredth of
+#: a voxel, far less than the blur of resampling it away would cost. Further off (steps
+#: irregular within ``series.gap_tolerance``), stacking by index would misplace slices by up
+#: to a step: the slices are resampled onto the grid from where they are (:func:`off_grid`).
+OFF_GRID_FRACTION = 0.01
+
+
+def off_grid(series: Series) -> tuple[np.ndarray, float] | None:
+    """Where the slices of ``series`` lie along the normal, in steps of its uniform grid from the
+    first (0 .. n-1: the positions :func:`~packer.transform.volume.build_volume` resamples from),
+    and the largest distance in mm of a slice from that grid, where one lies further from it
+    than :data:`OFF_GRID_FRACTION` of the step; None for a series on its grid (every regular one)."""
+    if len(series.steps) < 2:
+        return None
+    depths = np.concatenate([[0.0], np.cumsum(np.asarray(series.steps, dtype=np.float64))])
+    step = float(depths[-1]) / (len(depths) - 1)
+    if step <= 0:
+        return None
+    offset = float(np.abs(depths - step * np.arange(len(depths))).max())
+    if offset <= OFF_GRID_FRACTION * step:
+        return None
+    return depths / step, offset
+
+
+#: How a volume's ``metadata.warnings`` says its slices were resampled onto a uniform grid
+OFF_GRID = "irregular slice positions"
+
+
+def off_grid_note(offset: float, series: Series) -> str:
+    """The warning of a volume whose slices lay off the uniform grid (:func:`off_grid`): by how
+    much, and what was done about it."""
+    steps = [float(s) for s in series.steps]
+    return (f"{OFF_GRID}: its {len(series.slices)} slices lie up to {offset:.3f} mm from the uniform grid between "
+            f"the first and last ({sum(steps) / len(steps):.3f} mm a step; steps {min(steps):.3f} to "
+            f"{max(steps):.3f} mm); resampled along the slice normal onto that grid by linear interpolation between "
+            "the two true neighbouring slices (a mask: the nearest true slice), so metadata.volume.affine places "
+            "every voxel where it is")
 
 
 def volume_blacks(stacked: np.ndarray, metadata: dict[str, Any], output: str) -> list[float]:

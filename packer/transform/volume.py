@@ -20,6 +20,11 @@ spacing and size, with the affine that maps its voxels back to patient space (pu
 4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding each channel
    with the value that is black in it (0 for a window, the lowest value for a z-score over all
    voxels or float16 modality values: the caller's ``fill``), never a value that reads as tissue.
+
+A stack whose slices do not sit on the uniform grid between its first and last slice (steps
+irregular within ``series.gap_tolerance``) is first resampled along D onto that grid from the
+slices' true positions (``positions``: :func:`depth_resample`), so the affine places every voxel
+where it is; with ``spacing``, straight onto the resampled grid, one interpolation along D.
 """
 
 from __future__ import annotations
@@ -304,6 +309,57 @@ def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float | Sequen
     return Volume(np.ascontiguousarray(array), affine)
 
 
+def depth_grid(affine: np.ndarray, n: int, spacing: tuple[float, float, float] | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Where an ``n``-slice stack with ``affine`` (D along the slice normal, a uniform step) is
+    sampled along D: the positions, in steps of that affine from slice 0, and the stack's affine
+    on them. Without ``spacing``, the stack's own ``0 .. n-1``; with it, the grid
+    :func:`resample_linear` gives the axis D becomes once canonical (``n' = round(n · s / s')``,
+    centre-aligned, :func:`_positions`), so that a stack resampled here along D is resampled
+    once, not twice."""
+    if spacing is None:
+        return np.arange(n, dtype=np.float64), affine
+    old = float(np.linalg.norm(affine[:3, 0]))
+    size = max(1, round(n * old / spacing[canonical_order(affine).index(0)]))
+    factor = n / size
+    placed = affine.copy()
+    placed[:3, 3] += affine[:3, 0] * (factor - 1) / 2
+    placed[:3, 0] = affine[:3, 0] * factor
+    return np.clip((np.arange(size) + 0.5) * factor - 0.5, 0, n - 1), placed
+
+
+def _between(positions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each of ``targets``, the two true slices around it (``positions``: increasing, in the
+    same units) and the weight of the second, in [0, 1]."""
+    low = np.clip(np.searchsorted(positions, targets, side="right") - 1, 0, len(positions) - 2)
+    weight = np.clip((targets - positions[low]) / (positions[low + 1] - positions[low]), 0.0, 1.0)
+    return low, low + 1, weight.astype(np.float32)
+
+
+def depth_resample(array: np.ndarray, positions: np.ndarray, targets: np.ndarray, *, nearest: bool = False
+                   ) -> np.ndarray:
+    """A C×D×H×W stack whose slices lie at ``positions`` along D (increasing; two at least) at
+    ``targets`` instead: each output slice linearly between the two true slices around it, in
+    float32 (``nearest``: the nearer of them, a tie the upper, in ``array``'s dtype, for a label
+    map, which then stays on its image)."""
+    low, high, weight = _between(positions, targets)
+    if nearest:
+        return np.ascontiguousarray(array[:, np.where(weight >= 0.5, high, low)])
+    out = np.empty((array.shape[0], len(targets), *array.shape[2:]), dtype=np.float32)
+    for j in range(len(targets)):
+        np.multiply(array[:, low[j]], np.float32(1.0) - weight[j], out=out[:, j], dtype=np.float32)
+        out[:, j] += array[:, high[j]].astype(np.float32) * weight[j]
+    return out
+
+
+def held_depth(spacing: tuple[float, float, float], volume: Volume, axis: int) -> tuple[float, float, float]:
+    """``spacing`` with output axis ``axis`` at ``volume``'s own spacing: :func:`resample_linear`
+    (and :func:`resample_nearest`) then leave that axis as it is (``n' = round(n · s / s) = n``)."""
+    held = list(spacing)
+    held[axis] = volume.spacing[axis]
+    return (held[0], held[1], held[2])
+
+
 def requantise(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Resampled float values back in ``dtype``: an integer dtype rounds half to even within its
     range (uint8 0-255, uint16 0-65535), a float dtype is a plain cast."""
@@ -314,13 +370,24 @@ def requantise(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def build_volume(slices: np.ndarray, affine: np.ndarray, *, spacing: tuple[float, float, float] | None,
-                 size: tuple[int, int, int] | None, fill: float | Sequence[float] = 0) -> Volume:
+                 size: tuple[int, int, int] | None, positions: np.ndarray | None = None,
+                 fill: float | Sequence[float] = 0) -> Volume:
     """C×D×H×W windowed slices (as rendered: uint8, uint16 or float16) and their stack affine →
     the finished volume, in the slices' dtype: canonical, resampled, cropped or padded with
-    ``fill`` (module docstring, steps 2-4)."""
-    volume = canonical(Volume(slices, affine))
-    if spacing is not None:
-        volume = resample_linear(volume, spacing)
+    ``fill`` (module docstring, steps 2-4). ``positions``: where the slices truly lie along D, in
+    steps of ``affine`` from the first (0 .. D-1), where they are off that uniform grid: the
+    stack is then resampled along D from them (:func:`depth_resample`) onto the grid, or
+    straight onto ``spacing``'s, and the affine holds."""
+    if positions is None:
+        volume = canonical(Volume(slices, affine))
+        if spacing is not None:
+            volume = resample_linear(volume, spacing)
+            volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
+    else:
+        targets, placed = depth_grid(affine, slices.shape[1], spacing)
+        volume = canonical(Volume(depth_resample(slices, positions, targets), placed))
+        if spacing is not None:  # D is on its grid already: the other two axes only
+            volume = resample_linear(volume, held_depth(spacing, volume, canonical_order(affine).index(0)))
         volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
     if size is not None:
         volume = crop_or_pad(volume, size, fill)
