@@ -49,10 +49,13 @@ _MODALITIES = frozenset((
     "AR ASMT AU BDUS BI BMD CR CT DG DOC DX ECG EPS ES FID GM HC HD IO IOL IVOCT IVUS KER KO LEN LS MG MR M3D NM "
     "OAM OCT OP OPM OPT OPTBSV OPTENF OPV OSS OT PLAN PR PT PX REG RESP RF RG RTDOSE RTIMAGE RTPLAN RTRAD RTRECORD "
     "RTSEGANN RTSTRUCT RWV SEG SM SMR SR SRF STAIN TEXTUREMAP TG US VA XA XC").split())
-#: Folder names of published datasets' layouts: never noted as names.
+#: Folder names of published datasets' layouts, and the words people name copies and scratch files
+#: with (``copy.png``, ``old/``, ``backup``), which packer's own messages use too: never noted as
+#: names (noted, ``copy`` hid that word of "a copy of one's image under the other").
 _FOLDER_WORDS = frozenset(("images imagestr imagests labels labelstr labelsts masks mask train training test testing "
                            "valid validation val dev all data dicom nifti series study studies annotations annotation "
-                           "broken extra").split())
+                           "broken extra copy copies backup old new final original raw export exports tmp temp misc "
+                           "other sample samples image scan scans file files unknown none default").split())
 
 #: The extensions that make a word a file name (a bare one: no separator), as data folders hold them.
 _FILE_EXTENSIONS = ("dcm|dicom|ima|img|hdr|nii|gz|bz2|xz|zip|tar|png|jpe?g|jp2|j2k|tiff?|bmp|webp|gif|svs|ndpi|"

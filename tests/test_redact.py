@@ -82,5 +82,9 @@ def test_names_noted_from_the_data_are_hidden_wherever_a_message_puts_them(roots
     assert redact.redact_text("IM00012 is another word") == "IM00012 is another word"
     redact.note_names(["RTSTRUCT", "SEG", "imagesTr", "train"])  # folder names every export uses name nobody
     assert redact.redact_text("no RTSTRUCT or SEG in imagesTr of train") == "no RTSTRUCT or SEG in imagesTr of train"
+    # nor do the words copies and scratch files are named with, which packer's own messages use
+    redact.note_names(["copy", "backup", "old", "original"])
+    said = "duplicate images: a copy of one's image under the other (the original, not an old backup)"
+    assert redact.redact_names(said) == said
     redact.forget_jobs()
     assert redact.redact_text("slice IM0001") == "slice IM0001"  # a later command starts afresh
