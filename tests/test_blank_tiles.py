@@ -148,6 +148,21 @@ def test_a_collapsed_split_is_named_by_a_copy_pair_across_entities_not_two_copie
     assert exact and all(f["a"]["entity_id"] != f["b"]["entity_id"] for f in exact), exact
 
 
+def _placeholder_job(tmp_path: Path, split: dict[str, object] | None = None) -> Path:
+    """20 patients with an image of their own each, and one image (a shared placeholder) filed
+    under 12 of them: exact copies that join those 12 into one split group."""
+    raw = tmp_path / "raw"
+    rows = []
+    for i in range(20):
+        _slide(raw / f"own{i}.png", 100 + i)
+        rows.append(f"own{i}.png,normal,patient{i:02d}")
+    for i in range(12):
+        _slide(raw / f"shared{i}.png", 7)
+        rows.append(f"shared{i}.png,normal,patient{i:02d}")
+    return _labelled_job(tmp_path, "shared", rows, {"ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
+                                                    **(split or {})}, {"size": [32, 32]})
+
+
 def test_a_split_collapsed_by_exact_copies_counts_a_link_per_joined_entity_and_says_how_to_fix_it(
         tmp_path: Path) -> None:
     """One image filed under 12 patients (a shared placeholder) joins them by exact copies alone,
@@ -157,16 +172,7 @@ def test_a_split_collapsed_by_exact_copies_counts_a_link_per_joined_entity_and_s
 
     from packer.cli import main
 
-    raw = tmp_path / "raw"
-    rows = []
-    for i in range(20):
-        _slide(raw / f"own{i}.png", 100 + i)
-        rows.append(f"own{i}.png,normal,patient{i:02d}")
-    for i in range(12):
-        _slide(raw / f"shared{i}.png", 7)
-        rows.append(f"shared{i}.png,normal,patient{i:02d}")
-    job = _labelled_job(tmp_path, "shared", rows, {"ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
-                                                   "near_duplicates": {"enabled": False}}, {"size": [32, 32]})
+    job = _placeholder_job(tmp_path, {"near_duplicates": {"enabled": False}})
     run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert run.exit_code == 4, run.output
     assert "of 12 entities" in run.output and "joined by 11 duplicate link(s)" in run.output, run.output
@@ -189,16 +195,7 @@ def test_exact_copies_the_near_copy_search_also_pairs_are_called_exact_copies_in
 
     from packer.cli import main
 
-    raw = tmp_path / "raw"
-    rows = []
-    for i in range(20):
-        _slide(raw / f"own{i}.png", 100 + i)
-        rows.append(f"own{i}.png,normal,patient{i:02d}")
-    for i in range(12):
-        _slide(raw / f"shared{i}.png", 7)
-        rows.append(f"shared{i}.png,normal,patient{i:02d}")
-    job = _labelled_job(tmp_path, "shared", rows, {"ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1},
-                        {"size": [32, 32]})
+    job = _placeholder_job(tmp_path)
     run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
     assert run.exit_code == 4, run.output
     assert "joined by 11 duplicate link(s) (exact copies)" in run.output, run.output
