@@ -159,3 +159,45 @@ def test_a_multi_valued_id_whose_second_value_reads_like_an_escape_is_another_pa
         entities[name] = header.entity
         assert text_value(pydicom.dcmread(path), "PatientID") == header.entity
     assert entities == {"byte": "MRN\\xff01", "values": "MRN\\\\xff01", "plain": "MRN\\B2"}
+
+
+# -- character sets: the default, ISO 2022 code extensions, person names ---------------------------
+
+def ct_with_element(path: Path, raw: bytes, charset: str | list[str] | None, keyword: str = "PatientID") -> Path:
+    """A CT file whose ``keyword`` element holds the bytes ``raw`` as they are, under ``charset``
+    (None: no (0008,0005) at all)."""
+    ds = ct_dataset(ct_pixels((4, 4)))
+    if charset is not None:
+        ds.SpecificCharacterSet = charset
+    tag = tag_for_keyword(keyword)
+    assert tag is not None
+    ds.add(DataElement(tag, "PN" if keyword == "PatientName" else "LO", raw + b" " * (len(raw) % 2)))
+    saved = save(ds, path)
+    assert raw in saved.read_bytes()
+    return saved
+
+
+def entity_of(path: Path, keyword: str = "PatientID") -> tuple[str | None, list[str]]:
+    """The entity a file's header gives and the warnings of its sample."""
+    header = probe_dicom(make_ref(path), entity_keyword=keyword, time_keywords=TIME)
+    assert isinstance(header, DicomHeader)
+    samples = read_dicom(make_ref(path), config(), entity_keyword=keyword)
+    assert isinstance(samples, list) and samples
+    return header.entity, list(samples[0].metadata.get("warnings", []))
+
+
+def test_person_names_that_differ_only_in_trailing_empty_components_are_one_entity(tmp_path: Path) -> None:
+    """PS3.5 6.2.1.1: trailing empty components (with their ^) and groups (with their =) may be
+    omitted, so Müller^Jörg and Müller^Jörg^^^ name one patient; read as written they were two
+    entities, which the split placed apart. The where: values of PatientName read alike too."""
+    from packer.read.dicom_objects import header_values
+
+    written = {"plain": ("Müller^Jörg".encode("latin-1"), "ISO_IR 100"),
+               "carets": ("Müller^Jörg^^^".encode(), "ISO_IR 192"),
+               "group": ("Müller^Jörg ^^=".encode(), "ISO_IR 192")}
+    for name, (raw, charset) in written.items():
+        path = ct_with_element(tmp_path / f"{name}.dcm", raw, charset, "PatientName")
+        assert entity_of(path, "PatientName") == ("Müller^Jörg", [])
+        assert header_values(pydicom.dcmread(path), "PatientName") == ["Müller^Jörg"]
+    inner = ct_with_element(tmp_path / "inner.dcm", b"Doe^^John^", None, "PatientName")
+    assert entity_of(inner, "PatientName") == ("Doe^^John", [])  # an empty component between others stays

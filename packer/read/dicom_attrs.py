@@ -639,25 +639,45 @@ def text_value(ds: Dataset, keyword: str) -> str | None:
     (``MRN\\xff01``), so distinct raw ids stay distinct. A value of several values is written as
     DICOM writes it, joined by backslashes (ScanningSequence ``SE\\IR``), not as Python's list
     text (``['SE', 'IR']``), which no label map keyed by the header's form could match; a
-    separator followed by ``xNN`` or a backslash is doubled, so that it never reads as an escape."""
+    separator followed by ``xNN`` or a backslash is doubled, so that it never reads as an escape.
+    A person name (VR PN) is spelled by :func:`person_name`, without trailing empty components."""
     tag = tag_for_keyword(keyword)
     try:
         if tag is None or tag not in ds:
             return None
-        value = convert_faithfully(ds, Tag(tag)).value
+        elem = convert_faithfully(ds, Tag(tag))
     except (KeyError, ValueError, TypeError):
         return None
+    value = elem.value
     if value is None:
         return None
+    spelled = person_name if elem.VR == "PN" else str
     if isinstance(value, (MultiValue, list, tuple)):
-        parts = [str(part).strip() for part in value]
+        parts = [spelled(part).strip() for part in value]
         # a separator before "xNN" or a backslash is doubled, as escape_text doubles a backslash of
         # text there: values MRN and xff01 must not read as the one value of bytes MRN, 0xFF, 01
         text = "".join([parts[0], *(("\\\\" if _ESCAPE_TAIL.match(part) else "\\") + part for part in parts[1:])]
                        ).strip("\\ ") if parts else ""
     else:
-        text = str(value).strip()
+        text = spelled(value).strip()
     return text or None
+
+
+def person_name(value: Any) -> str:
+    """A PN value as text in one spelling of its name: trailing empty components, with their
+    ``^``, and trailing empty component groups, with their ``=``, dropped, and the trailing spaces
+    of each component. PS3.5 6.2.1.1 lets a writer omit them, and exports differ in doing so
+    (``Müller^Jörg`` and ``Müller^Jörg^^^`` are one name): compared as written, one patient whose
+    files are named both ways would be two entities, split apart."""
+    groups = ["^".join(_without_trailing_empty([part.rstrip(" ") for part in group.split("^")]))
+              for group in str(value).split("=")]
+    return "=".join(_without_trailing_empty(groups))
+
+
+def _without_trailing_empty(parts: list[str]) -> list[str]:
+    while parts and not parts[-1]:
+        parts.pop()
+    return parts
 
 
 def _parse_time(text: str, vr: str) -> date | time | datetime | None:

@@ -37,7 +37,7 @@ from pydicom.multival import MultiValue
 from pydicom.uid import UID_dictionary
 
 from packer.errors import ConfigError
-from packer.read.dicom_attrs import sop_class_name
+from packer.read.dicom_attrs import person_name, sop_class_name
 from packer.where import Condition, failed
 
 #: RT Dose Storage (PS3.4 B.5): a dose grid, Gy after Dose Grid Scaling, not HU.
@@ -148,14 +148,16 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
 def header_values(ds: Dataset, keyword: str) -> list[str]:
     """The values of ``keyword`` in ``ds`` as text, every value of a multi-valued attribute
     (ImageType: ``ORIGINAL``, ``PRIMARY``, ``LOCALIZER``); the SOP Class UID also by its name,
-    so that ``match`` can find ``Secondary Capture``. Empty when absent or undecodable."""
+    so that ``match`` can find ``Secondary Capture``; a person name (PN) as :func:`person_name`
+    spells it, as the entity and the label attribute read it. Empty when absent or undecodable."""
     try:
         value = ds.get(keyword)
+        spelled = person_name if keyword in ds and ds[keyword].VR == "PN" else str
     except (KeyError, ValueError, TypeError):
         return []
     if value is None:
         return []
-    values = [str(v) for v in value] if isinstance(value, (MultiValue, list, tuple)) else [str(value)]
+    values = [spelled(v) for v in value] if isinstance(value, (MultiValue, list, tuple)) else [spelled(value)]
     if keyword == "SOPClassUID" and values:
         values.append(sop_class_name(values[0]))
     return values
