@@ -186,6 +186,36 @@ def entity_of(path: Path, keyword: str = "PatientID") -> tuple[str | None, list[
     return header.entity, list(samples[0].metadata.get("warnings", []))
 
 
+def test_an_id_under_iso_2022_ir_87_keeps_the_bytes_its_sets_cannot_decode_and_warns(tmp_path: Path) -> None:
+    """pydicom fell back to Latin-1 for the whole value: a raw ESC and Latin-1 letters, no warning.
+    Each code extension is read strictly: the kanji decode, 0xFF 0xFE (outside JIS X 0208) do not."""
+    jis = "山田".encode("iso2022_jp")[:-3]  # ESC $ B and two kanji, no return to ASCII
+    coded = ct_with_element(tmp_path / "j.dcm", b"MRN" + jis + b"\xff\xfe", ["", "ISO 2022 IR 87"])
+    entity, warnings = entity_of(coded)
+    assert entity == "MRN山田\\xff\\xfe"
+    (note,) = warnings
+    assert "ISO 2022 IR 87" in note and "MRN" not in note
+    same = ct_with_element(tmp_path / "u.dcm", b"MRN" + "山田".encode() + b"\xff\xfe", "ISO_IR 192")
+    assert entity_of(same)[0] == entity
+
+
+@pytest.mark.parametrize(("charset", "raw", "text"), [
+    (["", "ISO 2022 IR 58"], b"\x1b$)A" + "张伟".encode("gb2312") + b"01", "张伟01"),
+    (["", "ISO 2022 IR 87"], "Yamada^Tarou=山田^太郎".encode("iso2022_jp"), "Yamada^Tarou=山田^太郎"),
+    (["", "ISO 2022 IR 149"], b"Hong^Gildong=\x1b$)C\xfb\xf3^\x1b$)C\xd1\xce\xd4\xd7", "Hong^Gildong=洪^吉洞"),
+    (["ISO 2022 IR 13", "ISO 2022 IR 87"], b"\xd4\xcf\xc0\xde^\xc0\xdb\xb3=\x1b$B;3ED\x1b(J^\x1b$BB@O:\x1b(J",
+     "ﾔﾏﾀﾞ^ﾀﾛｳ=山田^太郎"),
+])
+def test_a_name_in_iso_2022_code_extensions_reads_as_the_same_name_in_utf8(
+        tmp_path: Path, charset: list[str], raw: bytes, text: str) -> None:
+    """One patient written under ISO 2022 and under ISO_IR 192 is one entity. pydicom kept
+    ISO 2022 IR 58's escape sequence as text (``\\x1b$)A张伟01``): another entity, split apart."""
+    keyword = "PatientName" if b"^" in raw else "PatientID"
+    coded = entity_of(ct_with_element(tmp_path / "coded.dcm", raw, charset, keyword), keyword)
+    utf8 = entity_of(ct_with_element(tmp_path / "utf8.dcm", text.encode(), "ISO_IR 192", keyword), keyword)
+    assert coded == utf8 == (text, [])
+
+
 def test_person_names_that_differ_only_in_trailing_empty_components_are_one_entity(tmp_path: Path) -> None:
     """PS3.5 6.2.1.1: trailing empty components (with their ^) and groups (with their =) may be
     omitted, so Müller^Jörg and Müller^Jörg^^^ name one patient; read as written they were two

@@ -27,7 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from pydicom import config as pydicom_config
-from pydicom.charset import convert_encodings
+from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, default_encoding
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
@@ -431,35 +431,102 @@ _ESCAPE_TAIL = re.compile(r"\\|x[0-9a-f]{2}")
 _ESC = b"\x1b"
 
 
-def escape_undecodable(raw: bytes, encoding: str) -> list[str]:
-    """The values of a text element whose bytes ``raw`` do not decode under ``encoding`` (a
-    Python codec, the first of the declared character sets), split at backslashes: what decodes
-    is kept as text, each byte that does not as the four characters ``\\xNN`` (``b"MRN\\xff01"``
-    is ``MRN\\xff01``), trailing spaces and NULs (padding) stripped. Unlike pydicom's U+FFFD
-    replacement, this loses nothing: two values that differ in any byte stay different, and one
-    value is always shown the same."""
-    return [part.decode(encoding, errors="backslashreplace").rstrip("\0 ") for part in raw.split(b"\\")]
+def escape_undecodable(raw: bytes, codecs: list[str], delimiters: bytes = b"") -> list[str]:
+    """The values of a text element whose bytes ``raw`` do not all decode under ``codecs`` (the
+    Python codecs of the declared character sets, :func:`_codecs`), split at backslashes and read
+    by :func:`_decode_value`: what decodes is kept as text, each byte that does not as the four
+    characters ``\\xNN`` (``b"MRN\\xff01"`` is ``MRN\\xff01``), trailing spaces and NULs (padding)
+    stripped. Unlike pydicom's U+FFFD replacement, this loses nothing: two values that differ in
+    any byte stay different, and one value is always shown the same."""
+    return [_escape_bytes(_decode_value(part.rstrip(b"\0 "), codecs, delimiters)) for part in raw.split(b"\\")]
 
 
-def escape_undecodable_text(raw: bytes, encoding: str) -> str:
+def _escape_bytes(pieces: list[str | int]) -> str:
+    """Pieces of a value of SH, LO, UC or PN (which never holds a backslash) as one string, each
+    undecodable byte as ``\\xNN``."""
+    return "".join(f"\\x{piece:02x}" if isinstance(piece, int) else piece for piece in pieces)
+
+
+def escape_undecodable_text(raw: bytes, codecs: list[str]) -> str:
     """:func:`escape_undecodable` for ST, LT and UT, whose one value may hold backslashes of its
     own: the bytes are not split, trailing spaces and NULs (padding) stripped, and the text is
     written by :func:`escape_text`, so that a byte 0xE9 (``\\xe9``) and the four characters
     ``\\xe9`` of valid text (``\\\\xe9``) read differently."""
-    return escape_text(_decode_pieces(raw.rstrip(b"\0 "), encoding))
+    return escape_text(_decode_value(raw.rstrip(b"\0 "), codecs, _LINE_DELIMITERS))
 
 
-def _decode_pieces(raw: bytes, encoding: str) -> list[str | int]:
-    """``raw`` under ``encoding`` as runs of text and the bytes (ints) that do not decode."""
+def _decode_pieces(raw: bytes, encoding: str, prefix: bytes = b"") -> list[str | int]:
+    """``raw`` under ``encoding`` as runs of text and the bytes (ints) that do not decode.
+    ``prefix`` (an ISO 2022 escape sequence that a stateful codec such as ``iso2022_jp`` needs
+    to read ``raw`` in the set it designates) is put before each run decoded."""
     pieces: list[str | int] = []
     while raw:
         try:
-            pieces.append(raw.decode(encoding))
+            pieces.append((prefix + raw).decode(encoding))
             break
         except UnicodeDecodeError as err:
-            pieces.extend(_decode_pieces(raw[:err.start], encoding))
-            pieces.extend(raw[err.start:err.end])
-            raw = raw[err.end:]
+            start, end = max(err.start - len(prefix), 0), max(err.end - len(prefix), 1)
+            pieces.extend(_decode_pieces(raw[:start], encoding, prefix))
+            pieces.extend(raw[start:end])
+            raw = raw[end:]
+    return pieces
+
+
+#: Delimiters after which code extensions return to the initial character set, for every text
+#: VR (PS3.5 6.1.2.5.3: TAB, LF, FF, CR); PN adds its component delimiters ``^`` and ``=``.
+_LINE_DELIMITERS = b"\t\n\f\r"
+_PN_DELIMITERS = _LINE_DELIMITERS + b"^="
+#: The ISO 2022 escape sequences DICOM defines (PS3.3 C.12.1.1.2, tables C.12-3 and C.12-4) that
+#: designate a multi-byte set into G0: their runs are read by Python's stateful codec, escape
+#: sequence first. Every other one designates ASCII or JIS X 0201 Romaji into G0 (``ESC ( B``,
+#: ``ESC ( J``), whose bytes then read as ASCII, or a set into G1 (``ESC - A``, ``ESC ) I``,
+#: ``ESC $ ) C``, ``ESC $ ) A``), whose codec reads a run whole, ASCII and high bytes alike.
+_MULTI_BYTE_G0 = frozenset({b"\x1b$B", b"\x1b$(D"})
+#: The codec each escape sequence selects (pydicom's table), except ISO-IR 58 (GB2312 into G1):
+#: pydicom hands the escape sequence to Python's ``iso_ir_58`` (EUC-CN, which keeps ESC as a
+#: character), so ``ESC $ ) A 张伟`` read as ``\x1b$)A张伟``; its bytes after the escape are EUC-CN,
+#: read here by ``gb2312`` with the escape sequence consumed.
+_ESCAPE_CODECS = {**CODES_TO_ENCODINGS, b"\x1b(B": "ascii", b"\x1b$)A": "gb2312"}
+
+
+def _decode_value(raw: bytes, codecs: list[str], delimiters: bytes) -> list[str | int]:
+    """One value's bytes ``raw`` under the declared character sets ``codecs`` as runs of text and
+    the bytes (ints) that do not decode, strictly: each byte is read in the set the code
+    extensions (PS3.5 6.1.2.5) have designated where it stands, and a byte that set does not hold
+    is undecodable, as is the ESC of an escape sequence DICOM does not define or the file does
+    not declare in (0008,0005) (ISO 2022 IR 87 for ``ESC $ B``). Without escape sequences the
+    value is read in its first set. After each of ``delimiters`` the first set is in force again
+    (PS3.5 6.1.2.5.3)."""
+    initial = codecs[0]
+    if _ESC not in raw:  # one set throughout (and a GBK or GB18030 byte may be a delimiter's)
+        return _decode_pieces(raw, initial)
+    pieces: list[str | int] = []
+    single, multi = initial, b""  # the codec of a run outside a multi-byte G0 set; the escape sequence of one
+    for index, fragment in enumerate(re.split(b"(?=\x1b)", raw)):
+        if index and fragment:  # starts with ESC: an escape sequence, else an undecodable ESC
+            length = 4 if fragment.startswith((b"\x1b$(", b"\x1b$)")) else 3
+            escape = fragment[:length]
+            named = CODES_TO_ENCODINGS.get(escape)
+            if named is None or (named not in codecs and named != default_encoding):
+                pieces.append(fragment[0])
+                fragment = fragment[1:]
+            else:
+                fragment = fragment[length:]
+                if escape in _MULTI_BYTE_G0:
+                    multi = escape
+                elif escape in (b"\x1b(B", b"\x1b(J"):
+                    multi = b""
+                else:
+                    single = _ESCAPE_CODECS[escape]
+        if multi:  # a multi-byte set's bytes (0x21-0x7E) may be delimiters' too: read whole
+            pieces.extend(_decode_pieces(fragment, _ESCAPE_CODECS[multi], multi))
+            continue
+        for part in re.split(b"([" + re.escape(delimiters) + b"])", fragment) if delimiters else [fragment]:
+            if len(part) == 1 and part in delimiters:
+                pieces.append(part.decode("ascii"))
+                single = initial
+            elif part:
+                pieces.extend(_decode_pieces(part, single))
     return pieces
 
 
@@ -483,18 +550,18 @@ def escape_text(pieces: list[str | int]) -> str:
     return "".join(reversed(parts))
 
 
-def _encoding(ds: Dataset) -> str:
-    """The Python codec of the first character set ``ds`` declares, or its parent's for a sequence
-    item without its own (0008,0005) (PS3.5 7.5.1: an item inherits the data set's)."""
+def _codecs(ds: Dataset) -> list[str]:
+    """pydicom's Python codecs of the character sets ``ds`` declares, or its parent's for a
+    sequence item without its own (0008,0005) (PS3.5 7.5.1: an item inherits the data set's)."""
     own = ds.get("SpecificCharacterSet")
     if own:
-        return convert_encodings(own)[0]
+        return list(convert_encodings(own))
     inherited = getattr(ds, "_character_set", None)  # pydicom: the item's parent encoding, as codecs
     if isinstance(inherited, str) and inherited:
-        return inherited
+        return [inherited]
     if isinstance(inherited, (list, tuple)) and inherited:
-        return str(inherited[0])
-    return convert_encodings("ISO_IR 6")[0]
+        return [str(codec) for codec in inherited]
+    return list(convert_encodings("ISO_IR 6"))
 
 
 def _texts(value: Any) -> list[str]:
@@ -503,30 +570,41 @@ def _texts(value: Any) -> list[str]:
 
 def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
     """``ds[tag]``, which converts a raw element on first access as pydicom does, except for a
-    text element (SH, LO, UC, PN; ST, LT, UT) whose bytes do not decode under the data set's
-    (0008,0005) Specific Character Set (a sequence item's: its own, else the one it inherits):
-    pydicom warns and writes U+FFFD for each undecodable byte, so two PatientIDs (or ROI names,
-    comments a job reads its entity from) that differ only in those bytes would read alike and two
-    patients would become one entity. Such an element is converted by :func:`escape_undecodable`
-    (:func:`escape_undecodable_text` for ST, LT, UT) instead, and ``ds`` holds that element from
-    then on. A value whose bytes decode (a valid UTF-8 ``Müller``) is pydicom's. Raises what
-    pydicom raises on a damaged element."""
+    text element (SH, LO, UC, PN; ST, LT, UT) whose bytes pydicom reads otherwise than the data
+    set's (0008,0005) Specific Character Set (a sequence item's: its own, else the one it
+    inherits) strictly gives them (:func:`_decode_value`): pydicom warns and writes U+FFFD for
+    each undecodable byte, so two PatientIDs (or ROI names, comments a job reads its entity from)
+    that differ only in those bytes would read alike and two patients would become one entity; it
+    falls back to Latin-1 for a whole value
+    of ISO 2022 code extensions that does not decode, and keeps the escape sequence of ISO 2022
+    IR 58 as text. Such an element is converted by :func:`escape_undecodable`
+    (:func:`escape_undecodable_text` for ST, LT, UT) instead, each undecodable byte as ``\\xNN``,
+    and ``ds`` holds that element from then on. A value whose bytes decode as pydicom decodes
+    them (a valid UTF-8 ``Müller``) is pydicom's. Raises what pydicom raises on a damaged
+    element."""
     raw = ds.get_item(tag)
     elem = ds[tag]
     if (elem.VR not in _CHARSET_VRS | _TEXT_VRS or not isinstance(raw, RawDataElement)
             or not isinstance(raw.value, bytes)):
         return elem
-    if not _undecodable(ds, raw.value, elem):
+    if raw.value.isascii() and _ESC not in raw.value:  # read alike under every character set
         if elem.VR in _TEXT_VRS and isinstance(elem.value, str) and _LOOKS_ESCAPED.search(elem.value):
             # valid text that reads as escaped (a literal \xe9): escaped too, to differ from a byte 0xE9
             kept = DataElement(elem.tag, elem.VR, escape_text([elem.value]), validation_mode=pydicom_config.IGNORE)
             ds[tag] = kept
             return kept
         return elem
-    encoding = _encoding(ds)
-    # A list of one value is not split again at the backslashes the escapes hold.
-    value: str | list[str] = (escape_undecodable_text(raw.value, encoding) if elem.VR in _TEXT_VRS
-                              else escape_undecodable(raw.value, encoding))
+    codecs = _codecs(ds)
+    value: str | list[str]
+    if elem.VR in _TEXT_VRS:
+        value = escape_undecodable_text(raw.value, codecs)
+        if value == elem.value:
+            return elem
+    else:
+        # A list of one value is not split again at the backslashes the escapes hold.
+        value = escape_undecodable(raw.value, codecs, _PN_DELIMITERS if elem.VR == "PN" else _LINE_DELIMITERS)
+        if value == [text.rstrip("\0 ") for text in _texts(elem.value)]:
+            return elem
     kept = DataElement(elem.tag, elem.VR, value, validation_mode=pydicom_config.IGNORE)
     ds[tag] = kept
     return kept
@@ -586,23 +664,6 @@ def convert_remembered(ds: Dataset, tag: BaseTag) -> DataElement:
     return elem
 
 
-def _undecodable(ds: Dataset, raw: bytes, elem: DataElement) -> bool:
-    """Whether pydicom's ``elem`` replaced bytes of ``raw`` that ``ds``'s character set cannot
-    decode with U+FFFD (not a U+FFFD the file holds itself, nor text decoded by pydicom's default
-    for a codec Python lacks)."""
-    if (raw.isascii() and _ESC not in raw) or not any("\ufffd" in text for text in _texts(elem.value)):
-        return False
-    if _ESC in raw:  # code extensions (ISO 2022), which cannot encode U+FFFD itself
-        return True
-    try:
-        raw.decode(_encoding(ds))
-    except LookupError:  # an unknown codec: pydicom decoded with its default, losing nothing
-        return False
-    except UnicodeError:
-        return True
-    return False  # the file's own U+FFFD
-
-
 def undecodable_note(ds: Dataset, keyword: str) -> str | None:
     """The warning for a file whose ``keyword`` element (the source's entity) holds bytes its
     declared character set cannot decode, kept by :func:`convert_faithfully`; None otherwise. It
@@ -619,11 +680,12 @@ def undecodable_note(ds: Dataset, keyword: str) -> str | None:
             return None
     elif elem.VR not in _CHARSET_VRS or not any("\\" in text for text in _texts(elem.value)):
         return None  # a single value of these VRs holds a backslash only where an escape was written
-    charset = "\\".join(_texts(ds.get("SpecificCharacterSet") or "ISO_IR 6"))
+    declared = ds.get("SpecificCharacterSet")
+    charset = "\\".join(_texts(declared)) if declared else "ISO_IR 6"
     return (f"{elem.tag} {keyword}, the entity, holds bytes that (0008,0005) Specific Character Set {charset} "
             "cannot decode: each is read as \\xNN, so ids that differ only in those bytes stay apart (pydicom "
-            "would make them all U+FFFD); fix the character set or the ids where the files were exported if "
-            "this patient's files must match others'")
+            "would make them all U+FFFD); fix the character set or the ids where the "
+            "files were exported if this patient's files must match others'")
 
 
 def item_text(item: Dataset, keyword: str) -> str:
