@@ -186,6 +186,18 @@ def entity_of(path: Path, keyword: str = "PatientID") -> tuple[str | None, list[
     return header.entity, list(samples[0].metadata.get("warnings", []))
 
 
+@pytest.mark.parametrize("charset", [None, "ISO_IR 6", "ISO_IR 6x6"])
+def test_bytes_above_0x7f_under_the_default_character_set_are_kept_as_escapes_and_warned(
+        tmp_path: Path, charset: str | None) -> None:
+    """Absent, ISO_IR 6 or a term pydicom does not know, the character set is ASCII: pydicom read
+    a UTF-8 MÜLLER01 written without (0008,0005) as Latin-1 MÃ\\x9cLLER01, silently."""
+    entity, warnings = entity_of(ct_with_element(tmp_path / "u.dcm", "MÜLLER01".encode(), charset))
+    assert entity == "M\\xc3\\x9cLLER01"
+    (note,) = warnings
+    assert note.startswith("(0010,0020) PatientID") and "ISO_IR 6" in note and "LLER" not in note
+    assert entity_of(ct_with_element(tmp_path / "a.dcm", b"MRN01", charset)) == ("MRN01", [])
+
+
 def test_an_id_under_iso_2022_ir_87_keeps_the_bytes_its_sets_cannot_decode_and_warns(tmp_path: Path) -> None:
     """pydicom fell back to Latin-1 for the whole value: a raw ESC and Latin-1 letters, no warning.
     Each code extension is read strictly: the kanji decode, 0xFF 0xFE (outside JIS X 0208) do not."""

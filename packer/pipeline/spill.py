@@ -140,8 +140,11 @@ class CachedChunk:
 #: bits; 46: a TIFF page of a depth OpenCV does not read (2- or 4-bit grey) is ``unsupported``,
 #: naming the layout, not ``decode_failed``; 47: a volume padded to ``size`` pads each channel with
 #: its black (float16 modality values their smallest, a z-score over all voxels its lowest), not 0,
-#: and a series whose slices lie off the uniform grid is resampled onto it from their true positions.
-CACHE_FORMAT = 47
+#: and a series whose slices lie off the uniform grid is resampled onto it from their true positions;
+#: 48: text is decoded strictly under its character set (bytes above 0x7F under the default ASCII,
+#: and bytes an ISO 2022 code extension cannot decode, kept as ``\xNN`` with a warning; ISO 2022 IR
+#: 58's escape sequence consumed), and a person name loses its trailing empty components.
+CACHE_FORMAT = 48
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

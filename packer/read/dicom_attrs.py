@@ -495,9 +495,10 @@ def _decode_value(raw: bytes, codecs: list[str], delimiters: bytes) -> list[str 
     extensions (PS3.5 6.1.2.5) have designated where it stands, and a byte that set does not hold
     is undecodable, as is the ESC of an escape sequence DICOM does not define or the file does
     not declare in (0008,0005) (ISO 2022 IR 87 for ``ESC $ B``). Without escape sequences the
-    value is read in its first set. After each of ``delimiters`` the first set is in force again
-    (PS3.5 6.1.2.5.3)."""
-    initial = codecs[0]
+    value is read in its first set, ASCII where (0008,0005) is absent, ``ISO_IR 6`` or a term
+    pydicom does not know (:func:`_codecs`). After each of ``delimiters`` the first set is in
+    force again (PS3.5 6.1.2.5.3)."""
+    initial = "ascii" if codecs[0] == default_encoding else codecs[0]
     if _ESC not in raw:  # one set throughout (and a GBK or GB18030 byte may be a delimiter's)
         return _decode_pieces(raw, initial)
     pieces: list[str | int] = []
@@ -552,7 +553,9 @@ def escape_text(pieces: list[str | int]) -> str:
 
 def _codecs(ds: Dataset) -> list[str]:
     """pydicom's Python codecs of the character sets ``ds`` declares, or its parent's for a
-    sequence item without its own (0008,0005) (PS3.5 7.5.1: an item inherits the data set's)."""
+    sequence item without its own (0008,0005) (PS3.5 7.5.1: an item inherits the data set's).
+    pydicom's default, ``iso8859``, stands for ISO_IR 6 (ASCII): an absent (0008,0005), ``ISO_IR
+    6`` or a term pydicom does not know (:func:`_decode_value` reads it as ASCII)."""
     own = ds.get("SpecificCharacterSet")
     if own:
         return list(convert_encodings(own))
@@ -575,7 +578,8 @@ def convert_faithfully(ds: Dataset, tag: BaseTag) -> DataElement:
     inherits) strictly gives them (:func:`_decode_value`): pydicom warns and writes U+FFFD for
     each undecodable byte, so two PatientIDs (or ROI names, comments a job reads its entity from)
     that differ only in those bytes would read alike and two patients would become one entity; it
-    falls back to Latin-1 for a whole value
+    reads bytes above 0x7F under the default ASCII as Latin-1 without a word (a UTF-8 ``MÜLLER``
+    written without (0008,0005) became ``MÃ\\x9cLLER``), falls back to Latin-1 for a whole value
     of ISO 2022 code extensions that does not decode, and keeps the escape sequence of ISO 2022
     IR 58 as text. Such an element is converted by :func:`escape_undecodable`
     (:func:`escape_undecodable_text` for ST, LT, UT) instead, each undecodable byte as ``\\xNN``,
@@ -681,10 +685,10 @@ def undecodable_note(ds: Dataset, keyword: str) -> str | None:
     elif elem.VR not in _CHARSET_VRS or not any("\\" in text for text in _texts(elem.value)):
         return None  # a single value of these VRs holds a backslash only where an escape was written
     declared = ds.get("SpecificCharacterSet")
-    charset = "\\".join(_texts(declared)) if declared else "ISO_IR 6"
+    charset = "\\".join(_texts(declared)) if declared else "ISO_IR 6 (absent: the default, ASCII)"
     return (f"{elem.tag} {keyword}, the entity, holds bytes that (0008,0005) Specific Character Set {charset} "
             "cannot decode: each is read as \\xNN, so ids that differ only in those bytes stay apart (pydicom "
-            "would make them all U+FFFD); fix the character set or the ids where the "
+            "would make them U+FFFD, or Latin-1 letters under ASCII); fix the character set or the ids where the "
             "files were exported if this patient's files must match others'")
 
 
