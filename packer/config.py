@@ -95,8 +95,9 @@ class WindowSpec:
 class TargetConfig:
     """A source's ``label:``: where each sample's training target comes from and what it is
     (see :mod:`packer.targets`). ``origin``: ``table`` (columns of the label table), ``folder``
-    (the first path component under the root, the ImageFolder layout), ``attribute`` (a DICOM
-    header attribute) or ``none`` (unlabeled). ``kind``: class, multilabel, numeric or none.
+    (a folder of the file's path under the root: the ``component``-th, as ``fields:`` count them;
+    0, the first, is the ImageFolder layout, 1 a ``train/<class>/<file>`` tree's), ``attribute``
+    (a DICOM header attribute) or ``none`` (unlabeled). ``kind``: class, multilabel, numeric or none.
     ``value_map``: raw value → class name (a value the map lacks is ``unknown_label``), or, for
     a multilabel column of names, raw token → label name or None (the token is dropped; a token
     the map lacks is kept as it is).
@@ -119,6 +120,7 @@ class TargetConfig:
     uncertain: tuple[tuple[str, str], ...] = ()
     uncertain_values: tuple[str, ...] | None = None
     blank: str = "bad"
+    component: int = 0
 
     @property
     def is_default(self) -> bool:
@@ -153,7 +155,7 @@ class TargetConfig:
         return self.blank == "ignore" or any(policy == "ignore" for _, policy in self.uncertain)
 
     def to_json(self) -> Any:
-        if self.origin in ("none", "folder") and not self.value_map:
+        if self.origin in ("none", "folder") and not self.value_map and not self.component:
             return self.origin
         out: dict[str, Any] = {"kind": self.kind}
         if self.origin == "table":
@@ -162,6 +164,8 @@ class TargetConfig:
             out["attribute"] = self.attribute
         else:
             out["folder"] = True
+            if self.component:  # absent at 0, so a job without it keeps its config_hash
+                out["component"] = self.component
         if self.value_map:
             out["map"] = dict(self.value_map)
         if self.separator is not None:
@@ -1242,10 +1246,18 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
                               f"have uncertain or blank cells; remove '{key}:'")
     if "attribute" in raw:
         return _attribute_target(raw["attribute"], attribute_labels, target_kind, value_map, where)
+    if "component" in raw and "folder" not in raw:
+        raise ConfigError(f"{where}.component: says which folder of the path is the class, with folder: true; "
+                          "remove it, or write label: {folder: true, component: N}")
     if "folder" in raw:
         if raw["folder"] is not True or target_kind != "class":
             raise ConfigError(f"{where}.folder: folder names are class labels: use folder: true with kind: class")
-        return TargetConfig(origin="folder", columns=(), value_map=value_map)
+        component = int(raw.get("component", 0))
+        if component == -1:
+            raise ConfigError(f"{where}.component: -1 is the file name, not a folder; the class is a folder of the "
+                              "path: 0 the first under the root, 1 the next (train/<class>/<file>), -2 the file's "
+                              "own folder")
+        return TargetConfig(origin="folder", columns=(), value_map=value_map, component=component)
     columns = (raw["column"],) if "column" in raw else tuple(raw["columns"])
     if len(set(columns)) != len(columns):
         raise ConfigError(f"{where}.columns: {sorted(c for c in columns if columns.count(c) > 1)[0]!r} is listed "
@@ -1819,6 +1831,26 @@ def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, h
                               f"{split.column!r} of the source's table (or a field of that name read from each "
                               "path, fields:), and this source has neither; add a table or the field, or give the "
                               "split as lists (by: list)")
+        _check_split_not_class(index, source, split)
+
+
+def _check_split_not_class(index: int, source: SourceConfig, split: SplitConfig) -> None:
+    """Refuses a ``label: folder`` source whose split field reads the very folder the class is
+    read from: a tree shipped as ``train/<class>/<file>`` with ``fields: {split: {component: 0}}``
+    and a plain ``label: folder`` would make every class its split's name, silently."""
+    target = source.target
+    if target.origin != "folder":
+        return
+    field = next((f for f in source.fields if f.name == split.column and f.component is not None), None)
+    if field is None or field.component != target.component:
+        return
+    label = "folder" if not target.component else f"{{folder: true, component: {target.component}}}"
+    suggested = field.component + 1 if field.component >= 0 else field.component - 1
+    raise ConfigError(f"sources[{index}] (source {source.name!r}): the class (label: {label}) and "
+                      f"the split (split.column {split.column!r}, fields.{field.name}: {{component: "
+                      f"{field.component}}}) read the same folder of each path, so every class would be its split's "
+                      f"name; where the tree is <split>/<class>/<file>, read the class from the folder below it: "
+                      f"label: {{folder: true, component: {suggested}}}")
 
 
 def windows_fix(channels: int, where: str) -> str:

@@ -7,6 +7,7 @@ folder, a DICOM header attribute, nowhere) and what it is (one class, several la
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import webdataset as wds
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -172,6 +174,73 @@ def test_an_imagefolder_tree_takes_each_class_from_its_folder(tmp_path: Path, ki
     for item in _samples(result):
         assert names[int(item["label"])] == records[item["key"]]["json"]["label"]
     _deep_ok(result)
+
+
+def _readme_split_folders_recipe() -> dict[str, Any]:
+    """The README's job for an image tree shipped as split folders of class folders, as printed."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("its class from the second", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    doc: dict[str, Any] = yaml.safe_load(textwrap.dedent(block))
+    return doc
+
+
+def test_the_readme_split_folders_recipe_packs_each_file_under_its_class_folder(tmp_path: Path) -> None:
+    """README, by: column: a dataset shipped as train/, val/, test/ folders, each of class
+    folders. Pasted as printed, every sample's class is its class folder, not its split's."""
+    recipe = _readme_split_folders_recipe()
+    data = tmp_path / recipe["sources"][0]["root"]
+    seed = 0
+    for split, count in (("train", 4), ("val", 2), ("test", 2)):
+        for cls in ("cat", "dog"):
+            for i in range(count):
+                seed += 1
+                _photo(data / split / cls / f"{cls}{i}_{split}.png", seed)
+    job = write_job(tmp_path, {"name": "folders", **recipe, "transform": {"image": {"size": [32, 32]}},
+                               "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")})
+    result = _build(job)
+    manifest = _manifest(result)
+    assert manifest["label_map"] == {"cat": 0, "dog": 1}
+    assert {name: manifest["splits"][name]["samples"] for name in ("train", "valid", "test")} == {
+        "train": 8, "valid": 4, "test": 4}
+    names = {v: k for k, v in manifest["label_map"].items()}
+    seen = 0
+    for split in ("train", "valid", "test"):
+        urls = sorted(str(p) for p in result.version_dir.glob(f"{split}-*.tar"))
+        for record in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
+            folder, cls, _ = record["json"]["path"].split("/")
+            assert names[int(record["cls"])] == cls and {"val": "valid"}.get(folder, folder) == split, record["json"]
+            seen += 1
+    assert seen == 16
+
+
+def test_a_class_folder_that_is_the_split_folder_is_a_config_error(tmp_path: Path) -> None:
+    """label: folder reads the first folder; with the split read from that folder too, every
+    class would be its split's name: refused, naming both keys and the class folder to read."""
+    (tmp_path / "data").mkdir()
+    source = {"kind": "image", "root": str(tmp_path / "data"), "label": "folder",
+              "fields": {"split": {"component": 0}}}
+    job = _job(tmp_path, [source], split={"by": "column", "column": "split"})
+    with pytest.raises(ConfigError, match=r"label: folder.*fields\.split: \{component: 0\}.*same folder.*"
+                                          r"label: \{folder: true, component: 1\}"):
+        load_job(job)
+
+
+def test_a_class_folder_component_may_not_be_the_file_name(tmp_path: Path) -> None:
+    job = _job(tmp_path, [{"kind": "image", "root": str(tmp_path), "label": {"folder": True, "component": -1}}])
+    with pytest.raises(ConfigError, match=r"label\.component: -1 is the file name"):
+        load_job(job)
+
+
+def test_a_file_above_the_class_folder_depth_is_missing_label(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    for i in range(4):
+        _photo(raw / "train" / ("cat", "dog")[i % 2] / f"{i}.png", i)
+    _photo(raw / "train" / "loose.png", 9)  # in the split folder, no class folder below it
+    result = _build(_job(tmp_path, [{"kind": "image", "root": str(raw), "label": {"folder": True, "component": 1}}],
+                         validate={"max_bad_fraction": 0.5}))
+    assert _manifest(result)["label_map"] == {"cat": 0, "dog": 1}
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "missing_label" and "label.component 1" in record["message"]
 
 
 # -- a DICOM attribute ----------------------------------------------------------------------

@@ -53,12 +53,22 @@ def cell_policy(target: TargetConfig) -> CellPolicy:
 
 
 def from_folder(target: TargetConfig, relpath: str, root: str, known: tuple[str, ...] = ()) -> str | Refused:
-    """The class of a file at ``relpath`` under a ``label: folder`` source: its first folder."""
-    folder, slash, _ = relpath.partition("/")
-    if not slash:
-        return Refused("missing_label", f"{root}/{relpath}: directly under the root, not in a class folder; "
-                                        "a 'label: folder' source reads the class from root/<class>/<file>: "
-                                        "move the file into its class folder")
+    """The class of a file at ``relpath`` under a ``label: folder`` source: its first folder, or
+    the ``component``-th part of its path (``label: {folder: true, component: 1}``: the class
+    folder of a ``train/<class>/<file>`` tree), counted as ``fields:`` count them. A file whose
+    path has no folder there (the index falls on its file name, or past it) has no class."""
+    parts = relpath.split("/")
+    index = target.component
+    folders = len(parts) - 1
+    if not (0 <= index < folders or -len(parts) <= index <= -2):
+        if not target.component:
+            return Refused("missing_label", f"{root}/{relpath}: directly under the root, not in a class folder; "
+                                            "a 'label: folder' source reads the class from root/<class>/<file>: "
+                                            "move the file into its class folder")
+        return Refused("missing_label", f"{root}/{relpath}: its path has {folders} folder(s), none at label.component "
+                                        f"{index} (0: the first folder under the root, -2: the file's own): move "
+                                        "the file into its class folder, or fix label.component")
+    folder = parts[index]
     return _mapped(target, folder, f"{root}/{relpath}, folder {folder!r}", known)
 
 

@@ -458,7 +458,7 @@ def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> s
     if target.origin == "attribute":
         settings.append(f"attribute: {target.attribute}")
     elif target.origin == "folder":
-        settings.append("folder: true")
+        settings.append("folder: true" + (f", component: {target.component}" if target.component else ""))
     elif len(target.columns) == 1:
         settings.append(f"column: {_flow_text(target.columns[0])}")
     else:
