@@ -774,6 +774,26 @@ def test_a_missing_label_says_whether_the_row_is_missing_or_its_cell_is_empty(tm
         "data, the source's 'label: none')")
 
 
+def test_a_folder_labelled_file_without_a_row_is_missing_label_naming_the_row_not_an_entity_cell(
+        tmp_path: Path) -> None:
+    """label: folder with a table whose entity column is its path column: a file the table has no
+    row for was missing_entity, told to fill "its entity column" though it has no row at all.
+    README (files: root): one without a row is a missing_label bad sample."""
+    from packer.pipeline.datacheck import validate_job
+
+    _files(tmp_path / "raw", ["cat/a.png", "cat/b.png", "dog/c.png", "dog/d.png"], real=True)
+    _csv(tmp_path / "files.csv", "path", ["cat/a.png", "cat/b.png", "dog/c.png"])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": "files.csv", "label": "folder", "entity": "path"},
+                        validate={"max_bad_fraction": 1.0}))
+    issues = {Path(i.path).name: i for i in validate_job(job, scheduler="sync", quiet=True).prepared.issues}
+    assert {name: i.reason for name, i in issues.items()} == {"d.png": "missing_label"}
+    assert issues["d.png"].message == (
+        f"{tmp_path / 'raw' / 'dog' / 'd.png'}: no row of {tmp_path / 'files.csv'} names 'dog/d.png': a label: "
+        "folder source with a table takes each file's class from its folder and its entity from its row (column "
+        "'path', the source's entity:), so a file without a row is not packed; add its row, or, where the table "
+        "names only the dataset's files, set table.files: table")
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

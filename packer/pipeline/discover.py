@@ -771,8 +771,14 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
             excluded.append(Excluded(sample_id, path, "discover", "not_in_table", said))
             continue
         label = _target_text(source, rel, row, known)
+        # a folder-labelled source whose entity is its table's: a file without a row lacks the row,
+        # not an entity cell, and is missing_label as a table-labelled one is (README, files: root)
+        rowless = (row is None and table is not None and source.target.origin == "folder"
+                   and not kind.identity_in_header and source.entity_path is None)
+        if rowless and isinstance(label, str):
+            label = None
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
-        if label is None and table is not None and source.target.origin == "table":
+        if label is None and table is not None and (source.target.origin == "table" or rowless):
             if cells is None:
                 cells = _cells_naming_files(rows)
             if escaped is None:
@@ -790,6 +796,12 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
                 why = (f"no label: no row of {table} names {rel!r}, but row {rows[twin].row} names {twin!r}, which "
                        "differs from it only in case (file names compare with their case; that row's own record is "
                        "missing_file): write the row as the file is named")
+            elif rowless:
+                why = _unnameable(rel, table) or (
+                    f"no row of {table} names {rel!r}: a label: folder source with a table takes each file's class "
+                    f"from its folder and its entity from its row (column {source.entity!r}, the source's entity:), "
+                    "so a file without a row is not packed; add its row, or, where the table names only the "
+                    f"dataset's files, set {kind.table_key}.files: table")
             else:
                 why = _unnameable(rel, table) or (
                     f"no label: no row of {table} names {rel!r}; add its row, or, where the table names only the "
