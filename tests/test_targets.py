@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from packer.demo import render_photo, write_ct_slice, write_demo_key, write_phot
 from packer.errors import ConfigError
 from packer.loader import ShardDataset, make_loader
 from packer.pipeline.build import BuildOptions, BuildResult, build
-from packer.targets import Target, number_text
+from packer.targets import Refused, Target, mapped_name, names_text, number_text, target_class
 from packer.verify import verify_dataset
 from tests.helpers import write_job
 
@@ -241,6 +242,39 @@ def test_a_file_above_the_class_folder_depth_is_missing_label(tmp_path: Path) ->
     assert _manifest(result)["label_map"] == {"cat": 0, "dog": 1}
     (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
     assert record["reason"] == "missing_label" and "label.component 1" in record["message"]
+
+
+def test_a_class_folder_in_another_unicode_form_is_the_listed_label(tmp_path: Path) -> None:
+    """macOS names a folder café as e and a combining accent (NFD); the job's labels: typed it
+    as one code point (NFC). The two print alike: every file was unknown_label saying "'café'
+    is not in the job's labels (café, dog)". The folder is the listed class, in its spelling."""
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    raw = tmp_path / "raw"
+    for i in range(6):
+        _photo(raw / (nfd, "dog")[i % 2] / f"{i}.png", i)
+    result = _build(_job(tmp_path, [{"kind": "image", "root": str(raw), "label": "folder"}], labels=[nfc, "dog"]))
+    manifest = _manifest(result)
+    assert manifest["label_map"] == {nfc: 0, "dog": 1} and manifest["bad_samples"]["total"] == 0
+    assert manifest["splits"]["train"]["class_counts"] == {nfc: 3, "dog": 3}
+
+
+def test_a_name_the_labels_list_in_two_unicode_forms_is_unknown_naming_both() -> None:
+    """A labels: list holding café in both forms: a third spelling matching both is no class (a
+    guess would merge two listed classes); the message shows their code points."""
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    assert mapped_name(nfd, {}, (nfc, "dog"), "x.png") == nfc
+    assert mapped_name(nfd, {}, (nfd, nfc), "x.png") == nfd  # a listed spelling is itself
+    a_ring = ("\u00c5", "A\u030a", "\u212b")  # Å: one code point, A and a combining ring, the angstrom sign
+    refused = mapped_name(a_ring[0], {}, a_ring[1:], "x.png")
+    assert isinstance(refused, Refused) and refused.reason == "unknown_label"
+    assert "'A\\u030a' and '\\u212b' in all but Unicode form" in refused.message and "keep one" in refused.message
+
+
+def test_a_multilabel_name_in_another_unicode_form_is_the_listed_label() -> None:
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    text = target_class("multilabel").text_of_cells({"findings": f"{nfd}|dog"}, where="t.csv row 2", separator="|",
+                                                    value_map={}, known=(nfc, "dog"))
+    assert text == names_text([nfc, "dog"])
 
 
 # -- a DICOM attribute ----------------------------------------------------------------------

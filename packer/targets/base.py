@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -152,9 +153,31 @@ def mapped_name(value: str, value_map: Mapping[str, str | None], known: Sequence
                                             f"({', '.join(value_map)}); add it to 'map:'")
         value = mapped
     if known and value not in known:
-        return Refused("unknown_label", f"{where}: {value!r} is not in the job's labels ({', '.join(known)}); "
-                                        "fix the value or add the label")
+        twins = unicode_twins(value, known)
+        if len(twins) == 1:
+            return twins[0]
+        return Refused("unknown_label", f"{where}: {value!r} is not in the job's labels ({', '.join(known)})"
+                                        f"{twins_said(twins)}; fix the value or add the label")
     return value
+
+
+def unicode_twins(value: str, known: Sequence[str]) -> list[str]:
+    """The names of the job's labels (``known``) that ``value`` equals in Unicode form only
+    (after NFC): a class folder macOS named ``café`` as ``e`` and a combining accent (NFD) is
+    the listed ``café`` typed as one code point, which prints the same. One such name is the
+    class, in the job's spelling, so the label map holds the job's names whichever form a file
+    used; two (a list spelling one name in both forms) are no class: a guess would merge them."""
+    folded = unicodedata.normalize("NFC", value)
+    return [name for name in known if name != value and unicodedata.normalize("NFC", name) == folded]
+
+
+def twins_said(twins: Sequence[str]) -> str:
+    """What an ``unknown_label`` message adds where the value equals several listed names in
+    Unicode form only (they print alike, so their code points are shown)."""
+    if not twins:
+        return ""
+    return (f", though it equals {' and '.join(ascii(name) for name in twins)} in all but Unicode form (one code "
+            "point, NFC, or a letter and a combining mark, NFD), which the labels list as different names: keep one")
 
 
 def count_shares(counts: Mapping[str, int], total: int) -> dict[str, dict[str, float | int]]:

@@ -41,6 +41,8 @@ from packer.targets.base import (
     names_text,
     register_target_kind,
     shares_text,
+    twins_said,
+    unicode_twins,
 )
 
 #: The by-label name ``packer diff`` counts a sample under that holds none of the labels.
@@ -63,8 +65,12 @@ def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[s
         if name is None:
             continue
         if known and name not in known:
-            return Refused("unknown_label", f"{where}: {name!r} is not in the job's labels ({', '.join(known)}); "
-                                            "fix the value, add the label, or map the token ('map:')")
+            twins = unicode_twins(name, known)  # the listed name in another Unicode form: that name
+            if len(twins) != 1:
+                return Refused("unknown_label", f"{where}: {name!r} is not in the job's labels ({', '.join(known)})"
+                                                f"{twins_said(twins)}; fix the value, add the label, or map the token "
+                                                "('map:')")
+            name = twins[0]
         if SEPARATOR in name or name.startswith(IGNORED):
             return Refused("bad_target", f"{where}: label name {name!r} may not contain {SEPARATOR!r} or start with "
                                          f"{IGNORED!r}; map the token to another name ('map:')")
