@@ -157,7 +157,7 @@ class MemberIssue:
 #: as a mask or label map), ``straddles_cutoff`` (a record of an entity that straddles a time
 #: split's cutoff, left out by ``split.entity_policy: drop_straddlers``; stage ``split``).
 EXCLUSIONS = ("not_in_table", "filtered", "not_image", "not_requested", "annotation", "label_conflict",
-              "not_downloaded", "unsupported_format", "label_map", "straddles_cutoff")
+              "not_downloaded", "unsupported_format", "label_map", "straddles_cutoff", "folder_link")
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,36 @@ def test_with_outside_root_allowed_a_link_back_up_the_tree_lists_each_file_once(
     assert [r.relpath for r in found.refs] == ["a/1.png", "far/far.png"] and found.issues == []
 
 
+@pytest.mark.parametrize("outside_root", ["reject", "allow"])
+def test_a_class_folder_linked_to_another_under_the_root_is_left_out_file_by_file_and_said(
+        tmp_path: Path, outside_root: str) -> None:
+    """data/kitty -> cat: its files were neither packed, nor bad, nor left out, and nothing said
+    so (with outside_root: allow too, where the walk enters each real folder once). Packing them
+    twice would put the same bytes in two classes; each path through the link is a folder_link
+    record naming the link and the folder its files are packed from, and the class it would
+    have been is warned of."""
+    root = tmp_path / "data"
+    for name in ("cat/c0.png", "cat/c1.png", "dog/d0.png"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"\x89PNG fake")
+    (root / "kitty").symlink_to("cat", target_is_directory=True)
+    job = {"name": "t", "sources": [{"kind": "image", "root": "data", "label": "folder"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out",
+           "safety": {"outside_root": outside_root}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert [(r.relpath, r.label) for r in found.refs] == [("cat/c0.png", "cat"), ("cat/c1.png", "cat"),
+                                                          ("dog/d0.png", "dog")]
+    assert found.issues == []
+    linked = [e for e in found.excluded if e.why == "folder_link"]
+    assert [e.path for e in linked] == [f"{root}/kitty/c0.png", f"{root}/kitty/c1.png"]
+    assert f"{root}/kitty and {root}/cat are one folder" in linked[0].detail
+    assert f"packed once, as {root}/cat/c0.png" in linked[0].detail
+    assert linked[0].sample_id == make_sample_id("data", "kitty/c0.png")
+    (said,) = [w for w in found.warnings if "kitty" in w]
+    assert "'kitty' -> 'cat' (2 file(s))" in said and "why folder_link" in said
+
+
 def test_sample_ids_are_keyed_when_pseudonymizing() -> None:
     from packer.phi import Pseudonymizer
 

@@ -409,7 +409,8 @@ def _render_excluded(data: ReportData) -> str:
             "unsupported_format: an image of a format packer does not read (WebP, GIF, ...): convert it to PNG; "
             "label_map: a file a source without a table would pack as an image, though its folder or name marks "
             "it as a mask or label map (masks/, labelsTr/, *_seg); straddles_cutoff: a record of an entity that "
-            "straddles a time split's cutoff, left out by entity_policy: drop_straddlers.</p>"
+            "straddles a time split's cutoff, left out by entity_policy: drop_straddlers; folder_link: a file "
+            "seen through a link to a folder already under the root, packed once under its own path.</p>"
             f'<div class="cols">{"".join(counts)}</div>')
     records = data.excluded_records
     if records is None:

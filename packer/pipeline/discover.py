@@ -68,7 +68,8 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
 
 
 def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
-                   progress: Progress | None = None, unlisted: list[tuple[str, str]] | None = None) -> list[str]:
+                   progress: Progress | None = None, unlisted: list[tuple[str, str]] | None = None,
+                   aliases: list[tuple[str, str]] | None = None) -> list[str]:
     """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
     Paths were the client's largest short-lived allocation. Without ``follow_links``, links to
@@ -80,10 +81,14 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     under a hidden folder of the root is walked all the same, its files listed at the link's
     paths (they are nowhere else; each such folder once). A folder that cannot be listed (no read or
     execute permission) goes into ``unlisted`` as (its relative path, why), where given: its files
-    are not silently missing."""
+    are not silently missing. A folder not walked because its files are listed at other paths (a
+    link to a folder under the root, ``kitty -> cat``; with ``follow_links``, any folder whose
+    real folder was walked the first way) goes into ``aliases`` as (its relative path, the
+    relative path its files are listed under; "" for the root), where given: its files are one
+    each, listed once, and :func:`_aliased_files` accounts for the paths not listed."""
     top = os.fspath(root)
     found: list[str] = []
-    walked: set[tuple[int, int]] = set()
+    walked: dict[tuple[int, int], str] = {}
 
     def refused(err: OSError) -> None:
         if unlisted is not None and err.filename is not None:
@@ -91,14 +96,14 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
             unlisted.append((rel, err.strerror or str(err)))
 
     real_top = os.path.realpath(top)
-    pending, entered = [top], {real_top}
+    pending, entered = [top], {real_top: ""}
     while pending:
         for folder, dirs, files in os.walk(pending.pop(), followlinks=follow_links, onerror=refused):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if follow_links:
-                dirs[:] = _first_visits(folder, dirs, walked)
             prefix = os.path.relpath(folder, top).replace(os.sep, "/")
             prefix = "" if prefix == "." else prefix + "/"
+            if follow_links:
+                dirs[:] = _first_visits(folder, prefix, dirs, walked, aliases)
             before = len(found)
             found.extend(prefix + name for name in files if not name.startswith("."))
             if progress is not None:
@@ -114,9 +119,14 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
                     # a link into a hidden folder of the root (raw/cat -> raw/.store/cat, as caches
                     # and annexes lay files out): the walk never lists those files at their own
                     # paths, so they are listed at the link's
-                    entered.add(target)
+                    entered[target] = prefix + d
                     pending.append(path)
-                elif links is not None:
+                    continue
+                if aliases is not None:
+                    listed_at = _listed_at(target, real_top, entered)
+                    if listed_at is not None:
+                        aliases.append((prefix + d, listed_at))
+                if links is not None:
                     links.append(prefix + d)
     found.sort()
     return found
@@ -130,22 +140,43 @@ def _hidden_inside(target: str, root: str) -> bool:
     return rel != "." and parts[0] != ".." and any(part.startswith(".") for part in parts)
 
 
-def _first_visits(folder: str, dirs: list[str], walked: set[tuple[int, int]]) -> list[str]:
-    """The subfolders of ``folder`` whose real folder no walk has reached yet (by device and
-    inode, recorded in ``walked``; the root's is recorded on its first call), real ones first."""
+def _listed_at(target: str, real_top: str, entered: Mapping[str, str]) -> str | None:
+    """The relative path under which the walk lists the files of the real folder ``target`` that
+    a link not entered leads to: its own path under the root, or, in a hidden folder, the path of
+    the link through which the walk entered it (``entered``); None outside the root, or in a
+    hidden folder no link entered."""
+    for real, at in entered.items():
+        if at and (target == real or target.startswith(real + os.sep)):
+            rest = os.path.relpath(target, real).replace(os.sep, "/")
+            return at if rest == "." else f"{at}/{rest}"
+    rel = os.path.relpath(target, real_top)
+    if rel.split(os.sep)[0] == ".." or _hidden_inside(target, real_top):
+        return None
+    return "" if rel == "." else rel.replace(os.sep, "/")
+
+
+def _first_visits(folder: str, prefix: str, dirs: list[str], walked: dict[tuple[int, int], str],
+                  aliases: list[tuple[str, str]] | None = None) -> list[str]:
+    """The subfolders of ``folder`` (at ``prefix`` under the root) whose real folder no walk has
+    reached yet (by device and inode, recorded in ``walked`` with the relative path it was walked
+    at; the root's is recorded on its first call), real ones first. Each other one goes into
+    ``aliases`` as (its relative path, the one its files are listed under), where given."""
     if not walked:
         with contextlib.suppress(OSError):
             info = os.stat(folder)
-            walked.add((info.st_dev, info.st_ino))
+            walked[(info.st_dev, info.st_ino)] = ""
     kept = []
     for name in sorted(dirs, key=lambda d: os.path.islink(os.path.join(folder, d))):
         try:
             info = os.stat(os.path.join(folder, name))
         except OSError:
             continue
-        if (info.st_dev, info.st_ino) not in walked:
-            walked.add((info.st_dev, info.st_ino))
+        key = (info.st_dev, info.st_ino)
+        if key not in walked:
+            walked[key] = prefix + name
             kept.append(name)
+        elif aliases is not None:
+            aliases.append((prefix + name, walked[key]))
     return kept
 
 
@@ -188,18 +219,20 @@ def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> s
 
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
                     quiet: bool = False, unsupported: dict[str, str] | None = None,
-                    unlisted: list[tuple[str, str]] | None = None) -> list[str]:
+                    unlisted: list[tuple[str, str]] | None = None,
+                    aliases: list[tuple[str, str]] | None = None) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
     recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
     files and folders are skipped (``links``: see :func:`_walk_relpaths`). The files of formats
     the kind finds but cannot read (a WebP image: :meth:`unsupported`) go into ``unsupported``
     (relative path → what it is and what to do), where given; folders that cannot be listed into
-    ``unlisted`` (:func:`_walk_relpaths`). A long walk shows a ``listing``
+    ``unlisted``, folders whose files are listed at other paths into ``aliases``
+    (:func:`_walk_relpaths`). A long walk shows a ``listing``
     progress line (files found), a long look at heads a ``sniffing`` one (files looked at),
     unless ``quiet``."""
     with stage_progress("listing", None, unit="files", quiet=quiet) as walking:
-        walked = _walk_relpaths(root, follow_links, links, walking, unlisted)
+        walked = _walk_relpaths(root, follow_links, links, walking, unlisted, aliases)
     out = []
     with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
         for rel in walked:
@@ -284,19 +317,21 @@ def _link_out(path: Path, root: Path) -> Path | None:
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
                   unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
-                  unlisted: list[tuple[str, str]] | None = None) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
+                  unlisted: list[tuple[str, str]] | None = None, aliases: list[tuple[str, str]] | None = None
+                  ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
     were not entered go (without ``allow_outside``); ``unsupported``: where (relative path, path
     or URL, what it is) of each file of a format the source's kind cannot read goes, sorted;
-    ``present``: for a URL root, where the relative path of every object under it goes."""
+    ``present``: for a URL root, where the relative path of every object under it goes;
+    ``aliases``: where the folders whose files are listed at other paths go (:func:`_walk_relpaths`)."""
     if isinstance(source.root, str):
         remote = list_remote_source(source, storage_options, unsupported=unsupported, present=present)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     root = os.fspath(source.root)
     by_rel: dict[str, str] = {}
     relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links,
-                               quiet=quiet, unsupported=by_rel, unlisted=unlisted)
+                               quiet=quiet, unsupported=by_rel, unlisted=unlisted, aliases=aliases)
     if unsupported is not None:
         unsupported.extend((rel, os.path.join(root, rel), what) for rel, what in sorted(by_rel.items()))
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
@@ -305,8 +340,9 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
 def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None,
                         named: Container[str] = ()) -> list[Issue]:
     """One ``outside_root`` record per link to a folder outside the source root: its files are
-    not read, and nothing may be dropped unsaid. A link to a folder inside the root is left out
-    quietly: its files are listed at their own paths. A link a table row names itself (in
+    not read, and nothing may be dropped unsaid. A link to a folder inside the root gets none:
+    its files are listed at their own paths, and each path through the link is a ``folder_link``
+    record of its own (:func:`_aliased_files`). A link a table row names itself (in
     ``named``, the rows' relative paths) gets none: that row's ``missing_file`` record (a folder
     is not a file, :func:`_folder_row_issue`) is its one record, and says where the link leads,
     so the link is counted once."""
@@ -327,6 +363,57 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
                             message=f"{link} is a link to the folder {target}, outside the source root {source.root}; "
                                     "its files were not read: move them in, or set safety.outside_root: allow"))
     return issues
+
+
+def _aliased_files(source: SourceConfig, aliases: Sequence[tuple[str, str]], relpaths: Sequence[str],
+                   phi: Pseudonymizer | None, named: Container[str] = ()) -> dict[str, list[Excluded]]:
+    """One ``folder_link`` record per file seen through a folder not walked because its files are
+    listed at other paths (``aliases``, :func:`_walk_relpaths`: ``kitty -> cat``, a link to a folder
+    already under the root): each such file is packed once, under the path it is listed at, and
+    the paths through the link are left out on purpose, said, not silently dropped. Packing them
+    again would put the same bytes in the dataset twice, in two splits as like as not. A path a
+    table row names (``named``) gets none: the row's own record says it. ``relpaths``: the
+    listing's, sorted. The records by the folder (relative path) they were seen through."""
+    root = os.fspath(source.root)
+    out: dict[str, list[Excluded]] = {}
+    for alias, listed_at in aliases:
+        prefix = f"{listed_at}/" if listed_at else ""
+        start = bisect.bisect_left(relpaths, prefix)
+        link, folder = os.path.join(root, alias), os.path.join(root, listed_at) if listed_at else root
+        for rel in relpaths[start:]:
+            if not rel.startswith(prefix):
+                break
+            seen = f"{alias}/{rel[len(prefix):]}"
+            if seen in named:
+                continue
+            out.setdefault(alias, []).append(Excluded(
+                make_sample_id(source.name, seen, phi), f"{root}/{seen}", "discover",
+                "folder_link", f"{link} and {folder} are one folder, reached through a folder link under the source "
+                f"root: this file is packed once, as {os.path.join(root, rel)}, not again at this path"))
+    return out
+
+
+def _aliased_class_warning(source: SourceConfig, aliases: Sequence[tuple[str, str]],
+                           linked: Mapping[str, Sequence[Excluded]], *, hide_names: bool = False) -> str:
+    """Under ``label: folder``, the warning for class folders whose files were left out as
+    ``folder_link`` (:func:`_aliased_files`): a link ``kitty -> cat`` reads as a class of its own,
+    but its files are packed once, in the class of the folder they are listed in."""
+    if source.target.origin != "folder" or not linked:
+        return ""
+    root = os.fspath(source.root)
+    classes = [(alias, listed_at) for alias, listed_at in aliases
+               if linked.get(alias) and alias.partition("/")[0] != listed_at.partition("/")[0]]
+    if not classes:
+        return ""
+    if hide_names:
+        shown = f"{len(classes)} class folder(s)"
+    else:
+        shown = ", ".join(f"{alias!r} -> {listed_at or '.'!r} ({len(linked[alias])} file(s))"
+                          for alias, listed_at in classes[:3]) + (" ..." if len(classes) > 3 else "")
+    return (f"source {source.name!r}: class folder(s) that are links to a folder already under the root {root}: "
+            f"{shown}; their files are packed once, in the class of the folder they lie in, and "
+            "left out at the link's paths (excluded.jsonl, why folder_link). To make a link's name a class of its "
+            "own, copy its files there instead of linking, or label the files with a table")
 
 
 def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, str]],
@@ -1132,11 +1219,12 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     except ConfigError as err:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
+    aliases: list[tuple[str, str]] = []
     unlisted: list[tuple[str, str]] = []
     unsupported: list[tuple[str, str, str]] = []
     present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,
-                                  present=present, unlisted=unlisted)
+                                  present=present, unlisted=unlisted, aliases=aliases)
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
     masks_out: list[Excluded] = []
     if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
@@ -1164,6 +1252,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         rows = _rows_of_readable(source, rows, unsupported)  # an unsupported file's row is said by its record
     # a link a row names is that row's record (_unlisted_rows), not a second one of its own
     issues: list[Issue] = _folder_link_issues(source, links, phi, named=rows) if links else []
+    linked = _aliased_files(source, aliases, relpaths, phi, named=rows) if aliases else {}
+    excluded.extend(record for records in linked.values() for record in records)
     issues.extend(_unlisted_folder_issues(source, unlisted, phi))
     issues.extend(unnamed)
     for cell, _row, reason, message in unplaced:
@@ -1184,7 +1274,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = refs.take(pc.sort_indices(refs.arrow("relpath")).to_numpy())
     warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
                                                 hide_ids=phi is not None and phi.active),
-                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active))
+                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
+                                 _aliased_class_warning(source, aliases, linked,
+                                                        hide_names=phi is not None and phi.active))
                      if w]
     return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
 
