@@ -677,6 +677,30 @@ def test_a_dangling_or_looping_link_is_named_as_a_link(tmp_path: Path) -> None:
     assert "a symbolic link to self.png that leads back to itself" in looping.message
 
 
+def test_a_broken_absolute_link_is_a_missing_file_not_outside_the_root(tmp_path: Path) -> None:
+    """cat/x.png -> /nonexistent/abs/x.png (a tree copied from another machine) said outside_root,
+    "move the file in, or set safety.outside_root: allow": there is no file to move, and allowing
+    it reads nothing. A broken link is missing_file, naming its target, the image's own or a mask."""
+    gone = tmp_path / "elsewhere" / "nope"  # outside the root, and not there
+    job_path = make_tree(tmp_path, ["x.png,cat,S2,,xm.png", "b.png,cat,S3,,m.png"], ["b.png", "xm.png"],
+                         header="path,label,entity,timestamp,mask")
+    root = tmp_path / "raw"
+    (root / "x.png").symlink_to(gone / "x.png")
+    (root / "m.png").symlink_to(gone / "m.png")
+    doc = yaml.safe_load(job_path.read_text())
+    doc["sources"][0]["mask"] = {"column": "mask"}
+    job_path.write_text(yaml.safe_dump(doc))
+    job = load_job(job_path)
+    found = discover(job)
+    assert [i.reason for i in found.issues if i.reason == "outside_root"] == []
+    (mask,) = [i for i in found.issues if Path(i.path).name == "b.png"]
+    assert mask.reason == "mask_missing"
+    assert f"a symbolic link to {gone / 'm.png'}, which does not exist" in mask.message
+    issue = probe_ref(next(r for r in found.refs if r.relpath == "x.png"), job)
+    assert isinstance(issue, Issue) and issue.reason == "missing_file"
+    assert f"a symbolic link to {gone / 'x.png'}, which does not exist" in issue.message
+
+
 def test_a_file_gone_after_discovery_says_how_it_can_happen_not_re_run_discovery(tmp_path: Path) -> None:
     """'it was listed but is gone, re-run discovery': packer has no discovery to re-run; the file
     was removed during the build, or a cluster's worker does not see it."""

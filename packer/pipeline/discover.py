@@ -54,6 +54,7 @@ from packer.pipeline.tables import (
 )
 from packer.progress import Progress, stage_progress
 from packer.read.kinds import SourceKind, source_kind
+from packer.read.opening import link_text
 from packer.records import Excluded, Issue, SampleRef, safe_key
 from packer.redact import note_names
 from packer.storage import is_url
@@ -276,41 +277,49 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     return kept
 
 
+def _real_outside(path: Path, real_root: Path) -> Path | None:
+    """Where ``path`` really is (links on its way and itself resolved) when that is not under
+    ``real_root`` (a root, resolved); None when it is under it, or when nothing is there to be
+    outside: a broken link (a link to a file that does not exist, absolute or not) is a
+    ``missing_file`` the read names (:func:`~packer.read.opening.open_failure`), never
+    ``outside_root``, whose fix (move the file in, allow outside_root) cannot make it readable.
+    None as well where it cannot be resolved (a loop of links; a folder without permission on
+    the way): the read calls that unreadable, naming it. The one place that decides whether a
+    local file leads outside its root."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # RuntimeError: a loop of links on Python 3.11, 3.12
+        return None
+    return None if real.is_relative_to(real_root) else real
+
+
 def _outside_root(path: Path, real_root: Path) -> bool:
     """A listed file whose real location (symlinks resolved) is not under ``real_root`` (the
-    root, resolved).
+    root, resolved): :func:`_real_outside`.
 
     Only for files listed without following directory links: every folder between the root and
     the file is then a real folder, so only a file that is itself a link can lead outside, and
     one ``lstat`` clears the rest (resolving every path cost 0.1 ms a file, most of discover).
     """
     try:
-        return path.is_symlink() and not path.resolve().is_relative_to(real_root)
-    except RuntimeError:  # a loop of links (Python 3.11, 3.12): it leads nowhere; reading it is unreadable
-        return False
-    except OSError as err:  # a loop (Python 3.13 on), as above; a folder without permission on the way: the
-        return err.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM)  # read says unreadable, naming it
+        return path.is_symlink() and _real_outside(path, real_root) is not None
+    except OSError as err:  # a folder without permission on the way: the read says unreadable, naming it
+        return err.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM)
 
 
 def _resolves_outside(path: Path, root: Path) -> bool:
     """Whether ``path`` (a table row's file the listing did not give), links on its way resolved,
-    lies outside ``root``: a row through a link to a folder outside the root. False where it
-    cannot be resolved (a loop: its read says so)."""
-    try:
-        return not path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError):
-        return False
+    lies outside ``root``: a row through a link to a folder outside the root
+    (:func:`_real_outside`)."""
+    return _real_outside(path, root.resolve()) is not None
 
 
 def _link_out(path: Path, root: Path) -> Path | None:
     """Where ``path`` leads when it is itself a link to somewhere outside ``root`` (the folder a
     link the listing does not enter leads to: :func:`_folder_link_issues`); None otherwise."""
     try:
-        if not path.is_symlink():
-            return None
-        target = path.resolve()
-        return None if target.is_relative_to(root.resolve()) else target
-    except (OSError, RuntimeError):  # a loop: it leads nowhere
+        return _real_outside(path, root.resolve()) if path.is_symlink() else None
+    except OSError:
         return None
 
 
@@ -709,12 +718,8 @@ def _row_file_outside(source: SourceConfig, ref: SampleRef, table: Path | str | 
         relpath = dict(ref.extra).get(column, "").strip()
         if not relpath:
             continue
-        named = Path(source.root) / relpath
-        try:
-            real = named.resolve()
-        except OSError:
-            real = named
-        if not real.is_relative_to(real_root):
+        real = _real_outside(Path(source.root) / relpath, real_root)  # a broken link: _row_file_missing says it
+        if real is not None:
             return Issue.of(ref, stage="discover", reason="outside_root", message=(
                 f"{table} row {row.row if row else '?'}, column {column!r}: {relpath!r} resolves to {real}, outside "
                 f"the source root {source.root}; move the file in, or set safety.outside_root: allow"))
@@ -747,12 +752,15 @@ def _row_file_missing(source: SourceConfig, ref: SampleRef, table: Path | str | 
             except OSError:  # there, but not to be looked at: the read says why
                 continue
         where = f"{table} row {row.row if row else '?'}, column {column!r}"
+        link = None if isinstance(source.root, str) else link_text(named)
+        broken = f", a symbolic link to {link}, which does not exist" if link is not None else ""
         if source.mask is not None and column == source.mask.column:
             return Issue.of(ref, stage="discover", reason="mask_missing", message=(
-                f"{ref.path}: its mask {named} does not exist ({where}); fix the table's mask column or add the file"))
+                f"{ref.path}: its mask {named} does not exist{broken} ({where}); fix the table's mask column or "
+                "add the file" + (", or fix the link" if broken else "")))
         return Issue.of(ref, stage="discover", reason="missing_file", message=(
-            f"{named} ({column}): no such file; {where} names it beside {ref.path}: copy the file there, or fix "
-            "the row"))
+            f"{named} ({column}): no such file{broken}; {where} names it beside {ref.path}: copy the file there, "
+            "or fix the " + ("link or the row" if broken else "row")))
     return None
 
 
