@@ -456,6 +456,35 @@ def test_items_naming_missing_files_warn_with_the_count_an_example_and_the_close
     assert len(built_splits(result)) == 6
 
 
+def test_items_written_in_another_unicode_form_name_their_files_as_table_cells_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder made on macOS is named in NFD (``cafe`` and a combining accent), a list written
+    elsewhere in NFC (one code point for the é): its items named nothing, every café file was a
+    not_in_split bad sample, and the warning's closest path printed exactly like the item. An
+    item names its file across Unicode forms; one spelled as the file is comes first, and the
+    other is then said to differ only in Unicode form."""
+    nfd, nfc = "cafe\u0301", "caf\u00e9"
+    files = {f"{folder}/{i}.png": (f"{folder}{i}", 10 * k + i) for k, folder in enumerate((nfd, "dog"))
+             for i in range(4)}
+    write_tree(tmp_path, files)
+    items = [f"{nfc}/{i}.png" for i in range(4)] + [f"dog/{i}.png" for i in range(4)]
+    (tmp_path / "train.csv").write_text("image\n" + "\n".join(items[0:3] + items[4:7]) + "\n", encoding="utf-8")
+    (tmp_path / "valid.txt").write_text(f"{items[3]}\n{items[7]}\n", encoding="utf-8")
+    job = job_file(tmp_path, {"by": "list", "lists": {"train": {"file": "train.csv", "column": "image"},
+                                                      "valid": "valid.txt"}})
+    result = run_build(job)
+    where = {key(rel): "valid" if rel.endswith("3.png") else "train" for rel in files}
+    assert built_splits(result) == where
+    assert "name no sample" not in capsys.readouterr().err
+    # the file also listed as it is spelled: that item names it, and the other is told why not
+    (tmp_path / "valid.txt").write_text(f"{items[3]}\n{items[7]}\n{nfd}/0.png\n", encoding="utf-8")
+    result = run_build(job)
+    assert built_splits(result) == {**where, key(f"{nfd}/0.png"): "valid"}
+    err = capsys.readouterr().err
+    assert "split.lists.train (train.csv): 1 of its 6 items name no sample (by path), e.g. line 2" in err
+    assert "differs from the item only in Unicode form, NFC against NFD" in err
+
+
 def test_an_item_naming_a_file_refused_as_a_bad_sample_is_said_to_and_not_pointed_at_another_file(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A listed file that is there but truncated was called an item that names no sample, "the

@@ -2,13 +2,15 @@
 
 Public datasets ship their split: NIH ChestX-ray14 two lists of file names, MIMIC-CXR a CSV
 with a ``split`` column, the Medical Segmentation Decathlon ``training`` and ``test`` lists.
-``by: list`` reads one file per split (plain text, one item a line, or a CSV column) whose
-items name samples by ``match``: their ``path`` relative to the source root, their file
-``name``, its ``stem`` (the name without its extension, ``.nii.gz`` as one) or their
-``entity``. ``by: column`` reads each sample's split from a column of its table row, its values
-renamed by ``map``. Either way each sample goes exactly where the data says, even where that
-leaks: the audit (:mod:`packer.pipeline.audit`) then checks the given assignment sample by
-sample. Carving the splits the data lacks is :func:`packer.pipeline.split.assign_splits`'s part.
+``by: list`` reads one file per split (plain text, one item a line, or a CSV column) whose items
+name samples by ``match``: their ``path`` relative to the source root, their file ``name``, its
+``stem`` (the name without its extension, ``.nii.gz`` as one) or their ``entity``; an item
+spelled in another Unicode form than its sample's name (NFC against a macOS folder's NFD) names
+it, as a table's cell names its file. ``by: column`` reads each sample's split from a column of
+its table row, its values renamed by ``map``. Either way each sample goes exactly where the data
+says, even where that leaks: the audit (:mod:`packer.pipeline.audit`) then checks the given
+assignment sample by sample. Carving the splits the data lacks is
+:func:`packer.pipeline.split.assign_splits`'s part.
 
 What is refused, and how:
 
@@ -152,6 +154,29 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
     return items
 
 
+def _respelled(items: dict[str, list[tuple[str, int, str]]], names: set[str]
+               ) -> dict[str, list[tuple[str, int, str]]]:
+    """``items`` with each listed name that names no sample as written, but one of ``names`` in
+    another Unicode form (a list written as NFC text, ``café/0.png``, and a folder made on macOS,
+    named in NFD), keyed by that sample's name instead, as a table's cell names its file
+    (:class:`~packer.pipeline.tables.UnicodeSpelling`). An exact name comes first: an item is
+    respelled only where no item names the sample as written, and only where one item and one
+    name share the normalised form (never a guess)."""
+    from packer.pipeline.tables import UnicodeSpelling
+
+    odd = [name for name in items if name not in names and not name.isascii()]
+    if not odd:
+        return items
+    spelled = UnicodeSpelling(sorted(names))
+    targets = {name: spelled(name) for name in odd}
+    taken = Counter(targets.values())
+    out = dict(items)
+    for name, target in targets.items():
+        if target != name and target in names and target not in items and taken[target] == 1:
+            out[target] = out.pop(name)
+    return out
+
+
 def _hint(example: str, match: str, names_by_match: Callable[[str], set[str]]) -> str:
     """Why the items may name nothing: another ``match`` under which ``example`` names a sample."""
     for other in MATCHES:
@@ -172,6 +197,8 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     See the module docstring for what is refused."""
     # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
     # entity id, or a path, name or stem whose folders or file name may name the patient
+    from packer.pipeline.tables import unicode_twins
+
     hidden = pseudonym is not None
     items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=hidden)
     relpaths, entities = table.column("relpath"), table.column("entity")
@@ -180,8 +207,9 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         return {name_of(r, e, match) for r, e in zip(relpaths, entities, strict=True)}
 
     names = [name_of(r, e, cfg.match) for r, e in zip(relpaths, entities, strict=True)]
-    split = [items[n][0][0] if n in items else None for n in names]
     present = set(names)
+    items = _respelled(items, present | set(bad or ()))
+    split = [items[n][0][0] if n in items else None for n in names]
     warnings: list[str] = []
     for entry in cfg.lists:
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
@@ -196,6 +224,11 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
             # close path, name or stem is the data's, whose folders may name the patient: not printed
             close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
             nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
+            if close and unicode_twins(name, close[0]):  # the two print alike: say what differs
+                nearest += (" (it differs from the item only in Unicode form, NFC against NFD: a letter such as é "
+                            "written as one code point or as a letter and a combining accent; it is not taken for "
+                            f"the item because another {cfg.match} or item reads the same once normalised: write "
+                            "the item as it is spelled there)")
             said = (f"split.lists.{entry.split} ({entry.spec}): {len(unknown):,} of its {len(listed):,} items name "
                     f"no sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
             if len(unknown) == len(listed):

@@ -873,12 +873,13 @@ def _cell_of(table: TableConfig, record: Record) -> str:
     return table.template.format_map({k: _Cell(v.strip()) for k, v in record.items()})
 
 
-class _UnicodeSpelling:
+class UnicodeSpelling:
     """A table path as the listing spells it, where the two differ only in Unicode normalisation:
     a table written as NFC text names ``café.png`` with one code point for the é, while a file
     made on macOS (or unzipped from an archive made there) is named with two (NFD). Built on
     the first non-ASCII path the listing lacks; a path two files share once normalised stays as
-    the table spells it (never a guess)."""
+    the table spells it (never a guess). Split lists' items are matched the same way
+    (:func:`packer.pipeline.splitlists.split_from_lists`)."""
 
     def __init__(self, listed: Sequence[str]) -> None:
         self._listed = listed
@@ -896,7 +897,7 @@ class _UnicodeSpelling:
 
 class NameIndex:
     """The listed files of a source by file name, for tables of bare names (``find: name``);
-    names compare in Unicode normal form C (:class:`_UnicodeSpelling`)."""
+    names compare in Unicode normal form C (:class:`UnicodeSpelling`)."""
 
     def __init__(self, relpaths: Sequence[str]) -> None:
         self._by_name: dict[str, list[str]] = defaultdict(list)
@@ -909,6 +910,12 @@ class NameIndex:
 
 def _nfc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def unicode_twins(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ only in Unicode normalisation (they print alike: ``café``
+    with one code point for the é and with an e and a combining accent)."""
+    return a != b and _nfc(a) == _nfc(b)
 
 
 def _missing_suffix(cells: Sequence[str], names: set[str]) -> str | None:
@@ -1006,7 +1013,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
-    spelled = _UnicodeSpelling(listed)
+    spelled = UnicodeSpelling(listed)
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
                           f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
