@@ -1043,6 +1043,74 @@ def test_big_endian_gives_native_byte_order() -> None:
     np.testing.assert_array_equal(np.stack([s.image for s in dose]), np.stack([s.image for s in little]))
 
 
+def _with_meta_syntax(data: bytes, syntax: str) -> bytes:
+    """``data`` (a Part 10 file) with its file meta rewritten to name ``syntax``, its data set as it was."""
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_file_meta_info
+
+    meta = pydicom.dcmread(DicomBytesIO(data), stop_before_pixels=True).file_meta
+    start = reader._meta_transfer_syntax(data[:1 << 16])[1]
+    meta.TransferSyntaxUID = syntax
+    out = DicomBytesIO()
+    out.is_little_endian, out.is_implicit_VR = True, False
+    write_file_meta_info(out, meta, enforce_standard=True)
+    return data[:132] + out.getvalue() + data[start:]
+
+
+@pytest.mark.parametrize(("body", "claimed", "found", "fix"), [
+    ("explicit", "1.2.840.10008.1.2.2", "is little endian", "1.2.840.10008.1.2.1 (Explicit VR Little Endian)"),
+    ("implicit", "1.2.840.10008.1.2.2", "is little endian", "1.2.840.10008.1.2 (Implicit VR Little Endian)"),
+    ("big", "1.2.840.10008.1.2.1", "is big endian", "1.2.840.10008.1.2.2 (Explicit VR Big Endian)"),
+    ("explicit", "1.2.840.10008.1.2.1.99", "is not deflated", "1.2.840.10008.1.2.1 (Explicit VR Little Endian)")])
+def test_a_file_meta_naming_a_syntax_its_data_set_is_not_in_is_unreadable_naming_both(
+        body: str, claimed: str, found: str, fix: str, tmp_path: Path) -> None:
+    """A broken converter's file meta names Big Endian over a little-endian data set (or the
+    reverse, or Deflated over one not deflated): read as declared, the header is a few nonsense
+    tags, which called the file a CT exported without its pixels (no_pixel_data) and let a
+    ``where: {Modality: CT}`` leave it out as filtered ("Modality is absent"), never a bad sample.
+    It is unreadable, by the probe and the read, naming the declared syntax, what the data set
+    is, and the (0002,0010) that fixes it."""
+    if body == "big":
+        data = shipped("MR_small_bigendian.dcm").read_bytes()
+    else:
+        ds = ct_dataset()
+        if body == "implicit":
+            ds.file_meta = pydicom.dataset.FileMetaDataset()
+            ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2"
+        data = save(ds, tmp_path / "ct.dcm").read_bytes()
+    damaged = tmp_path / "damaged.dcm"
+    damaged.write_bytes(_with_meta_syntax(data, claimed))
+    where = (Condition("Modality", "in", ("CT", "MR")),)
+    filtered = probe_dicom(make_ref(damaged), entity_keyword="PatientID", time_keywords=TIME, where=where)
+    for result in (probe(damaged), filtered, read(damaged)):
+        message = issue_of(result, "unreadable", "read").message
+        assert f"Transfer Syntax UID is {claimed}" in message and f"data set {found}" in message, message
+        assert f"set (0002,0010) to {fix}, or re-export the file" in message, message
+    intact = tmp_path / "intact.dcm"
+    intact.write_bytes(data)
+    assert isinstance(probe(intact), DicomHeader)  # the same data set under its own syntax reads well
+
+
+def test_a_header_that_was_not_read_well_is_a_bad_sample_never_filtered(tmp_path: Path) -> None:
+    """Only a header read well can be left out by the source's where: a data set with neither its
+    SOP Class UID nor an Image Pixel module, under a file meta naming CT Image Storage, is a damaged
+    CT (what a misparsed header reads as), not a file whose Modality is absent on purpose: a bad
+    sample (no_pixel_data, counted against max_bad_fraction), never ``filtered``. A header that
+    does read well and fails the where: is still filtered."""
+    ds = ct_dataset()
+    save(ds, tmp_path / "ct.dcm")
+    for keyword in [e.keyword for e in ds if e.keyword not in ("PatientID", "StudyInstanceUID", "StudyDate")]:
+        delattr(ds, keyword)
+    path = save(ds, tmp_path / "damaged.dcm")
+    assert pydicom.dcmread(path).file_meta.MediaStorageSOPClassUID == "1.2.840.10008.5.1.4.1.1.2"
+    where = (Condition("Modality", "in", ("CT",)),)
+    damaged = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, where=where)
+    assert "the file is damaged" in issue_of(damaged, "no_pixel_data").message
+    other = (Condition("Modality", "in", ("MR",)),)
+    intact = probe_dicom(make_ref(tmp_path / "ct.dcm"), entity_keyword="PatientID", time_keywords=TIME, where=other)
+    assert isinstance(intact, Excluded) and intact.why == "filtered", intact
+
+
 def test_decode_step_returns_native_byte_order() -> None:
     # The decoded stored values feed pixel hashing and float16 output: '>i2' must not leak out.
     ref = make_ref(shipped("MR_small_bigendian.dcm"))

@@ -143,8 +143,9 @@ class CachedChunk:
 #: and a series whose slices lie off the uniform grid is resampled onto it from their true positions;
 #: 48: text is decoded strictly under its character set (bytes above 0x7F under the default ASCII,
 #: and bytes an ISO 2022 code extension cannot decode, kept as ``\xNN`` with a warning; ISO 2022 IR
-#: 58's escape sequence consumed), and a person name loses its trailing empty components.
-CACHE_FORMAT = 48
+#: 58's escape sequence consumed), and a person name loses its trailing empty components;
+#: 49: a file meta naming a transfer syntax its data set is not in (Big Endian over little) is ``unreadable``.
+CACHE_FORMAT = 49
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pydicom
+from pydicom.datadict import get_entry
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames, parse_basic_offsets, parse_fragments
@@ -42,6 +43,7 @@ from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
 from pydicom.tag import BaseTag
 from pydicom.uid import UID
+from pydicom.valuerep import VR
 
 from packer.config import DicomTransformConfig, LimitsConfig
 from packer.read import at_boundary
@@ -59,7 +61,7 @@ from packer.read.dicom_attrs import (
     undecodable_note,
 )
 from packer.read.dicom_meta import META_START, meta_elements
-from packer.read.dicom_objects import classify, header_failure
+from packer.read.dicom_objects import classify, header_failure, header_unread
 from packer.read.dicom_render import GRAYSCALE, render_samples
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geometry
 from packer.read.image_structure import Defect
@@ -210,10 +212,63 @@ def _meta_transfer_syntax(head: bytes) -> tuple[str, int]:
     return syntax, end
 
 
-def _check_inflated(ref: SampleRef, handle: BoundedFile | _InMemory, limits: LimitsConfig) -> Issue | None:
+#: Explicit VR Big Endian (PS3.5 A.3, retired) and Implicit VR Little Endian (PS3.5 A.1)
+_BIG_ENDIAN, _IMPLICIT = "1.2.840.10008.1.2.2", "1.2.840.10008.1.2"
+#: The two-letter value representations (PS3.5 6.2) an explicit-VR element header carries
+_VR_BYTES = frozenset(vr.value.encode() for vr in VR if len(vr.value) == 2)
+
+
+def _known_tag(tag: int) -> bool:
+    """Whether ``tag`` is one of pydicom's data dictionary (a repeating group's too, (60xx,0010))."""
+    try:
+        get_entry(tag)
+    except KeyError:
+        return False
+    return True
+
+
+def _check_body_syntax(ref: SampleRef, head: bytes) -> Issue | None:
+    """``unreadable`` when the file meta's Transfer Syntax UID names an encoding the data set is
+    not in: Explicit VR Big Endian over a little-endian data set, a little-endian syntax over a
+    big-endian one, Deflated over a data set that is not deflated (a broken converter, or a file
+    meta rewritten by hand). pydicom reads such a header as what it is told: a few elements of
+    nonsense tags, no SOP class, no Modality, no Image Pixel module, so a ``where:`` would leave the
+    file out as ``filtered`` and the read would call it an image exported without its pixels.
+    Decided from the data set's first element tag (``head``: the file's first bytes): read as
+    the meta says it is no tag of the dictionary (nor private), read the other way it is one. A
+    deflated stream's first bytes never read as a known tag followed by a value representation."""
+    syntax, start = _meta_transfer_syntax(head)
+    first = head[start:start + 8]
+    if len(first) < 8 or not syntax:
+        return None
+    little, big = struct.unpack_from("<HH", first), struct.unpack_from(">HH", first)
+    explicit = first[4:6] in _VR_BYTES
+    if syntax == _DEFLATED:
+        if not (_known_tag(little[0] << 16 | little[1]) and explicit):
+            return None
+        found, fix, other, declared = "is not deflated", "1.2.840.10008.1.2.1", little, ""
+    else:
+        said, other = (big, little) if syntax == _BIG_ENDIAN else (little, big)
+        if said[0] % 2 or _known_tag(said[0] << 16 | said[1]) or not _known_tag(other[0] << 16 | other[1]):
+            return None  # read as the meta says, the first tag is one (or private): the header is what it says
+        order = "little" if syntax == _BIG_ENDIAN else "big"
+        fix = _BIG_ENDIAN if order == "big" else "1.2.840.10008.1.2.1" if explicit else _IMPLICIT
+        found = f"is {order} endian"
+        declared = f" (as declared, ({said[0]:04X},{said[1]:04X}), a tag no data set holds)"
+    keyword = get_entry(other[0] << 16 | other[1])[2]
+    return _issue(ref, "read", "unreadable",
+                  f"the file meta's (0002,0010) Transfer Syntax UID is {syntax} ({UID(syntax).name}), but the data "
+                  f"set {found}: its first element reads as ({other[0]:04X},{other[1]:04X}) {keyword} in "
+                  f"{UID(fix).name}{declared}, so the header cannot be read as declared. The file meta is wrong (a "
+                  f"broken converter?): set (0002,0010) to {fix} ({UID(fix).name}), or re-export the file")
+
+
+def _check_inflated(ref: SampleRef, handle: BoundedFile | _InMemory, head: bytes,
+                    limits: LimitsConfig) -> Issue | None:
     """pydicom inflates a whole Deflated Explicit VR Little Endian data set in memory (header-only
-    reads too): measure it first, keeping nothing, so a deflate bomb is ``too_large``."""
-    syntax, start = _meta_transfer_syntax(handle.read(1 << 16))
+    reads too): measure it first, keeping nothing, so a deflate bomb is ``too_large``. ``head``:
+    the file's first bytes."""
+    syntax, start = _meta_transfer_syntax(head)
     if syntax != _DEFLATED:
         return None
     handle.seek(start)
@@ -300,7 +355,11 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
             too_big = file_size_problem(handle.size, limits)
             if too_big is not None:
                 return _issue(ref, "read", "too_large", too_big), _NO_STOP
-            inflated = _check_inflated(ref, handle, limits)
+            head = handle.read(1 << 16)
+            mismatch = _check_body_syntax(ref, head)
+            if mismatch is not None:
+                return mismatch, _NO_STOP
+            inflated = _check_inflated(ref, handle, head, limits)
             if inflated is not None:
                 return inflated, _NO_STOP
             handle.seek(0)
@@ -795,7 +854,7 @@ def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices
         return None  # no data set at all: _check_image calls it unreadable
     kind = classify(ds, where, slices=slices)
     failure = header_failure(ds, where)
-    if failure is not None:
+    if failure is not None and not header_unread(ds):  # a damaged header: _check_image says why
         return Excluded.of(ref, stage="read", why="filtered", detail=failure, modality=kind.modality,
                            sop_class=kind.sop_class)
     if kind.why is not None:

@@ -20,7 +20,8 @@ place in patient space (a CR, DX, MG or US file without Image Position (Patient)
 the series rule refuses it as ``series_no_position``), since it is no broken slice.
 
 The source's ``where:`` header conditions (:func:`header_failure`) are tested first, from the
-header alone: a file they leave out is ``filtered``, whatever its class.
+header alone: a file they leave out is ``filtered``, whatever its class; but only a header that
+was read well (:func:`header_unread`): a damaged one is a bad sample, whatever its ``where:``.
 """
 
 from __future__ import annotations
@@ -175,6 +176,21 @@ def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
         shown = [sop_class_name(shown[0])]
     has = f"{condition.key} is {'/'.join(shown)}" if shown else f"{condition.key} is absent"
     return f"{has}, where: {condition.describe()}"
+
+
+def header_unread(ds: Dataset) -> bool:
+    """Whether ``ds`` is a header that was not read well, which no ``where:`` may judge: its file
+    meta names an image SOP class, but the data set has neither its own (0008,0016) SOP Class UID
+    (Type 1 in every object) nor an Image Pixel module. Such a data set is what a damaged file (or
+    one whose file meta names another transfer syntax than its data set's) reads as: its
+    attributes are absent because they were not read, and ``Modality is absent`` would hide a
+    damaged image as ``filtered`` (a file left out on purpose) instead of a bad sample."""
+    if "SOPClassUID" in ds or has_pixels(ds):
+        return False
+    meta = getattr(ds, "file_meta", None)
+    uid = str(meta and meta.get("MediaStorageSOPClassUID", "") or "").strip()
+    known = UID_dictionary.get(uid)
+    return known is not None and known[1] == "SOP Class" and ("Image" in known[0] or uid == RT_DOSE)
 
 
 #: A UID as PS3.5 9.1 writes one: numeric components without leading zeros, dot-separated, 64 characters at most
