@@ -264,6 +264,30 @@ def test_the_dicomdir_at_the_root_of_an_export_is_left_out_as_not_image(tmp_path
     assert "Media Storage Directory Storage" in found.detail
 
 
+@pytest.mark.parametrize("with_bad", [False, True])
+def test_an_export_of_no_image_is_refused_pointing_at_the_images_not_at_where(tmp_path: Path,
+                                                                              with_bad: bool) -> None:
+    """An export of reports and plans only packs nothing (a config error), but the fix it gave was
+    to change the source's where: or its table's files:, which cannot pack an SR or an RT Plan
+    (not_image). The error counts what the source holds, by modality, and points the root at the
+    images or removes the source; a bad file beside them is to be re-exported."""
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    write_text_sr(raw / "reports" / "a.dcm", "P1")
+    write_text_sr(raw / "reports" / "b.dcm", "P2")
+    shutil.copy(shipped("rtplan.dcm"), raw / "plan.dcm")
+    if with_bad:
+        (raw / "broken.dcm").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"no sample to pack") as refused:
+        validate_job(load_job(export_job(tmp_path, raw)), scheduler="sync", quiet=True)
+    message = str(refused.value)
+    assert "where:" not in message and "files:" not in message, message
+    assert "objects that are not images (2 SR, 1 RTPLAN), which no filter can pack" in message, message
+    assert "point the source's root at the folder of the images" in message and "remove the source" in message
+    assert ("re-export the bad files" in message) is with_bad, message
+
+
 def test_a_where_key_that_is_no_dicom_keyword_is_refused_with_the_close_keyword(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()

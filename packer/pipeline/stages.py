@@ -307,7 +307,9 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
     fewer than those left out: an empty dataset is no result, and its empty splits would otherwise
     be warned of as a matter of ratios and seeds, or its few bad files be 100% of a bad fraction.
     The first file left out is named by its path, or by its sample id where paths are
-    pseudonymized; the bad ones are counted by reason only."""
+    pseudonymized; the bad ones are counted by reason only. Where every file left out is no image
+    (SR, KO, PR, a PDF: ``not_image``), no ``where:`` can help: the error counts what the sources
+    hold, by modality (or SOP class), and points at the images instead."""
     first = sort_excluded(list(excluded))[0]
     named = first.path if show_paths else f"sample {first.sample_id}"
     detail = first.detail
@@ -323,6 +325,17 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
                  f"and the other {len(issues)} {'is' if len(issues) == 1 else 'are'} bad ({bad}); the first left out")
     else:
         which = f"all {len(excluded)} files of the job are left out on purpose ({why}); the first"
+    if all(e.why == "not_image" for e in excluded):
+        # no where: or files: can pack an SR or a PDF: the fix is the images, not what leaves these out
+        held = Counter(e.modality or e.sop_class or "unknown" for e in excluded)
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(held.items(), key=lambda kv: (-kv[1], kv[0])))
+        holds = (f"Besides {len(issues)} bad {'file' if len(issues) == 1 else 'files'}, the job's sources hold "
+                 "objects that are not images" if issues else "The job's sources hold no image, only objects that "
+                 "are not images")
+        fix = "re-export the bad files (bad_samples.jsonl names them), " if issues else ""
+        return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. {holds} ({kinds}), "
+                           f"which no filter can pack: {fix}point the source's root at the folder of the images (or "
+                           "export the images themselves from the archive), or remove the source")
     return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. Change what leaves "
                        "them out (the source's where:, its table's files:), or remove the source")
 
