@@ -214,6 +214,21 @@ def test_a_masks_folder_counts_only_where_its_files_have_their_images() -> None:
     assert mask_named("labelsTr/liver_1.nii.gz", nnunet) is None  # liver_10's image is not liver_1's
 
 
+def test_a_masks_folder_file_without_an_image_of_its_name_is_still_named_by_its_own_name(tmp_path: Path) -> None:
+    """The folder rule and the name rule each suffice: masks/p0_mask.nii.gz has no image named
+    p0_mask (the folder rule's partner), but its name ends in '_mask' and images/p0.nii.gz is the
+    image its rest names. It was packed as an image of its own."""
+    partners = MaskPartners.of(["images/p0.nii.gz", "masks/p0_mask.nii.gz"])
+    assert mask_named("masks/p0_mask.nii.gz", partners) == "name ending '_mask'"
+    root = tmp_path / "set"
+    for case in range(2):
+        _volume(root / "images" / f"p{case}.nii.gz", case)
+        _volume(root / "masks" / f"p{case}_mask.nii.gz", 50 + case, labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert [ref.relpath for ref in found.refs] == ["images/p0.nii.gz", "images/p1.nii.gz"]
+    assert [(e.why, e.detail.split(":")[0]) for e in found.excluded] == [("label_map", "name ending '_mask'")] * 2
+
+
 def test_a_ground_truth_folder_named_after_a_patient_is_named_by_its_kind_under_phi(tmp_path: Path) -> None:
     """Under pseudonymization the warning named the folder that marked the masks as written
     (Doe_John_MRN0042_GroundTruth), into stderr, warnings.jsonl, the report and JUnit; it now says

@@ -538,7 +538,9 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     """Why the file at ``relpath`` is named as a mask or label map (``folder 'labelsTr'``,
     ``name ending '_seg'``), or None where its name says nothing of the kind: its folder is a
     masks folder (:data:`MASK_FOLDERS`), or its name ends in a mask word (:data:`MASK_NAME`) and
-    the rest of it names an image among ``partners`` (None: not checked): ``benign (1)_mask.png``
+    the rest of it names an image among ``partners`` (None: not checked). Either rule suffices: a
+    masks folder whose file has no image of its own name (``masks/p0_mask.nii.gz`` beside
+    ``images/p0.nii.gz``) is still named by its file's name. ``benign (1)_mask.png``
     beside ``benign (1).png``, ``BraTS20_Training_001_seg.nii.gz`` beside ``..._t1.nii.gz``,
     KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A face-mask
     set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
@@ -546,8 +548,8 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     head, _, name = relpath.rpartition("/")
     stem = _stem(name)
     folder = _mask_folder(relpath)
-    if folder is not None:
-        return folder if partners is None or _folder_has_partner(relpath, stem, partners) else None
+    if folder is not None and (partners is None or _folder_has_partner(relpath, stem, partners)):
+        return folder
     found = MASK_NAME.search(stem)
     if found is None:
         return None
