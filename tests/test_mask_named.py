@@ -209,23 +209,45 @@ def test_a_masks_folder_counts_only_where_its_files_have_their_images() -> None:
     # nnU-Net's raw layout (the demo's too): imagesTr/x_0000.nii.gz, a channel suffix, holds
     # labelsTr/x.nii.gz's image; the label maps were packed as input images, without a word
     nnunet = MaskPartners.of(["imagesTr/liver_0_0000.nii.gz", "imagesTr/liver_0_0001.nii.gz",
-                              "labelsTr/liver_0.nii.gz", "imagesTr/liver_10_0000.nii.gz", "labelsTr/liver_1.nii.gz"])
+                              "labelsTr/liver_0.nii.gz", "labelsTr/liver_1.nii.gz"])
     assert mask_named("labelsTr/liver_0.nii.gz", nnunet) == "folder 'labelsTr'"
-    assert mask_named("labelsTr/liver_1.nii.gz", nnunet) is None  # liver_10's image is not liver_1's
+    # without an images folder beside it, a masks folder's file needs an image of its own name
+    flat = MaskPartners.of(["scans/liver_0_0000.nii.gz", "scans/liver_10_0000.nii.gz", "masks/liver_0.nii.gz",
+                            "masks/liver_1.nii.gz"])
+    assert mask_named("masks/liver_0.nii.gz", flat) == "folder 'masks'"
+    assert mask_named("masks/liver_1.nii.gz", flat) is None  # liver_10's image is not liver_1's
+
+
+def test_a_decathlon_label_map_whose_image_is_missing_is_still_left_out(tmp_path: Path) -> None:
+    """A partial download lacks imagesTr/la_003.nii.gz but ships labelsTr/la_003.nii.gz: the
+    images folder beside labelsTr/ marks the layout, so that label map is no image either. It was
+    packed as one, because the folder rule looked for an image of its name alone."""
+    partners = MaskPartners.of(["imagesTr/la_001.nii.gz", "labelsTr/la_001.nii.gz", "labelsTr/la_003.nii.gz"])
+    assert mask_named("labelsTr/la_003.nii.gz", partners) == "folder 'labelsTr'"
+    kvasir = MaskPartners.of(["Kvasir-SEG/images/a.jpg", "Kvasir-SEG/masks/b.jpg"])
+    assert mask_named("Kvasir-SEG/masks/b.jpg", kvasir) == "folder 'masks'"
+    root = tmp_path / "Task02_Heart"
+    for case in (1, 2, 3):
+        if case != 3:
+            _volume(root / "imagesTr" / f"la_{case:03d}.nii.gz", case)
+        _volume(root / "labelsTr" / f"la_{case:03d}.nii.gz", 50 + case, labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert [ref.relpath for ref in found.refs] == ["imagesTr/la_001.nii.gz", "imagesTr/la_002.nii.gz"]
+    assert [(e.why, e.detail.split(":")[0]) for e in found.excluded] == [("label_map", "folder 'labelsTr'")] * 3
 
 
 def test_a_masks_folder_file_without_an_image_of_its_name_is_still_named_by_its_own_name(tmp_path: Path) -> None:
     """The folder rule and the name rule each suffice: masks/p0_mask.nii.gz has no image named
-    p0_mask (the folder rule's partner), but its name ends in '_mask' and images/p0.nii.gz is the
+    p0_mask (the folder rule's partner), but its name ends in '_mask' and volumes/p0.nii.gz is the
     image its rest names. It was packed as an image of its own."""
-    partners = MaskPartners.of(["images/p0.nii.gz", "masks/p0_mask.nii.gz"])
+    partners = MaskPartners.of(["volumes/p0.nii.gz", "masks/p0_mask.nii.gz"])
     assert mask_named("masks/p0_mask.nii.gz", partners) == "name ending '_mask'"
     root = tmp_path / "set"
     for case in range(2):
-        _volume(root / "images" / f"p{case}.nii.gz", case)
+        _volume(root / "volumes" / f"p{case}.nii.gz", case)
         _volume(root / "masks" / f"p{case}_mask.nii.gz", 50 + case, labels=True)
     found = discover(load_job(_job(tmp_path, "nifti", root)))
-    assert [ref.relpath for ref in found.refs] == ["images/p0.nii.gz", "images/p1.nii.gz"]
+    assert [ref.relpath for ref in found.refs] == ["volumes/p0.nii.gz", "volumes/p1.nii.gz"]
     assert [(e.why, e.detail.split(":")[0]) for e in found.excluded] == [("label_map", "name ending '_mask'")] * 2
 
 

@@ -480,6 +480,10 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
 MASK_FOLDERS = frozenset({"mask", "masks", "labels", "labelstr", "labelsts", "labelsva", "seg", "segs", "segmentation",
                           "segmentations", "ground truth", "ground_truth", "groundtruth", "gt"})
 _GROUND_TRUTH_FOLDER = re.compile(r"(?:^|[_\-. ])ground[_ ]?truth$", re.IGNORECASE)
+#: Folders whose files are a segmentation set's images, beside its masks folder: the Decathlon's
+#: ``imagesTr/`` beside ``labelsTr/``, Kvasir-SEG's ``images/`` beside ``masks/``, CVC-ClinicDB's
+#: ``Original/`` beside ``Ground Truth/``, ISIC's ``..._Training_Input/`` beside its ``_GroundTruth/``
+_IMAGE_FOLDER = re.compile(r"(?:^|[_\-. ])(?:images?|imgs?|inputs?|originals?)(?:tr|ts|va)?$", re.IGNORECASE)
 #: A file name (its extension removed) ending in one of these words marks a mask or label map,
 #: where the rest of the name names an image of the source (:func:`mask_named`): ``_seg``
 #: (BraTS), ``segmentation`` (KiTS), ``_segmentation`` (ISIC), ``_mask`` and ``_mask_1`` (BUSI),
@@ -509,29 +513,38 @@ def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool
     outside any masks folder (Kvasir-SEG's ``masks/x.jpg`` and ``images/x.jpg``, the Decathlon's
     ``labelsTr/`` and ``imagesTr/``), or of that name and a suffix (nnU-Net's ``imagesTr/x_0000``
     beside ``labelsTr/x``), or an image in the folder that holds the masks folder
-    (TotalSegmentator's ``s0000/ct.nii.gz`` beside ``s0000/segmentations/``). A class folder
-    named ``mask`` of a classification set (``mask/``, ``no_mask/``) has neither."""
+    (TotalSegmentator's ``s0000/ct.nii.gz`` beside ``s0000/segmentations/``), or an images folder
+    beside the masks folder (:data:`_IMAGE_FOLDER`: ``imagesTr/`` beside ``labelsTr/``), whatever
+    its files' names: a partial download that lacks one case's image still ships that case's label
+    map, which is no image either. A class folder named ``mask`` of a classification set
+    (``mask/``, ``no_mask/``) has none of them."""
     if _named_by_image(stem, partners):  # nnU-Net's imagesTr/x_0000 (a channel suffix) holds labelsTr/x's image
         return True
     parts = relpath.split("/")
     index = next(i for i, part in enumerate(parts[:-1]) if _is_mask_folder(part))
-    return "/".join(parts[:index]) in partners.folders
+    holder = "/".join(parts[:index])
+    return holder in partners.folders or holder in partners.image_folders
 
 
 @dataclass(frozen=True)
 class MaskPartners:
     """What a mask-named file's image is looked for among (:func:`mask_named`): of the source's
     files that are named as masks neither by a folder nor by their own name, the sorted name stems
-    (extension removed) and the folders that hold one directly ("" the root)."""
+    (extension removed), the folders that hold one directly ("" the root), and the folders that
+    hold an images folder (:data:`_IMAGE_FOLDER`) holding one."""
 
     stems: tuple[str, ...]
     folders: frozenset[str]
+    image_folders: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, relpaths: Iterable[str]) -> MaskPartners:
         images = [(head, stem) for rel in relpaths if _mask_folder(rel) is None
                   for head, _, name in (rel.rpartition("/"),) if MASK_NAME.search(stem := _stem(name)) is None]
-        return cls(tuple(sorted(stem for _, stem in images)), frozenset(head for head, _ in images))
+        folders = frozenset(head for head, _ in images)
+        image_folders = frozenset(holder for folder in folders if folder
+                                  for holder, _, last in (folder.rpartition("/"),) if _IMAGE_FOLDER.search(last))
+        return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders)
 
 
 def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
