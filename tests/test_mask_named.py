@@ -186,6 +186,26 @@ def test_a_mask_word_in_a_name_counts_only_where_the_rest_names_an_image_of_the_
     assert mask_named("lonely/mask.png", kits) is None  # no image beside it: an image named mask
 
 
+def test_a_mask_named_file_in_a_case_folder_is_that_case_s_label_map_whatever_its_prefix(tmp_path: Path) -> None:
+    """BraTS 2020's case 355 names its label map W39_1998.09.19_Segm.nii: no image is named
+    W39_1998.09.19, but its folder is a case folder, whose other files are the case's images
+    (BraTS20_Training_355_t1.nii, ...), so the file ending in a mask word is that case's label
+    map. It was packed as an image. A folder whose images are not named after it (a class folder
+    of a face-mask set) keeps the prefix rule."""
+    case = "BraTS20_Training_355"
+    brats = MaskPartners.of([f"{case}/{case}_t1.nii", f"{case}/{case}_flair.nii", f"{case}/W39_1998.09.19_Segm.nii"])
+    assert mask_named(f"{case}/W39_1998.09.19_Segm.nii", brats) == "name ending '_Segm'"
+    faces = MaskPartners.of(["faces/0001.jpg", "faces/with_mask_2.jpg"])
+    assert mask_named("faces/with_mask_2.jpg", faces) is None
+    root = tmp_path / "brats"
+    for k, sequence in enumerate(("t1", "flair")):
+        _volume(root / case / f"{case}_{sequence}.nii", k)
+    _volume(root / case / "W39_1998.09.19_Segm.nii", 9, labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert sorted(Path(ref.relpath).name for ref in found.refs) == [f"{case}_flair.nii", f"{case}_t1.nii"]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("W39_1998.09.19_Segm.nii", "label_map")]
+
+
 def test_a_face_mask_classification_set_builds_both_classes(tmp_path: Path) -> None:
     root = tmp_path / "Face Mask Dataset"
     for k, label in enumerate(("with_mask", "without_mask")):

@@ -485,7 +485,8 @@ _GROUND_TRUTH_FOLDER = re.compile(r"(?:^|[_\-. ])ground[_ ]?truth$", re.IGNORECA
 #: ``Original/`` beside ``Ground Truth/``, ISIC's ``..._Training_Input/`` beside its ``_GroundTruth/``
 _IMAGE_FOLDER = re.compile(r"(?:^|[_\-. ])(?:images?|imgs?|inputs?|originals?)(?:tr|ts|va)?$", re.IGNORECASE)
 #: A file name (its extension removed) ending in one of these words marks a mask or label map,
-#: where the rest of the name names an image of the source (:func:`mask_named`): ``_seg``
+#: where the rest of the name names an image of the source or the file lies in a case folder
+#: (:class:`MaskPartners`, :func:`mask_named`): ``_seg``
 #: (BraTS), ``segmentation`` (KiTS), ``_segmentation`` (ISIC), ``_mask`` and ``_mask_1`` (BUSI),
 #: ``_Segm`` (BraTS 2020's case 355); words are separated by ``_``, ``-``, ``.`` or a space
 MASK_NAME = re.compile(r"(?:^|[_\-. ])(mask|masks|seg|segm|segmentation|label|labels|labelmap|gt)(?:[_\-. ]?\d+)?$",
@@ -530,12 +531,14 @@ def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool
 class MaskPartners:
     """What a mask-named file's image is looked for among (:func:`mask_named`): of the source's
     files that are named as masks neither by a folder nor by their own name, the sorted name stems
-    (extension removed), the folders that hold one directly ("" the root), and the folders that
-    hold an images folder (:data:`_IMAGE_FOLDER`) holding one."""
+    (extension removed), the folders that hold one directly ("" the root), the folders that
+    hold an images folder (:data:`_IMAGE_FOLDER`) holding one, and the case folders: those that
+    hold one named after the folder (BraTS's ``BraTS20_Training_355/BraTS20_Training_355_t1.nii``)."""
 
     stems: tuple[str, ...]
     folders: frozenset[str]
     image_folders: frozenset[str] = frozenset()
+    cases: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, relpaths: Iterable[str]) -> MaskPartners:
@@ -544,7 +547,10 @@ class MaskPartners:
         folders = frozenset(head for head, _ in images)
         image_folders = frozenset(holder for folder in folders if folder
                                   for holder, _, last in (folder.rpartition("/"),) if _IMAGE_FOLDER.search(last))
-        return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders)
+        cases = frozenset(head for head, stem in images if head
+                          for case in (head.rpartition("/")[2],)
+                          if stem == case or (stem.startswith(case) and stem[len(case)] in _WORD_BREAKS))
+        return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders, cases)
 
 
 def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
@@ -574,10 +580,13 @@ def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
     """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask word belongs
     to: one whose name, extension removed, is ``prefix`` or starts with it and a word break
     (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty prefix
-    (``segmentation.nii.gz``), any file of the same folder not named as a mask."""
+    (``segmentation.nii.gz``), any file of the same folder not named as a mask; and in a case
+    folder, whose images are named after it, the case's images whatever the prefix: BraTS 2020's
+    ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is that case's label map though no image is
+    named ``W39_1998.09.19``."""
     if not prefix:
         return head in partners.folders
-    return _named_by_image(prefix, partners)
+    return _named_by_image(prefix, partners) or head in partners.cases
 
 
 def _named_by_image(prefix: str, partners: MaskPartners) -> bool:
