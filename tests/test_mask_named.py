@@ -206,6 +206,28 @@ def test_a_mask_named_file_in_a_case_folder_is_that_case_s_label_map_whatever_it
     assert [(Path(e.path).name, e.why) for e in found.excluded] == [("W39_1998.09.19_Segm.nii", "label_map")]
 
 
+def test_kits23_instance_masks_beside_their_case_s_segmentation_are_left_out(tmp_path: Path) -> None:
+    """KiTS23 keeps one binary mask per instance and annotator in case_XXXXX/instances/
+    (kidney_instance-1_annotation-1.nii.gz) beside imaging.nii.gz and segmentation.nii.gz: they
+    were packed as images. An instances/ folder counts only beside its case's label map: one of
+    images with no mask-named file beside it is packed."""
+    kits = MaskPartners.of(["case_00000/imaging.nii.gz", "case_00000/segmentation.nii.gz",
+                            "case_00000/instances/kidney_instance-1_annotation-1.nii.gz",
+                            "photos/cover.jpg", "photos/instances/a.jpg"])
+    assert mask_named("case_00000/instances/kidney_instance-1_annotation-1.nii.gz", kits) == "folder 'instances'"
+    assert mask_named("photos/instances/a.jpg", kits) is None
+    root = tmp_path / "kits23"
+    for case in range(2):
+        _volume(root / f"case_{case:05d}" / "imaging.nii.gz", case)
+        _volume(root / f"case_{case:05d}" / "segmentation.nii.gz", 10 + case, labels=True)
+        _volume(root / f"case_{case:05d}" / "instances" / "kidney_instance-1_annotation-1.nii.gz", 20 + case,
+                labels=True)
+    found = discover(load_job(_job(tmp_path, "nifti", root)))
+    assert [ref.relpath for ref in found.refs] == ["case_00000/imaging.nii.gz", "case_00001/imaging.nii.gz"]
+    assert sorted(e.detail.split(":")[0] for e in found.excluded) == ["folder 'instances'"] * 2 + [
+        "name ending 'segmentation'"] * 2
+
+
 def test_a_face_mask_classification_set_builds_both_classes(tmp_path: Path) -> None:
     root = tmp_path / "Face Mask Dataset"
     for k, label in enumerate(("with_mask", "without_mask")):

@@ -476,9 +476,13 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
 #: ``labelsTr/`` (the Medical Segmentation Decathlon, nnU-Net), ``segmentations/`` (TotalSegmentator),
 #: ``Ground Truth/`` (CVC-ClinicDB); and a folder whose name ends in the word ``GroundTruth``
 #: (ISIC 2018's ``ISIC2018_Task1_Training_GroundTruth/``). A class folder such as ``with_mask/``
-#: (a face-mask classification set) is none of them.
+#: (a face-mask classification set) is none of them. KiTS23's ``case_00000/instances/`` (one mask per
+#: instance and annotator) counts only beside its case's label map (:data:`_CASE_MASK_FOLDERS`).
 MASK_FOLDERS = frozenset({"mask", "masks", "labels", "labelstr", "labelsts", "labelsva", "seg", "segs", "segmentation",
-                          "segmentations", "ground truth", "ground_truth", "groundtruth", "gt"})
+                          "segmentations", "ground truth", "ground_truth", "groundtruth", "gt", "instances"})
+#: Masks folders too common a word to count on an image beside them alone: they count only in a
+#: folder that also holds a file named as a mask (KiTS23's ``segmentation.nii.gz`` beside ``instances/``)
+_CASE_MASK_FOLDERS = frozenset({"instances"})
 _GROUND_TRUTH_FOLDER = re.compile(r"(?:^|[_\-. ])ground[_ ]?truth$", re.IGNORECASE)
 #: Folders whose files are a segmentation set's images, beside its masks folder: the Decathlon's
 #: ``imagesTr/`` beside ``labelsTr/``, Kvasir-SEG's ``images/`` beside ``masks/``, CVC-ClinicDB's
@@ -518,12 +522,16 @@ def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool
     beside the masks folder (:data:`_IMAGE_FOLDER`: ``imagesTr/`` beside ``labelsTr/``), whatever
     its files' names: a partial download that lacks one case's image still ships that case's label
     map, which is no image either. A class folder named ``mask`` of a classification set
-    (``mask/``, ``no_mask/``) has none of them."""
-    if _named_by_image(stem, partners):  # nnU-Net's imagesTr/x_0000 (a channel suffix) holds labelsTr/x's image
-        return True
+    (``mask/``, ``no_mask/``) has none of them. An ``instances/`` folder (KiTS23) counts only where
+    its folder holds an image and a file named as a mask (``imaging.nii.gz``, ``segmentation.nii.gz``).
+    """
     parts = relpath.split("/")
     index = next(i for i, part in enumerate(parts[:-1]) if _is_mask_folder(part))
     holder = "/".join(parts[:index])
+    if parts[index].lower() in _CASE_MASK_FOLDERS:
+        return holder in partners.folders and holder in partners.labelled
+    if _named_by_image(stem, partners):  # nnU-Net's imagesTr/x_0000 (a channel suffix) holds labelsTr/x's image
+        return True
     return holder in partners.folders or holder in partners.image_folders
 
 
@@ -533,24 +541,28 @@ class MaskPartners:
     files that are named as masks neither by a folder nor by their own name, the sorted name stems
     (extension removed), the folders that hold one directly ("" the root), the folders that
     hold an images folder (:data:`_IMAGE_FOLDER`) holding one, and the case folders: those that
-    hold one named after the folder (BraTS's ``BraTS20_Training_355/BraTS20_Training_355_t1.nii``)."""
+    hold one named after the folder (BraTS's ``BraTS20_Training_355/BraTS20_Training_355_t1.nii``);
+    and the folders outside any masks folder that hold a file named as a mask by its name."""
 
     stems: tuple[str, ...]
     folders: frozenset[str]
     image_folders: frozenset[str] = frozenset()
     cases: frozenset[str] = frozenset()
+    labelled: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, relpaths: Iterable[str]) -> MaskPartners:
-        images = [(head, stem) for rel in relpaths if _mask_folder(rel) is None
-                  for head, _, name in (rel.rpartition("/"),) if MASK_NAME.search(stem := _stem(name)) is None]
+        named = [(head, _stem(name)) for rel in relpaths if _mask_folder(rel) is None
+                 for head, _, name in (rel.rpartition("/"),)]
+        images = [(head, stem) for head, stem in named if MASK_NAME.search(stem) is None]
         folders = frozenset(head for head, _ in images)
         image_folders = frozenset(holder for folder in folders if folder
                                   for holder, _, last in (folder.rpartition("/"),) if _IMAGE_FOLDER.search(last))
         cases = frozenset(head for head, stem in images if head
                           for case in (head.rpartition("/")[2],)
                           if stem == case or (stem.startswith(case) and stem[len(case)] in _WORD_BREAKS))
-        return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders, cases)
+        labelled = frozenset(head for head, stem in named if MASK_NAME.search(stem))
+        return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders, cases, labelled)
 
 
 def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
