@@ -197,7 +197,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     See the module docstring for what is refused."""
     # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
     # entity id, or a path, name or stem whose folders or file name may name the patient
-    from packer.pipeline.tables import unicode_twins
+    from packer.pipeline.tables import differ_in_unicode_form
 
     hidden = pseudonym is not None
     items = _read_items(cfg, pseudonym or (lambda raw: raw), hidden=hidden)
@@ -224,7 +224,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
             # close path, name or stem is the data's, whose folders may name the patient: not printed
             close = [] if pseudonym is not None else difflib.get_close_matches(name, present, n=1)
             nearest = f"; the closest existing {cfg.match} is {close[0]!r}" if close else ""
-            if close and unicode_twins(name, close[0]):  # the two print alike: say what differs
+            if close and differ_in_unicode_form(name, close[0]):  # the two print alike: say what differs
                 nearest += (" (it differs from the item only in Unicode form, NFC against NFD: a letter such as é "
                             "written as one code point or as a letter and a combining accent; it is not taken for "
                             f"the item because another {cfg.match} or item reads the same once normalised: write "

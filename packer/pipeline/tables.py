@@ -912,7 +912,7 @@ def _nfc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
-def unicode_twins(a: str, b: str) -> bool:
+def differ_in_unicode_form(a: str, b: str) -> bool:
     """Whether ``a`` and ``b`` differ only in Unicode normalisation (they print alike: ``café``
     with one code point for the é and with an e and a combining accent)."""
     return a != b and _nfc(a) == _nfc(b)
