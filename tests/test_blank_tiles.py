@@ -209,3 +209,24 @@ def test_exact_copies_the_near_copy_search_also_pairs_are_called_exact_copies_in
     assert {f["kind"] for f in finding["formed_by"]} == {"exact"}
     checked = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
     assert checked.exit_code == 4 and "joined by 11 duplicate link(s) (exact copies)" in checked.output, checked.output
+
+
+def test_a_failed_audits_leakage_json_beside_the_versions_goes_once_a_build_passes(tmp_path: Path) -> None:
+    """The exit-4 message sends the user to OUT/NAME/leakage.json; once the cause is gone (here the
+    collapse accepted) and a build passes, that file, whose findings are no longer the build's, is
+    removed, not left to read as a failure forever (the version's own leakage.json says what holds)."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    job = _placeholder_job(tmp_path)
+    stale = tmp_path / "out" / "shared" / "leakage.json"
+    failed = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert failed.exit_code == 4 and str(stale) in failed.output.replace("\n", ""), failed.output
+    assert json.loads(stale.read_text())["passed"] is False
+    job = _placeholder_job(tmp_path, {"balance": {"accept": True}})  # the same tree, the collapse accepted
+    passed = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert passed.exit_code == 0, passed.output
+    assert not stale.exists()
+    (version,) = [p for p in stale.parent.iterdir() if (p / "manifest.json").exists()]
+    assert (version / "leakage.json").exists()

@@ -712,6 +712,9 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
         raise ValueError("run_stages(through='pack') needs cache_dir, staging and leakage_dir")
     if prepared.audit.failed:
         raise_on_leakage(prepared.audit, write_leakage(leakage_dir, prepared.audit))
+    # an earlier build's failed audit, beside the versions: its findings are not this build's, and
+    # its path is what that build's exit-4 message sent the user (or a script) to read
+    (leakage_dir / LEAKAGE_FILE).unlink(missing_ok=True)
     samples = prepared.samples
     codes, labels = samples.codes("label")
     # the labels packed samples hold: a class only left-out samples held (drop_group, a split's drop) is no class
