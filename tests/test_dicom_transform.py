@@ -311,6 +311,24 @@ def test_padding_range_limit(tmp_path: Path) -> None:
     np.testing.assert_array_equal(image, [[0, 40, 80], [0, 0, 0]])
 
 
+def test_padding_value_is_reduced_to_bits_stored_as_the_pixels_are(tmp_path: Path) -> None:
+    """The bits above High Bit are no pixel data (PS3.5 8.1.1) in the pixels and in Pixel Padding
+    Value alike: a 12-bit border written 0xFFFF with padding value 0xFFFF is padding (4095 both),
+    and a signed 12-bit 0x0800 (-2048) matches a padding value written 2048. float16 output gives
+    padding the smallest real value."""
+    unsigned = np.array([[100, 2000, 0xFFFF], [300, 0xFFFF, 0xFFFE]], dtype=np.uint16)
+    ds = ct_dataset(unsigned, intercept=0.0, bits_stored=12, PixelPaddingValue=0xFFFF)
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "u12.dcm"), output="float16")[0],
+                                  [[100, 2000, 100], [300, 100, 4094]])
+    ds = ct_dataset(unsigned, intercept=0.0, bits_stored=12, PixelPaddingValue=0xFFFF, PixelPaddingRangeLimit=0xFFFE)
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "u12-range.dcm"), output="float16")[0],
+                                  [[100, 2000, 100], [300, 100, 100]])
+    signed = np.array([[100, 0x0800], [-100, 2047]], dtype=np.int16)  # 0x0800: -2048 in 12 bits
+    ds = ct_dataset(signed, intercept=0.0, bits_stored=12, PixelPaddingValue=2048)
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "s12.dcm"), output="float16")[0],
+                                  [[100, -100], [-100, 2047]])
+
+
 def test_resize_happens_on_window_floats_before_quantising(tmp_path: Path) -> None:
     # Slope 0.1, LINEAR_EXACT 50/100 -> y = stored/1000. Top-left 2x2 block: y = .002 .002 .002 .010,
     # mean .004 -> round(1.02) = 1; quantising first would give mean(1, 1, 1, 3) = 1.5 -> 2.

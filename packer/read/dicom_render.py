@@ -79,8 +79,25 @@ def _as_int(value: Any, *, signed: bool, little_endian: bool) -> int | None:
     return value
 
 
+def _in_bits_stored(value: int | None, bits_stored: Any, *, signed: bool) -> int | None:
+    """``value`` reduced to its low ``bits_stored`` bits, sign-extended where ``signed``: the
+    reduction the reader applies to the stored pixels (PS3.5 8.1.1: the bits above High Bit are
+    no pixel data), so that a padding value written with those bits set (0xFFFF over 12-bit
+    pixels, read as 4095) still equals the pixels it marks. A value already in Bits Stored's
+    range comes back unchanged; so does every value where Bits Stored is missing or not below 16
+    (the width of the US/SS element)."""
+    if value is None or isinstance(bits_stored, bool) or not isinstance(bits_stored, int) or not 0 < bits_stored < 16:
+        return value
+    kept = value & ((1 << bits_stored) - 1)
+    if not signed:
+        return kept
+    sign = 1 << (bits_stored - 1)
+    return (kept ^ sign) - sign
+
+
 def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
-    """(Pixel Padding Value (0028,0120), Pixel Padding Range Limit (0028,0121)), stored values.
+    """(Pixel Padding Value (0028,0120), Pixel Padding Range Limit (0028,0121)), stored values:
+    reduced to (0028,0101) Bits Stored as the pixels are, so the two compare in one domain.
     Raises :class:`DamagedElement` when either is not an integer."""
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
     little = str(ds.file_meta.get("TransferSyntaxUID", "")) != "1.2.840.10008.1.2.2"
@@ -89,6 +106,9 @@ def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
         limit = _as_int(ds.get("PixelPaddingRangeLimit"), signed=signed, little_endian=little)
     except DamagedElement as err:
         raise DamagedElement(f"(0028,0120) Pixel Padding Value / (0028,0121) Range Limit: {err}") from err
+    bits_stored = ds.get("BitsStored")
+    value = _in_bits_stored(value, bits_stored, signed=signed)
+    limit = _in_bits_stored(limit, bits_stored, signed=signed)
     return (value, limit if value is not None else None)
 
 
