@@ -343,13 +343,28 @@ def test_spacing_then_size_and_policies(tmp_path: Path) -> None:
     path = shipped("CT_small.dcm")  # 128 x 128 at 0.661468 mm
     sample = read(path, window(40, 400), spacing=(1.0, 1.0))[0]
     assert sample.image.shape == (1, 85, 85)
-    assert sample.metadata["output_spacing"] == [1.0, 1.0]
+    assert sample.metadata["output_spacing"] == pytest.approx([128 * 0.661468 / 85] * 2, abs=1e-6)  # 85 whole rows
     assert sample.metadata["pixel_spacing"] == pytest.approx([0.661468, 0.661468])
     assert read(path, window(40, 400), spacing=(1.0, 1.0), size=(32, 48))[0].image.shape == (1, 32, 48)
     ds = ct_dataset(ct_pixels((20, 40)))
     fit = one(save(ds, tmp_path / "wide.dcm"), window(0, 4000), size=(20, 20), resize="fit")[0]
     assert (fit[:5] == 0).all() and (fit[15:] == 0).all() and fit[5:15].any()  # letterboxed, black bars
 
+
+
+@pytest.mark.parametrize(("policy", "grid"), [("stretch", (16, 48)), ("fit", (16, 21)), ("crop", (37, 48))])
+def test_output_spacing_is_the_packed_grids(tmp_path: Path, policy: str, grid: tuple[int, int]) -> None:
+    """metadata.output_spacing is the mm of the packed pixels, not transform.dicom.spacing: 50×64
+    at 0.3 mm to 0.7 mm is 21×27 (whole pixels: 15 mm / 21 rows = 0.714 mm), which ``size``
+    16×48 then scales to ``grid``: per axis (stretch), by the smaller ratio before the padding
+    (fit) or the larger before the cut (crop). The frame's extent, 15 × 19.2 mm, over it."""
+    ds = ct_dataset(ct_pixels((50, 64)), PixelSpacing=[0.3, 0.3])
+    path = save(ds, tmp_path / "ct.dcm")
+    assert read(path, window(40, 400), spacing=(0.7, 0.7))[0].metadata["output_spacing"] == \
+        pytest.approx([15 / 21, 19.2 / 27], abs=1e-6)
+    sample = read(path, window(40, 400), spacing=(0.7, 0.7), size=(16, 48), resize=policy)[0]
+    assert sample.image.shape == (1, 16, 48)
+    assert sample.metadata["output_spacing"] == pytest.approx([15 / grid[0], 19.2 / grid[1]], abs=1e-6)
 
 
 def test_a_file_without_pixel_spacing_is_only_resized_and_says_so(tmp_path: Path) -> None:

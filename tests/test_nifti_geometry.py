@@ -679,7 +679,6 @@ def test_label_map_slices_follow_their_image_through_spacing_and_size(tmp_path: 
             mask, record = built.packed.masks[key], built.packed.records[key]
             assert mask.shape == (1, *SLICE_SIZE) and built.packed.images[key].shape == (1, *SLICE_SIZE)
             meta = record["metadata"]
-            assert meta["output_spacing"] == list(SLICE_SPACING)
             # the source slice's size: the file's extent along the row and column directions
             orientation = lps_to_ras(np.asarray(meta["slice"]["orientation"]).reshape(2, 3))
             units = img.affine[:3, :3] / np.linalg.norm(img.affine[:3, :3], axis=0)
@@ -689,6 +688,9 @@ def test_label_map_slices_follow_their_image_through_spacing_and_size(tmp_path: 
                          max(1, round(n_col * col_mm / SLICE_SPACING[1])))
             rows, pad_rows = output_to_source(n_row, resampled[0], SLICE_SIZE[0], policy, (resampled[1], SLICE_SIZE[1]))
             cols, pad_cols = output_to_source(n_col, resampled[1], SLICE_SIZE[1], policy, (resampled[0], SLICE_SIZE[0]))
+            # the packed grid's spacing, not SLICE_SPACING: the mm between two output pixels' centres
+            assert meta["output_spacing"] == pytest.approx([(rows[1] - rows[0]) * row_mm, (cols[1] - cols[0]) * col_mm],
+                                                           abs=1e-6)
             position = np.asarray(meta["slice"]["position"])
             x, y = np.asarray(meta["slice"]["orientation"]).reshape(2, 3)
             lps = position + (cols[None, :, None] * col_mm) * x + (rows[:, None, None] * row_mm) * y

@@ -145,7 +145,7 @@ class CachedChunk:
 #: and bytes an ISO 2022 code extension cannot decode, kept as ``\xNN`` with a warning; ISO 2022 IR
 #: 58's escape sequence consumed), and a person name loses its trailing empty components;
 #: 49: a file meta naming a transfer syntax its data set is not in (Big Endian over little) is ``unreadable``.
-#: 50: a Pixel Padding Value is reduced to Bits Stored as the pixels are.
+#: 50: a Pixel Padding Value is reduced to Bits Stored as the pixels are; output_spacing is the packed grid's.
 CACHE_FORMAT = 50
 
 

@@ -40,6 +40,7 @@ from packer.transform.dicom import (
     finish_image,
     finish_stored,
     keeps_geometry,
+    output_spacing,
     quantise,
     render_color,
     render_luma,
@@ -488,8 +489,10 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         if isinstance(rendered, Issue):
             return rendered
         array, meta = rendered
-        if cfg.spacing is not None and spacing is not None:
-            meta["output_spacing"] = list(cfg.spacing)
+        grid = output_spacing(*pixels.shape[1:3], pixel_spacing=spacing, spacing=cfg.spacing, size=cfg.size,
+                              policy=cfg.resize)
+        if grid is not None:
+            meta["output_spacing"] = grid
         outputs.append((array, meta))
     samples = _samples(ref, ds, pixels, cfg, outputs, base_metadata, blank, stack)
     if luma:  # what with_channels records where it maps the channels itself

@@ -47,7 +47,7 @@ from packer.config import WindowSpec
 from packer.keys import frame_key
 from packer.read.series import stack_neighbors
 from packer.records import Sample, SampleRef
-from packer.transform.dicom import display_dtype, finish_image, keeps_geometry, quantise
+from packer.transform.dicom import display_dtype, finish_image, keeps_geometry, output_spacing, quantise
 from packer.transform.intensity import (
     Stats,
     apply_percentiles,
@@ -244,8 +244,10 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
                              policy=plan.resize, output=plan.output, pad_value=blacks)
         metadata = {**base, "windows": [c.record for c in channels], "pixel_spacing": where.pop("pixel_spacing"),
                     "slice": {"axis": plan.axis, "index": index, "count": count, **where}}
-        if plan.spacing is not None:
-            metadata["output_spacing"] = list(plan.spacing)
+        grid = output_spacing(*values.shape[1:], pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
+                              policy=plan.resize)
+        if grid is not None:
+            metadata["output_spacing"] = grid
         mask = None
         if case.mask is not None:
             mask = transform_mask_dicom(np.ascontiguousarray(_slice_view(case.mask, plan.axis, index)),

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from packer.transform.channels import luminance
-from packer.transform.resize import resize_image
+from packer.transform.resize import resize_image, resize_plan
 from packer.transform.window import (
     apply_modality,
     apply_modality_lut,
@@ -313,6 +313,25 @@ def resample_to_spacing(image: np.ndarray, pixel_spacing: tuple[float, float],
                         target: tuple[float, float]) -> np.ndarray:
     """Rescale H×W×C ``image`` from ``pixel_spacing`` to ``target`` spacing (size: :func:`spacing_size`)."""
     return resize_image(image, spacing_size(image.shape[0], image.shape[1], pixel_spacing, target), "stretch")
+
+
+def output_spacing(height: int, width: int, *, pixel_spacing: tuple[float, float] | None,
+                   spacing: tuple[float, float] | None, size: tuple[int, int] | None,
+                   policy: str) -> list[float] | None:
+    """The (row, column) mm of the pixel grid :func:`finish_image` packs an H×W frame on, or None
+    where it resamples nothing (``spacing`` or ``pixel_spacing`` unset).
+
+    Not ``spacing`` itself: the resample rounds to whole pixels (:func:`spacing_size`), and
+    ``size`` then scales that grid (``stretch`` per axis; ``fit`` before its padding, ``crop``
+    before its cut: :func:`packer.transform.resize.resize_plan`). Both keep the frame's extent,
+    so each axis is ``pixel_spacing · n / n'`` with n' the scaled grid's pixels, rounded to 1e-6
+    mm as a volume's spacing is."""
+    if spacing is None or pixel_spacing is None:
+        return None
+    grid = spacing_size(height, width, pixel_spacing, spacing)
+    if size is not None:
+        grid = resize_plan(grid, size, policy)[0]
+    return [round(pixel_spacing[0] * height / grid[0], 6), round(pixel_spacing[1] * width / grid[1], 6)]
 
 
 def quantise(image: np.ndarray, output: str) -> np.ndarray:
