@@ -1118,12 +1118,9 @@ def _leaves_root(source: SourceConfig, rel: str, row: TableRow, table: Path | st
     # quoted as the table writes it (cell is only the path rebuilt from rel, which an absolute
     # '/mnt/old/a.png' never was: '../../mnt/old/a.png'); a template's path has no cell
     shown = row.cell or cell
-    if posixpath.isabs(shown.strip().replace("\\", "/")):
-        said = (f"{table} row {row.row}: {shown!r}, an absolute path (not read from {key}.path_base), is {rel!r} "
-                f"from the source root {source.root}, outside it")
-    else:
-        said = (f"{table} row {row.row}: {shown!r}, read from {key}.path_base ({table_map.path_base}), is {rel!r} "
-                f"from the source root {source.root}, outside it")
+    read = (f"an absolute path (not read from {key}.path_base)" if posixpath.isabs(shown.strip().replace("\\", "/"))
+            else f"read from {key}.path_base ({table_map.path_base})")
+    said = f"{table} row {row.row}: {shown!r}, {read}, is {rel!r} from the source root {source.root}, outside it"
     if cell in seen:  # the root holds the cell's path itself: the cell was written from the root
         below = written_from_base(cell, table_map, source.root)
         return (f"{said}; the root holds {cell!r} itself, so this cell is written from the root, not from "
