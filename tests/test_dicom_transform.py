@@ -637,6 +637,39 @@ def test_a_16_bit_palette_holding_8_bit_values_is_read_as_declared_and_each_samp
     json.dumps(sample.metadata)
 
 
+def test_an_8_bit_palette_holding_16_bit_entries_is_read_as_16_bit_and_each_sample_says_so(tmp_path: Path) -> None:
+    """An 8-bit entry cannot exceed 255, so 16-bit words above 255 under an 8-bit descriptor (some
+    vendors write these) are 16-bit values: packer reads them over 0..65535, as pydicom's
+    apply_color_lut does from the data's length, instead of clipping nearly every colour to 255,
+    and records why (the converse of the 16-bit palette holding 8-bit values)."""
+    colours = {colour: [v * 257 for v in values] for colour, values in EIGHT_BIT_COLOURS.items()}
+    path = _palette_file(tmp_path, "pal8of16.dcm", 16, colours)
+    ds = pydicom.dcmread(path)
+    for colour in colours:
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [4, 0, 8])  # the data stays 16-bit words
+    path = save(ds, tmp_path / "pal8of16.dcm")
+    sample = read(path)[0]
+    np.testing.assert_array_equal(sample.image[:, 0, 0], [255, 0, 0])
+    np.testing.assert_array_equal(sample.image[:, 1, 1], [128, 128, 128])  # 128 × 257 of 65535, not clipped
+    assert sample.metadata["palette_bits"] == 16
+    [warning] = sample.metadata["warnings"]
+    assert "declare 8 bits per entry" in warning and "16-bit entries up to 65535" in warning
+    assert "not clipped to 255" in warning
+
+
+def test_an_8_bit_palette_in_16_bit_words_with_8_bit_values_is_read_as_8_bit(tmp_path: Path) -> None:
+    """8-bit entries each stored in a 16-bit word (values at most 255) keep their declared
+    0..255 range, with no warning: only entries an 8-bit palette cannot hold make it 16-bit."""
+    path = _palette_file(tmp_path, "pal8in16.dcm", 16, EIGHT_BIT_COLOURS)
+    ds = pydicom.dcmread(path)
+    for colour in EIGHT_BIT_COLOURS:
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [4, 0, 8])
+    sample = read(save(ds, tmp_path / "pal8in16.dcm"))[0]
+    np.testing.assert_array_equal(sample.image[:, 1, 1], [128, 128, 128])
+    assert sample.metadata["palette_bits"] == 8
+    assert "warnings" not in sample.metadata
+
+
 @pytest.mark.parametrize("bits, scale", [(16, 257), (8, 1)])
 def test_a_palette_that_uses_its_declared_range_carries_no_palette_warning(tmp_path: Path, bits: int,
                                                                           scale: int) -> None:

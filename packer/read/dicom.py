@@ -929,7 +929,8 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
     metadata = _base_metadata(ds, geometry)
     notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
-             _dark_palette_note(ds) if geometry.photometric == PALETTE else None]
+             _dark_palette_note(ds) if geometry.photometric == PALETTE else None,
+             _wide_palette_note(ds) if geometry.photometric == PALETTE else None]
     if any(note is not None for note in notes):
         metadata["warnings"] = [note for note in notes if note is not None]
     try:
@@ -1265,12 +1266,9 @@ def _dark_palette_note(ds: Dataset) -> str | None:
     shifts them right by 8 bits (black), dcmtk reads them as 8 bits only when asked to
     (``--check-lut-depth``). So packer keeps the standard's reading (the palette is not
     rescaled) and says so on each sample."""
-    if _palette_bits(ds) != 16:
+    if _declared_palette_bits(ds) != 16:
         return None
-    descriptor = ds.get("RedPaletteColorLookupTableDescriptor")
-    entries, first = (int(descriptor[0]) or 65536, int(descriptor[1])) if descriptor else (65536, 0)
-    palette = apply_color_lut(np.arange(first, first + entries, dtype=np.int64), ds)
-    largest = int(palette.max()) if palette.size else 0
+    largest = _largest_palette_entry(ds)
     if largest > 255:
         return None
     return (f"(0028,1101-1103) Palette Color Lookup Table Descriptors declare 16 bits per entry, yet no palette "
@@ -1281,7 +1279,42 @@ def _dark_palette_note(ds: Dataset) -> str | None:
             "entry by 257, or declare 8 bits per entry")
 
 
-def _palette_bits(ds: Dataset) -> int:
+def _wide_palette_note(ds: Dataset) -> str | None:
+    """The warning for a PALETTE COLOR file whose descriptors declare 8 bits per entry while its
+    Palette Color Lookup Table Data holds 16-bit words with entries above 255; None otherwise.
+
+    An 8-bit entry cannot exceed 255, so such entries are 16-bit values under a wrong descriptor
+    (some vendors write them): pydicom's ``apply_color_lut`` reads them as 16-bit from the
+    data's length, and read over 0..255 nearly every pixel would clip to white, made-up colours.
+    So packer reads them over 0..65535 (:func:`_palette_bits`) and says so on each sample: the
+    converse of :func:`_dark_palette_note`."""
+    if _declared_palette_bits(ds) != 8:
+        return None
+    largest = _largest_palette_entry(ds)
+    if largest <= 255:
+        return None
+    return (f"(0028,1101-1103) Palette Color Lookup Table Descriptors declare 8 bits per entry, yet the (0028,1201-"
+            f"1203) Palette Color Lookup Table Data holds 16-bit entries up to {largest}, which 8 bits cannot "
+            "hold: the entries were read as 16-bit values over 0..65535 (as pydicom reads them), not clipped to "
+            "255; if that is not what the file means, fix its descriptors (third value 16) or its entries")
+
+
+def _declared_palette_bits(ds: Dataset) -> int:
+    """The bits per entry the (0028,1101) Red Palette Color Lookup Table Descriptor declares."""
     descriptor = ds.get("RedPaletteColorLookupTableDescriptor") or (0, 0, 16)
     return 8 if int(descriptor[2]) == 8 else 16
 
+
+def _largest_palette_entry(ds: Dataset) -> int:
+    """The largest entry of the file's palette, as pydicom's ``apply_color_lut`` reads it."""
+    descriptor = ds.get("RedPaletteColorLookupTableDescriptor")
+    entries, first = (int(descriptor[0]) or 65536, int(descriptor[1])) if descriptor else (65536, 0)
+    palette = apply_color_lut(np.arange(first, first + entries, dtype=np.int64), ds)
+    return int(palette.max()) if palette.size else 0
+
+
+def _palette_bits(ds: Dataset) -> int:
+    """The bits per entry the palette's entries are read over: the descriptors' (PS3.3
+    C.7.6.3.1.6), except 16 where they declare 8 but entries exceed 255 (:func:`_wide_palette_note`)."""
+    declared = _declared_palette_bits(ds)
+    return 16 if declared == 8 and _largest_palette_entry(ds) > 255 else declared
