@@ -581,6 +581,35 @@ def test_ybr_comes_out_as_rgb(name: str, tolerance: int) -> None:
     assert np.abs(image.astype(int) - reference).max() <= tolerance
 
 
+@pytest.mark.parametrize(("name", "noted"), [
+    ("SC_rgb_jpeg_dcmtk.dcm", True),           # JPEG Baseline YBR_FULL
+    ("SC_rgb_dcmtk_+eb+cy+s2.dcm", True),      # JPEG Baseline YBR_FULL_422
+    ("SC_rgb_jpeg_gdcm.dcm", True),            # JPEG Lossless SV1 RGB
+    ("GDCMJ2K_TextGBR.dcm", True),             # JPEG 2000 lossless YBR_RCT
+    ("SC_rgb_jls_lossy_line.dcm", True),       # JPEG-LS, line interleaved
+    ("SC_rgb_jls_lossy_sample.dcm", True),     # JPEG-LS, sample interleaved
+    ("SC_rgb_rle.dcm", False),                 # RLE: colour-by-plane by its own definition
+])
+def test_planar_configuration_1_in_a_compressed_syntax_does_not_scramble_the_colours(tmp_path: Path, name: str,
+                                                                                      noted: bool) -> None:
+    """PS3.5 8.2: in a compressed transfer syntax the codestream fixes the component layout and
+    (0028,0006) Planar Configuration is irrelevant (for JPEG it "shall be 0"), yet devices write
+    1. The frame must decode to the same colours as with 0, not the decoder's colour-by-pixel
+    output re-read colour-by-plane; where the header was overruled the sample says so."""
+    expected = one(shipped(name))
+    ds = pydicom.dcmread(shipped(name))
+    ds.PlanarConfiguration = 1
+    [sample] = read(save(ds, tmp_path / name))
+    np.testing.assert_array_equal(sample.image, expected)
+    warnings = sample.metadata.get("warnings", [])
+    if noted:
+        [warning] = warnings
+        assert "Planar Configuration is 1" in warning and "PS3.5 8.2" in warning
+        assert "decoded colour-by-pixel" in warning
+    else:
+        assert not warnings
+
+
 def test_palette_color_goes_through_the_palette() -> None:
     path = shipped("examples_palette.dcm")  # 16-bit palette entries
     ds = pydicom.dcmread(path)

@@ -930,7 +930,8 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     metadata = _base_metadata(ds, geometry)
     notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
              _dark_palette_note(ds) if geometry.photometric == PALETTE else None,
-             _wide_palette_note(ds) if geometry.photometric == PALETTE else None]
+             _wide_palette_note(ds) if geometry.photometric == PALETTE else None,
+             _codestream_planar_note(ds, geometry)]
     if any(note is not None for note in notes):
         metadata["warnings"] = [note for note in notes if note is not None]
     try:
@@ -1172,9 +1173,13 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     try:
         # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
         # whatever else the fragments hold: pydicom's default would decode excess frames too.
+        # Planar Configuration 0 for every codestream: PS3.5 8.2 makes the header's value irrelevant
+        # there (the codestream fixes the component layout, and the decoders return colour-by-pixel),
+        # but pydicom re-reads the output as colour-by-plane where the header says 1 (the RLE and
+        # JPEG-LS decoders set the layout they return themselves, over this option).
         if encapsulated:
-            arr = _stored_bits_only(pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False),
-                                    geometry.bits_stored)
+            arr = _stored_bits_only(pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False,
+                                                planar_configuration=0), geometry.bits_stored)
         else:
             arr = pixel_array(ds, decoding_plugin=plugin)
         if geometry.photometric == PALETTE:
@@ -1253,6 +1258,21 @@ def _base_metadata(ds: Dataset, geometry: _Geometry) -> dict[str, Any]:
     if geometry.photometric == PALETTE:
         meta["palette_bits"] = _palette_bits(ds)
     return meta
+
+
+def _codestream_planar_note(ds: Dataset, geometry: _Geometry) -> str | None:
+    """The warning for colour pixel data in a JPEG or JPEG 2000 codestream whose header says
+    (0028,0006) Planar Configuration 1; None otherwise. PS3.5 8.2 makes the value irrelevant for
+    compressed syntaxes (the codestream fixes the layout; for JPEG it "shall be 0"), so packer
+    decodes such frames colour-by-pixel (:func:`_decode`) and records that the header was
+    overruled. RLE defines its own layout, colour-by-plane, whatever the header says."""
+    if geometry.samples < 2 or geometry.transfer_syntax in _NATIVE or geometry.transfer_syntax == _RLE \
+            or ds.get("PlanarConfiguration") != 1:
+        return None
+    return (f"(0028,0006) Planar Configuration is 1 (colour-by-plane), but the pixel data is "
+            f"{UID(geometry.transfer_syntax).name}, whose codestream defines the component layout (PS3.5 8.2: "
+            "the value is irrelevant there): the frames were decoded colour-by-pixel as the codestream holds "
+            "them; the header's value was ignored (fix it to 0 to silence this)")
 
 
 def _dark_palette_note(ds: Dataset) -> str | None:
