@@ -37,13 +37,14 @@ from pydicom.uid import (
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
     JPEG2000Lossless,
+    MRImageStorage,
     RLELossless,
 )
 
 import packer.read.dicom as reader
 from packer.read.dicom import DicomHeader, decoder_table, probe_dicom, read_dicom
 from packer.read.dicom_attrs import text_value
-from packer.records import Excluded, Issue, Sample
+from packer.records import Excluded, Issue, MemberIssue, Sample
 from packer.where import Condition
 
 TIME = ("StudyDate", "StudyTime")
@@ -814,6 +815,30 @@ def test_native_ybr_ict_or_rct_is_unsupported_but_their_jpeg_2000_files_read(tmp
         assert f"{photometric} is only valid with a JPEG 2000 transfer syntax" in issue.message, issue.message
         assert "Explicit VR Little Endian" in issue.message and "re-export" in issue.message
     assert isinstance(read(shipped("GDCMJ2K_TextGBR.dcm")), list)  # YBR_RCT, JPEG 2000 Lossless
+
+
+def test_a_siemens_mosaic_is_unsupported_naming_dcm2niix_in_slice_and_series_jobs(tmp_path: Path) -> None:
+    """A Siemens MOSAIC image (Image Type value MOSAIC) tiles the slices of a volume into one 2-D
+    image; where each tile lies is only in the private CSA header. It packed as one slice of nine
+    side by side, silently; packer cannot unpack it without guessing, so the header probe refuses
+    it (a series job's too, which then holds back its series), naming the tile count and dcm2niix.
+    The same image without MOSAIC in its Image Type reads."""
+    mosaic = np.repeat(np.repeat(np.arange(9, dtype=np.uint16).reshape(3, 3) * 40 + 50, 8, 0), 8, 1)
+    ds = image_dataset(mosaic, modality="MR", sop_class=MRImageStorage, Manufacturer="SIEMENS",
+                       ImageType=["ORIGINAL", "PRIMARY", "M", "ND", "MOSAIC"])
+    ds.add_new(0x00190010, "LO", "SIEMENS CSA HEADER")
+    ds.add_new(0x0019100A, "US", 9)  # Number of Images in Mosaic
+    path = save(ds, tmp_path / "mosaic.dcm")
+    in_series = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True,
+                            slices=False)
+    assert isinstance(in_series, MemberIssue)
+    for found in (probe(path), read(path), in_series.issue):
+        issue = issue_of(found, "unsupported", "validate")
+        assert "mosaic.dcm" in issue.message and "(0008,0008) Image Type holds MOSAIC" in issue.message
+        assert "tiles 9 slices" in issue.message and "CSA header" in issue.message
+        assert "dcm2niix" in issue.message and "nifti source" in issue.message
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "M", "ND"]
+    assert isinstance(read(save(ds, tmp_path / "plain.dcm"), window(200.0, 400.0)), list)
 
 
 @pytest.mark.parametrize(("columns", "planar", "what"), [(5, 0, "(0028,0011) Columns is 5, odd"),

@@ -445,6 +445,9 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has no image: no (7FE0,0010) Pixel "
                       "Data and no (0028,0004) Photometric Interpretation (a header exported without its pixels); "
                       "re-export it from the archive with its pixels")
+    mosaic = _mosaic_problem(ds)
+    if mosaic is not None:
+        return _issue(ref, "validate", "unsupported", mosaic)
     # the transfer syntax first: a file no decoder reads (a video's H.264 stream) is that, whatever its
     # photometric says (YBR_PARTIAL_420 is what such files carry; "fix the header" cannot help)
     syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
@@ -496,6 +499,29 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
     if problem is not None:
         return _issue(ref, "validate", *problem)
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
+
+
+#: (0019,100A) Siemens Number of Images in Mosaic (private, SIEMENS MR HEADER / CSA HEADER block 10)
+_IMAGES_IN_MOSAIC = 0x0019100A
+
+
+def _mosaic_problem(ds: Dataset) -> str | None:
+    """The message for a Siemens MOSAIC image, None for any other file. (0008,0008) Image Type
+    value MOSAIC marks one 2-D image tiling many slices of a volume (fMRI, DWI); where each tile
+    lies in the patient is only in the private CSA header, which packer does not read, so it
+    cannot cut the tiles into slices without guessing, and packed as it is the mosaic would be
+    one slice of many anatomical slices side by side."""
+    image_type = ds.get("ImageType")
+    values = list(image_type) if isinstance(image_type, MultiValue) else [image_type]
+    if not any(str(v).strip().upper() == "MOSAIC" for v in values if v is not None):
+        return None
+    count = ds.get(_IMAGES_IN_MOSAIC)
+    value = count.value if count is not None else None
+    tiles = f" {value}" if isinstance(value, int) and not isinstance(value, bool) and value > 0 else ""
+    return (f"(0008,0008) Image Type holds MOSAIC: a Siemens mosaic tiles{tiles} slices of a volume into this "
+            "one 2-D image, and where each tile lies is only in the private CSA header, which packer does not "
+            "read, so it would pack as one slice of many; convert the series with dcm2niix (dcm2niix -o OUT "
+            "SERIES_DIR), which unpacks mosaics, and pack the NIfTI files with a nifti source")
 
 
 def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: str) -> tuple[str, str] | None:
@@ -708,7 +734,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
 
     Issues: ``unreadable`` (zero bytes, OSError, unparsable header), ``not_dicom`` (no preamble
     + ``DICM``), ``no_pixel_data`` (no Image Pixel module; names the SOP class), ``bad_shape``,
-    ``unsupported`` (photometric), ``unsupported_transfer_syntax``, ``too_large`` (file size,
+    ``unsupported`` (photometric, a Siemens MOSAIC), ``unsupported_transfer_syntax``, ``too_large`` (file size,
     inflated size, Number of Frames, Rows × Columns or the decoded size over ``limits``),
     ``burned_in_annotation`` ((0028,0301) is YES and ``allow_burned_in`` is False). A missing
     entity or time is not an issue here: those fields are ``None`` and discovery decides.
