@@ -638,6 +638,10 @@ class DicomTransformConfig:
     series: SeriesConfig = field(default_factory=SeriesConfig)
     volume_spacing: tuple[float, float, float] | None = None
     volume_size: tuple[int, int, int] | None = None
+    #: not from the job file (nor in ``to_json``): set by ``DicomSeries.file_job`` for the slices of a
+    #: volume that is resampled, which are then rendered unrounded (float32, ``packer.transform.dicom.UNROUNDED``)
+    #: and quantised to ``output`` once, after the resample, instead of resampled as levels and rounded again
+    unrounded: bool = False
 
     @property
     def by_series(self) -> bool:

@@ -552,3 +552,67 @@ def test_a_regular_series_is_stacked_as_read_and_a_mask_follows_the_nearest_true
                                                                           abs=5e-3)
     assert np.array_equal(build_volume(labels[None], affine, spacing=None, size=None).array[0, :, 0, 0],
                           np.arange(1, 8))   # without positions: by index, as a regular series is
+
+
+def _slope_series(folder: Path, positions: list[float]) -> np.ndarray:
+    """A CT series of random 16×16 slices at ``positions`` (mm along z), each slice its own Rescale
+    Slope (as a PET series' are); returns the modality values, D×H×W float64, in position order."""
+    from tests.dicom_files import ct_dataset, save
+
+    rng = np.random.default_rng(11)
+    values = []
+    for i, z in enumerate(positions):
+        stored = rng.integers(0, 3000, size=(16, 16)).astype(np.int16)
+        slope = float(f"{0.4 + 0.13 * i + rng.random():.6g}")
+        ds = ct_dataset(stored, slope=slope, center=None, width=None, InstanceNumber=i + 1,
+                        StudyInstanceUID="1.2.826.0.1.77.0", SeriesInstanceUID="1.2.826.0.1.77",
+                        ImageOrientationPatient=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+                        ImagePositionPatient=[-4.0, -4.0, float(z)], ImageType=["ORIGINAL", "PRIMARY", "AXIAL"])
+        save(ds, folder / f"s{i:02d}.dcm")
+        values.append(stored.astype(np.float64) * slope - 1024.0)
+    return np.stack(values)
+
+
+def _along_d(values: np.ndarray, positions: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """``values`` (D×H×W) linearly interpolated along D from ``positions`` at ``targets`` (float64)."""
+    low = np.clip(np.searchsorted(positions, targets, side="right") - 1, 0, len(positions) - 2)
+    t = np.clip((targets - positions[low]) / (positions[low + 1] - positions[low]), 0.0, 1.0)[:, None, None]
+    return (1 - t) * values[low] + t * values[low + 1]
+
+
+@pytest.mark.parametrize("case,output", [("spacing", "uint8"), ("irregular", "uint16"), ("spacing", "float16")])
+def test_a_resampled_volume_interpolates_the_unrounded_values_and_rounds_once(tmp_path: Path, case: str,
+                                                                               output: str) -> None:
+    """README (Volumes, step 3): a volume is resampled by linear interpolation of the windowed
+    values, as a resampled frame is (in float32, rounded once). Its slices were quantised to the
+    output's levels first and the resampled levels rounded again: one voxel in six of a uint8
+    volume came out a level off ``round(255 · interp(window(values)))``, and float16 voxels up to
+    an ulp off. Along z only here (spacing 2 mm from 3 mm; or the irregular slices put on their
+    uniform grid), each voxel is checked against that formula in float64."""
+    raw = tmp_path / "raw"
+    positions = [3.0 * i for i in range(8)] if case == "spacing" else IRREGULAR
+    values = _slope_series(raw / "s", positions)
+    n = len(positions)
+    if case == "spacing":
+        size = round(n * 3.0 / 2.0)
+        grid, targets = np.arange(n, dtype=np.float64), np.clip((np.arange(size) + 0.5) * n / size - 0.5, 0, n - 1)
+        sample: Any = {"volume": {"spacing": [2.0, 0.5, 0.5]}}
+    else:
+        step = (positions[-1] - positions[0]) / (n - 1)
+        grid, targets, sample = np.array(positions) / step, np.arange(n, dtype=np.float64), "volume"
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {**WINDOW, "output": output, "sample": sample,
+                                    "series": {"gap_tolerance": 0.25}}}, validate={"max_bad_fraction": 0.9})
+    packed, _, _ = _packed(_build(job))
+    got = packed[0].astype(np.float64)
+    if output == "float16":  # modality values (float16 takes no window): within half a float16 ulp of the exact value
+        exact = _along_d(values, grid, targets)
+        ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+        assert got.shape == exact.shape and (np.abs(got - exact) <= ulp / 2 + 1e-3).all()
+        return
+    top = 255.0 if output == "uint8" else 65535.0
+    y = np.clip((values - 999.5) / 2999.0 + 0.5, 0.0, 1.0)   # LINEAR window, PS3.3 C.11.2.1.2.1
+    exact = _along_d(y, grid, targets) * top
+    away_from_ties = np.abs(np.abs(exact - np.floor(exact)) - 0.5) > 1e-2
+    assert got.shape == exact.shape and away_from_ties.mean() > 0.9
+    assert np.array_equal(got[away_from_ties], np.rint(exact)[away_from_ties])

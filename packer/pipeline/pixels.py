@@ -274,7 +274,7 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
     grouping = source_kind(task.refs[0].kind).grouping(task.job)
     if grouping is None:
         raise ValueError(f"source kind {task.refs[0].kind!r} does not group files under this job")
-    job = grouping.file_job(task.job)
+    job = grouping.file_job(task.job, task.group)
     per_file: list[list[Sample]] = []
     alone = grouping.partial(task.job)
     failed: list[Issue | Excluded] = []

@@ -53,6 +53,7 @@ from packer.read.series import (
     off_grid,
     stack_neighbors,
     stack_volume,
+    volume_resamples,
     volume_size,
 )
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
@@ -284,6 +285,8 @@ class DicomKind(SourceKind):
     def expected_dtype(self, sample: Sample, job: JobConfig) -> np.dtype:
         """``transform.dicom.output``; colour DICOM comes out as RGB uint8 whatever the precision."""
         image = sample.image
+        if job.dicom.unrounded:  # a resampled volume's slice, quantised once the volume is resampled
+            return np.dtype(np.float32)
         if image.ndim == 3 and image.shape[0] != 3:
             return np.dtype(_DTYPES[job.dicom.output])
         return np.dtype(np.uint8) if image.dtype == np.uint8 else np.dtype(_DTYPES[job.dicom.output])
@@ -434,9 +437,12 @@ class DicomSeries(Grouping):
         linked, issues = link(annotated, geometry, notes, refused, masks)
         return (*plain, *linked), (*refused, *issues)
 
-    def file_job(self, job: JobConfig) -> JobConfig:
+    def file_job(self, job: JobConfig, group: Series | AnnotatedSeries | None = None) -> JobConfig:
         if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D
-            return job.with_settings("dicom", replace(job.dicom, size=None, spacing=None))
+            # from the slices' unrounded values, where it is resampled: rounded once, as a resampled frame is
+            series = group.series if isinstance(group, AnnotatedSeries) else group
+            unrounded = series is not None and volume_resamples(series, job.dicom)
+            return job.with_settings("dicom", replace(job.dicom, size=None, spacing=None, unrounded=unrounded))
         if job.dicom.sample == "neighbors" and job.dicom.channels is not None:
             # a stack's channels are mapped once stacked (:meth:`combine`), not each slice's before
             return job.with_settings("dicom", replace(job.dicom, channels=None))

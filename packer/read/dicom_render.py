@@ -33,6 +33,7 @@ from packer.read.dicom_attrs import (
 from packer.read.series import SPACING_TOLERANCE, constant_slice_note
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
+    UNROUNDED,
     ModalityTransform,
     VoiTransform,
     apply_voi,
@@ -304,13 +305,17 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     Pixel Spacing a ``transform.dicom.spacing`` resample starts from (this frame's, or frame 0's
     for a stack). ``luma``: a colour frame becomes its one-channel luma (:func:`render_luma`)."""
     spacing = pixel_spacing(ds, frame)
+    # a resampled volume's slice stays unrounded (float32): the volume is quantised once, resampled
+    output = UNROUNDED if cfg.unrounded else cfg.output
 
     def finish(image: np.ndarray, pad_value: float | Sequence[float] = 0.0) -> np.ndarray:
         return finish_image(image, pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size,
-                            policy=cfg.resize, output=cfg.output, pad_value=pad_value)
+                            policy=cfg.resize, output=output, pad_value=pad_value)
 
     if photometric not in GRAYSCALE:
-        keeps = keeps_geometry(*stored.shape[:2], pixel_spacing=resample_from, spacing=cfg.spacing, size=cfg.size)
+        # an unrounded slice is finished as a resampled frame is: its display values, then ``finish``
+        keeps = not cfg.unrounded and keeps_geometry(*stored.shape[:2], pixel_spacing=resample_from,
+                                                     spacing=cfg.spacing, size=cfg.size)
         if luma:
             image = render_luma(stored, color_bits, cfg.output, keeps_grid=keeps)
             return (image if keeps else finish(image)), _frame_metadata(ds, frame, None, (), spacing)
@@ -355,7 +360,7 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
             return flat
     array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
-                          size=cfg.size, policy=cfg.resize, output=cfg.output)
+                          size=cfg.size, policy=cfg.resize, output=output)
     if not cfg.by_series:
         flat = _flat_file_luts(ref, array, stored[:, :, 0], mask, modality, vois, frame)
         if flat is not None:

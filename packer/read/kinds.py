@@ -331,8 +331,9 @@ class Grouping:
         with one of them is not made, and its files are refused."""
         raise NotImplementedError
 
-    def file_job(self, job: JobConfig) -> JobConfig:
-        """The job each file of a group is read with (a volume's slices at their own size)."""
+    def file_job(self, job: JobConfig, group: Any = None) -> JobConfig:
+        """The job each file of ``group`` is read with (a volume's slices at their own size, and
+        unrounded where the volume is resampled)."""
         return job
 
     def decoded(self, group: Any) -> Sequence[SampleRef]:

@@ -505,6 +505,18 @@ def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, in
     return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
 
 
+def volume_resamples(series: Series, cfg: DicomTransformConfig) -> bool:
+    """Whether the volume ``series`` makes under ``cfg`` is resampled: its slices lie off the
+    uniform grid (:func:`off_grid`), or ``volume.spacing`` changes a size. Its slices are then
+    rendered unrounded (``cfg.unrounded``) and the volume quantised once, after the resample
+    (:func:`~packer.transform.volume.build_volume`); a volume on its slices' own grid is stacked
+    from their levels, as before."""
+    if cfg.volume_spacing is not None and volume_size(series, cfg) != resampled_shape(
+            (len(series.slices), series.rows, series.columns), series.affine(), None):
+        return True
+    return off_grid(series) is not None
+
+
 def one_slice_depth_note(axis: int, spacing: float) -> str:
     """A volume's warning where its series is one slice whose header gives no depth: the 1 mm
     assumed, and where the record holds it. The slice's normal is the stack's D, but the volume
@@ -537,16 +549,19 @@ def is_constant_slice(sample: Sample) -> bool:
 
 
 def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformConfig) -> list[Sample]:
-    """One sample of a whole series: its slices (each C×H×W, windowed, at native size) stacked
+    """One sample of a whole series: its slices (each C×H×W, windowed, at native size: levels, or
+    float32 unrounded values where the volume is resampled, :func:`volume_resamples`) stacked
     to C×D×H×W, made canonical, resampled and cropped or padded (:mod:`packer.transform.volume`),
     with the affine and spacing in its metadata. Keyed by its first file's sample id; its
     ``volume.constant_slices``: how many slices are constant (present only when some are; each
     slice's own note is its file's, not the volume's warning)."""
     stacked = np.stack([s.image for s in slices], axis=1)
     irregular = off_grid(series)
+    # a resampled volume's slices come unrounded (float32, :func:`volume_resamples`): quantised once, resampled
     volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size,
                           positions=None if irregular is None else irregular[0],
-                          fill=volume_blacks(stacked, slices[0].metadata, cfg.output))
+                          fill=volume_blacks(stacked, slices[0].metadata, cfg.output),
+                          output=cfg.output if stacked.dtype == np.float32 else None)
     first = slices[0]
     about: dict[str, object] = {
         "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],

@@ -45,6 +45,11 @@ from packer.transform.window import (
 )
 
 OUTPUTS = ("uint8", "uint16", "float16")
+#: Not a job's output: the unrounded float32 values a frame would be quantised from (display values
+#: in [0, 1], or ``float16``'s modality values and z-scores), which :func:`quantise` passes through.
+#: A volume that is resampled renders its slices so (``DicomTransformConfig.unrounded``), so that its
+#: voxels are interpolated from these and rounded once, as a resampled frame's pixels are.
+UNROUNDED = "float32"
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 #: How close (in output levels) a float64 value y·65535 must come to a half level to be rounded
 #: as that half level: float64 noise (x/65535·65535 is 0.5 ± 1e-11, not 0.5) must not decide a
@@ -340,8 +345,10 @@ def quantise(image: np.ndarray, output: str) -> np.ndarray:
     ``uint8``/``uint16``: input in [0, 1] (clipped), ``round(y·255)`` / ``round(y·65535)``,
     round half to even. For float64 input, a value within :data:`HALF_LEVEL_TOLERANCE` of a
     half level is rounded as that half level (to even): the exact formula's ties stay ties.
-    ``float16``: a plain cast.
+    ``float16``: a plain cast. :data:`UNROUNDED`: float32, nothing rounded (the caller quantises).
     """
+    if output == UNROUNDED:
+        return image.astype(np.float32, copy=False)
     if output in ("uint8", "uint16"):
         scaled = np.clip(image, 0.0, 1.0)  # a new array: the in-place steps below never touch the input
         scaled *= 255.0 if output == "uint8" else 65535.0

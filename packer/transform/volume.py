@@ -13,8 +13,9 @@ spacing and size, with the affine that maps its voxels back to patient space (pu
    series in the usual orientation nothing moves. Like nibabel's ``as_closest_canonical``
    (permutes and flips only; an oblique series stays oblique, its affine says how).
 3. **resample** (:func:`resample_linear`) to ``spacing`` (z, y, x mm) with separable linear
-   interpolation on the windowed values (a DICOM series' slices are windowed first; a NIfTI volume's
-   voxel values are resampled, then windowed), centre-aligned: the new grid spans the same extent,
+   interpolation on the windowed values (a DICOM series' slices are windowed first, unrounded in
+   float32, and the volume quantised once after: :func:`build_volume`; a NIfTI volume's voxel
+   values are resampled, then windowed), centre-aligned: the new grid spans the same extent,
    ``n' = round(n · s / s')`` voxels, so the recorded spacing is ``s · n / n'`` (within half a
    voxel of the request over the volume) and the origin moves by ``(n/n' - 1)/2`` old voxels.
 4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding each channel
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
+from packer.transform.dicom import quantise
 
 
 @dataclass(frozen=True)
@@ -371,24 +374,37 @@ def requantise(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def build_volume(slices: np.ndarray, affine: np.ndarray, *, spacing: tuple[float, float, float] | None,
                  size: tuple[int, int, int] | None, positions: np.ndarray | None = None,
-                 fill: float | Sequence[float] = 0) -> Volume:
-    """C×D×H×W windowed slices (as rendered: uint8, uint16 or float16) and their stack affine →
-    the finished volume, in the slices' dtype: canonical, resampled, cropped or padded with
-    ``fill`` (module docstring, steps 2-4). ``positions``: where the slices truly lie along D, in
-    steps of ``affine`` from the first (0 .. D-1), where they are off that uniform grid: the
-    stack is then resampled along D from them (:func:`depth_resample`) onto the grid, or
-    straight onto ``spacing``'s, and the affine holds."""
+                 fill: float | Sequence[float] = 0, output: str | None = None) -> Volume:
+    """C×D×H×W windowed slices and their stack affine → the finished volume: canonical,
+    resampled, cropped or padded with ``fill`` (module docstring, steps 2-4). ``positions``: where
+    the slices truly lie along D, in steps of ``affine`` from the first (0 .. D-1), where they are
+    off that uniform grid: the stack is then resampled along D from them (:func:`depth_resample`)
+    onto the grid, or straight onto ``spacing``'s, and the affine holds.
+
+    ``output`` None: the slices are as rendered (uint8, uint16 or float16), and the volume keeps
+    their dtype (a resample's float32 values are rounded back to it: :func:`requantise`).
+    ``output`` set: the slices are the unrounded float32 values they would be quantised from
+    (display values in [0, 1]; float16's modality values), as a volume that is resampled gets
+    them, and the volume is quantised to ``output`` once, after the resample
+    (:func:`packer.transform.dicom.quantise`, as a resampled frame is): resampling levels that
+    were rounded already and rounding again put one voxel in six a level off
+    ``round(255 · interp(window(values)))``. Unresampled, the same levels as the slices' own."""
+
+    def finished(array: np.ndarray) -> np.ndarray:
+        return quantise(array, output) if output is not None else requantise(array, slices.dtype)
+
     if positions is None:
         volume = canonical(Volume(slices, affine))
         if spacing is not None:
             volume = resample_linear(volume, spacing)
-            volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
+        if spacing is not None or output is not None:
+            volume = Volume(finished(volume.array), volume.affine)
     else:
         targets, placed = depth_grid(affine, slices.shape[1], spacing)
         volume = canonical(Volume(depth_resample(slices, positions, targets), placed))
         if spacing is not None:  # D is on its grid already: the other two axes only
             volume = resample_linear(volume, held_depth(spacing, volume, canonical_order(affine).index(0)))
-        volume = Volume(requantise(volume.array, slices.dtype), volume.affine)
+        volume = Volume(finished(volume.array), volume.affine)
     if size is not None:
         volume = crop_or_pad(volume, size, fill)
     return volume
