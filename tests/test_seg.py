@@ -368,6 +368,25 @@ def test_a_seg_sampling_the_normal_more_coarsely_than_the_series_is_another_grid
         np.testing.assert_array_equal(labels[k], box if covered[k] else 0, err_msg=f"slice {k}")
 
 
+def test_a_seg_of_one_slice_is_placed_whatever_spacing_between_slices_it_writes(tmp_path: Path, axial) -> None:
+    """A lesion drawn on one slice (OHIF, highdicom: source_images one slice) is a SEG whose frames,
+    one a segment, all lie on that slice's plane; highdicom writes SpacingBetweenSlices 1.0 for it,
+    a spacing that spaces nothing, so it is not compared with the series' 1.5 mm: the frames are
+    copied onto their slice under require, not refused as mask_geometry."""
+    grid, sources, _, planted = axial
+    k = 6
+    source = next(ds for ds in sources if np.allclose(ds.ImagePositionPatient, grid.position(k)))
+    path = write_seg(tmp_path / "one.dcm", [source], planted[k:k + 1], ["Ball Thing", "Cube_A"])
+    written = pydicom.dcmread(path)
+    assert written.NumberOfFrames == 2
+    assert float(written.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].SpacingBetweenSlices) == 1.0
+    labels, drawn = paint(path, places(sources))
+    expected = np.zeros_like(labels)
+    expected[k] = expected_labels(planted)[k]
+    np.testing.assert_array_equal(labels, expected)
+    assert drawn.notes == ()
+
+
 def test_other_grid_resample_nearest_neighbour(tmp_path: Path, axial) -> None:
     """Each slice pixel takes the coarse SEG pixel nearest its centre: it can differ from the
     truth only where a shape's boundary passes within half a coarse pixel diagonal of the centre."""

@@ -24,7 +24,8 @@ Rules (the README's, stated once here):
   1e-4, pixel spacing within 1e-4 relative, the frame's first pixel within 1e-3 mm of the
   slice's in the slice plane, and, where the SEG says its SpacingBetweenSlices, that spacing
   within 1% of the series' (a SEG drawn on a 9 mm reconstruction of a 3 mm series is not on its
-  grid, although each of its frames lies on one of its slices). Any other frame is on *another
+  grid, although each of its frames lies on one of its slices; a SEG whose frames all lie on one
+  plane has no spacing, whatever it says). Any other frame is on *another
   grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the whole segment is
   resampled by nearest neighbour.
 - **Resampling** (nearest neighbour in patient coordinates): each slice pixel centre takes the
@@ -46,7 +47,7 @@ from __future__ import annotations
 import sqlite3
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import highdicom as hd
 import numpy as np
@@ -132,6 +133,8 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         # a segment drawn on the series' other stacks only is theirs, not empty here
         theirs = {f.segment for f in placed_frames} - {f.segment for f in frames}
         scale = _fractional_scale(path, seg) if kind == "FRACTIONAL" else None
+        if _one_plane(placed_frames):  # its SpacingBetweenSlices spaces nothing: not compared with the series'
+            frames = [replace(f, between=None) for f in frames]
     except AnnotationError:
         raise
     except _FILE_DEFECTS as err:
@@ -316,6 +319,24 @@ def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str) -> list[_Frame
             orientation=_plane_values(path, index, "ImageOrientationPatient", orientation, 6),
             spacing=(float(row_col[0]), float(row_col[1])), between=between, thickness=thickness))
     return out
+
+
+def _one_plane(frames: Sequence[_Frame]) -> bool:
+    """Whether all of a SEG's frames lie on one plane (one frame, or one frame a segment on one
+    slice): a SpacingBetweenSlices then spaces no frames (highdicom writes 1.0 for a one-frame
+    SEG), so it says nothing about how the SEG samples the normal and is not its grid; its frame
+    is placed as any other, on the slice it references or lies on. Planes compare by position
+    along their normal (to 1e-3 mm), else, for frames without a position, by their sources."""
+    planes: set[object] = set()
+    for frame in frames:
+        if frame.position is None:
+            planes.add(frame.sources)
+        else:
+            normal = np.cross(frame.orientation[:3], frame.orientation[3:6])
+            planes.add(round(float(np.dot(frame.position, normal)), 3))
+        if len(planes) > 1:
+            return False
+    return True
 
 
 def _plane_values(path: str, index: int, keyword: str, value: object, count: int) -> np.ndarray:
