@@ -947,6 +947,40 @@ def test_an_roi_in_another_frame_of_reference_refuses_its_structure_set_and_seri
     assert {r["reason"] for r in records} == {"mask_geometry"} and len(records) == len(a) + 1  # the series too
 
 
+def test_a_seg_listing_a_series_in_another_frame_of_reference_refuses_that_series(tmp_path: Path) -> None:
+    """A SEG drawn on one CT (its frames derive from that CT, its Frame of Reference is the CT's)
+    whose Referenced Series Sequence also lists a second scan of the patient in another frame of
+    reference (a registered scan shown beside it) was painted onto that scan by position: the
+    liver landed wherever the two origins put it. As an RTSTRUCT's ROI in another frame, the
+    scan is refused (mask_geometry, its files and the SEG's record naming both frames' owners by
+    digest); the CT it was drawn on packs with its liver."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    other = _write_series(raw / "A" / "CT2", "PA", seed=3)  # its own Frame of Reference UID
+    assert other[0].FrameOfReferenceUID != a[0].FrameOfReferenceUID
+    path = write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    ds = pydicom.dcmread(path)
+    listed = Dataset()
+    listed.SeriesInstanceUID = other[0].SeriesInstanceUID
+    instance = Dataset()
+    instance.ReferencedSOPClassUID, instance.ReferencedSOPInstanceUID = other[0].SOPClassUID, other[0].SOPInstanceUID
+    listed.ReferencedInstanceSequence = DicomSequence([instance])
+    ds.ReferencedSeriesSequence.append(listed)
+    ds.save_as(path)
+    result = _build(_mask_job(tmp_path, raw, SEGMENTS, sample="volume"))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    (item,) = [i for split in ("train", "valid", "test") if split in result.manifest["splits"]
+               for i in ShardDataset(result.manifest_path, split, shuffle=False)]
+    assert int((item["mask"].numpy() == 4).sum())  # the CT the SEG was drawn on
+    assert {r["reason"] for r in records} == {"mask_geometry"}
+    assert {Path(r["path"]).parent.name for r in records if r["path"].endswith(".dcm")} == {"CT2", "SEG"}
+    assert sum(Path(r["path"]).parent.name == "CT2" for r in records) == len(other)
+    mine = next(r for r in records if Path(r["path"]).name == "seg.dcm")["message"]
+    assert "the SEG's FrameOfReferenceUID" in mine and "this series' images" in mine
+    assert "Referenced Series Sequence" in mine
+    assert other[0].FrameOfReferenceUID not in mine and a[0].FrameOfReferenceUID not in mine  # by digest
+
+
 def test_an_annotation_links_to_its_own_entitys_series_when_another_entity_holds_the_same_uid() -> None:
     """An export copied into two patient folders (entity from the path) holds one Series Instance
     UID under two entities. Each folder's SEG names that UID: it was linked to both series, so each

@@ -459,7 +459,7 @@ def _read_annotation(ref: SampleRef, modality: str, group: AnnotatedSeries, cfg:
         if cfg.segments is None:
             raise _no_map(ref, modality)
         return paint_seg(ref.path, group.places, cfg.segments, painter, threshold=cfg.threshold, grid=cfg.grid,
-                         elsewhere=group.elsewhere)
+                         elsewhere=group.elsewhere, frame_of_reference=group.frame_of_reference)
     else:
         from packer.read.rtstruct import paint_rtstruct
 

@@ -102,7 +102,7 @@ class _Frame:
 
 def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, painter: Painter, *,
               threshold: float = 0.5, grid: str = "require", dataset: Dataset | None = None,
-              elsewhere: frozenset[str] = frozenset()) -> Drawn:
+              elsewhere: frozenset[str] = frozenset(), frame_of_reference: str = "") -> Drawn:
     """Paint each mapped segment of the SEG at ``path`` onto ``painter`` (D×H×W, D = ``len(slices)``).
 
     ``slices`` are the referenced series' slices in order along the normal (slice ``i`` is
@@ -111,7 +111,9 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
     (``require`` | ``resample``) says what a frame on another grid than its slice does;
     ``dataset``: the file already parsed (not modified); ``elsewhere``: the SOP Instance UIDs of
     the series' other stacks (its other acquisitions, stacked apart): a frame that references
-    only those belongs there, and is left to that stack's painting, never placed here. Returns the
+    only those belongs there, and is left to that stack's painting, never placed here;
+    ``frame_of_reference``: the series' Frame of Reference UID ("" where its files name none), which
+    the SEG's own must equal (``mask_geometry`` otherwise). Returns the
     unmapped segment labels and notes. Raises :class:`AnnotationError` for every defect of the file: ``unreadable``,
     ``annotation_unmapped``, ``annotation_frames``, ``mask_geometry``, ``mask_values``, and
     ``mask_overlap`` from the painter; ValueError for a bad ``threshold`` or ``grid`` (a caller's
@@ -127,6 +129,7 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
     try:
         kind = str(seg.SegmentationType).upper()
         classes, unmapped = _map_segments(path, seg, segments, segment_names)
+        _check_frame_of_reference(path, seg, frame_of_reference)
         placed_frames = _frame_places(path, seg, kind)
         frames = [f for f in placed_frames
                   if not (f.sources and elsewhere and all(uid in elsewhere for uid, _ in f.sources))]
@@ -163,6 +166,24 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
             notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie on no slice of the "
                          "series (beyond its ends, or where a slice is missing) and were not painted")
     return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)))
+
+
+def _check_frame_of_reference(path: str, seg: hd.seg.Segmentation, series: str) -> None:
+    """``mask_geometry`` where the SEG's Frame of Reference UID is known and is not the series'
+    (``series``; "" where its files name none): its frame positions are then another scan's
+    patient coordinates (a series it lists beside the one it was drawn on: a registered scan shown
+    with it in the viewer), and placed on this series by position its frames would land wherever
+    the two origins put them. As an RTSTRUCT's ROI in another frame of reference refuses its
+    structure set."""
+    own = str(seg.get("FrameOfReferenceUID", "") or "").strip()
+    if own and series and own != series:
+        raise AnnotationError("mask_geometry", (
+            f"{path}: the SEG lies in frame of reference {uid_digest(own)} (the SEG's FrameOfReferenceUID; UID "
+            f"digests), not {uid_digest(series)} (the FrameOfReferenceUID of this series' images), although its "
+            "Referenced Series Sequence lists this series: its frames are another scan's patient coordinates, so "
+            "painted on this series they would land wherever the two origins put them; remove this series from "
+            "the SEG's Referenced Series Sequence (it was drawn on a series of its own frame of reference), or "
+            "export it registered to this series"))
 
 
 def _unreadable(path: str, err: BaseException) -> AnnotationError:
