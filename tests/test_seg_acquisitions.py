@@ -260,7 +260,7 @@ def test_an_roi_drawn_on_the_other_acquisition_is_no_note_on_this_one(tmp_path: 
         drawn = paint_rtstruct(str(path), stack, rois, painter,
                                elsewhere=frozenset(s.SOPInstanceUID for s in acquisitions[other]))
         notes[this] = drawn.notes
-        assert bool(painter.labels.any()) == (this == 2)
+        assert bool(painter.labels.any()) == (this == 2) and drawn.elsewhere == (this == 1)
     assert notes == {1: (), 2: ()}, notes
 
 
@@ -285,6 +285,34 @@ def test_a_segment_drawn_on_the_other_acquisition_is_no_empty_note_on_this_one(t
         drawn = paint_seg(str(path), stack, segments, painter,
                           elsewhere=frozenset(s.SOPInstanceUID for s in acquisitions[other]))
         assert drawn.notes == () and bool(painter.labels.any()) == (this == 2), (this, drawn.notes)
+        assert drawn.elsewhere == (this == 1)  # drawn on the other stack alone: none of it is this one's
+
+
+@pytest.mark.parametrize("kind", ["SEG", "RTSTRUCT"])
+def test_a_stack_annotated_only_on_the_other_acquisition_is_mask_missing_not_a_wrong_map(tmp_path: Path,
+                                                                                          kind: str) -> None:
+    """An annotation drawn on acquisition 2 alone, under mask.empty: bad: acquisition 1's stack
+    paints nothing, and was refused as mask_empty advising "fix the map (segments, rois)",
+    although the map is right (acquisition 2 packs with its liver). No annotation references
+    that stack's images: it is mask_missing, as a series no annotation references, and says so."""
+    raw = tmp_path / "raw"
+    acquisitions = _write_acquisitions(raw / "CT", LAYOUTS["same positions (pre and post contrast)"])
+    if kind == "SEG":
+        _highdicom_seg(raw / "SEG" / "seg.dcm", acquisitions[2], _planted(2).astype(bool))
+        mask: dict[str, object] = {**SEGMENTS, "empty": "bad"}
+    else:
+        _write_rtstruct(raw / "RT" / "rt.dcm", {2: acquisitions[2]})
+        mask = {"rois": {"liver": 4}, "empty": "bad"}
+    result = _build(_mask_job(tmp_path / "out", raw, mask, output="float16", sample="volume"))
+    (item,) = _items(result)
+    assert np.array_equal(item["mask"].numpy(), _planted(2))
+    bad = [json.loads(line) for line in (result.version_dir / "bad_samples.jsonl").read_text().splitlines()]
+    first = {str(raw / "CT" / Path(ds.filename).name) for ds in acquisitions[1]}
+    assert {b["path"] for b in bad} == first
+    assert {b["reason"] for b in bad} == {"mask_missing"}
+    message = bad[0]["message"]
+    assert "no SEG or RTSTRUCT references this acquisition's images" in message and "fix the map" not in message
+    assert "add this acquisition's annotation, or set empty: keep" in message
 
 
 def test_an_object_read_by_several_stacks_keeps_the_record_with_its_notes() -> None:

@@ -201,6 +201,10 @@ class Drawn:
     #: the object's SOP class by name (``Segmentation Storage``, ``Label Map Segmentation Storage``,
     #: ``RT Structure Set Storage``), as the excluded records count it
     sop_class: str = ""
+    #: whether everything it holds of the mapped structures belongs to the series' other stacks
+    #: (its other acquisitions, stacked apart): drawn there, not on this stack, which it paints
+    #: nothing of (an empty stack then lacks its annotation, not a mapped structure)
+    elsewhere: bool = False
 
 
 @dataclass(frozen=True)

@@ -438,6 +438,8 @@ class Painted:
     labels: np.ndarray
     used: tuple[Excluded, ...]
     metadata: dict[str, Any]
+    #: whether every annotation was drawn on the series' other stacks alone (:attr:`Drawn.elsewhere`)
+    elsewhere: bool = False
 
 
 def _no_map(ref: SampleRef, modality: str) -> AnnotationError:
@@ -481,6 +483,7 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
     used: list[Excluded] = []
     unmapped = 0
     notes: list[str] = []
+    elsewhere = bool(group.annotations)
     for ref, modality in group.annotations:
         painter.path = ref.path
         try:
@@ -491,6 +494,7 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
             # the image readers': a reader bug is the series' unexpected_error record, never a crashed job
             return _refused(group, ref, AnnotationError("unexpected_error", f"{ref.path}: {type(err).__name__}: {err}"))
         names, noted = drawn.unmapped, drawn.notes
+        elsewhere = elsewhere and drawn.elsewhere
         unmapped += len(names)
         notes.extend(noted)
         detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
@@ -507,7 +511,7 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
         metadata["structures"] = {name: names for name, names in sorted(classes.items())}
     if notes:
         metadata["notes"] = len(notes)
-    return Painted(labels=painter.labels, used=tuple(used), metadata=metadata)
+    return Painted(labels=painter.labels, used=tuple(used), metadata=metadata, elsewhere=elsewhere)
 
 
 def header_refusal(group: AnnotatedSeries, cfg: MaskConfig) -> list[Issue]:
@@ -585,16 +589,26 @@ def series_labels(group: AnnotatedSeries, slices: int, job: JobConfig
     annotation facts for its samples' metadata, and the annotations' records (Excluded
     ``annotation`` each); or None and the records refusing the series."""
     cfg = annotated_sources(job)[group.series.refs[0].source]
+    elsewhere = False
     if group.annotations:
         painted = paint_series(group, cfg, keep_names=job.phi.mode == "keep")
         if isinstance(painted, list):
             return None, {}, tuple(painted)
-        labels, used, metadata = painted.labels, painted.used, painted.metadata
+        labels, used, metadata, elsewhere = painted.labels, painted.used, painted.metadata, painted.elsewhere
     else:
         rows, columns = (group.places[0].rows, group.places[0].columns) if group.places else (
             group.series.rows, group.series.columns)
         labels = np.zeros((slices, rows, columns), dtype=cfg.dtype)
         used, metadata = (), {"objects": [], "classes": [], "unmapped_structures": 0}
+    if cfg.empty == "bad" and not labels.any() and elsewhere:
+        # the map is right: the annotations were drawn on the series' other acquisitions, none on this one
+        names = ", ".join(a.path for a, _ in group.annotations)
+        return None, {}, (*used, *(Issue.of(r, stage="transform", reason="mask_missing", message=(
+            f"{r.path}: no SEG or RTSTRUCT references this acquisition's images (its series is stacked per "
+            f"acquisition, and its annotations, {names}, were drawn on its other acquisitions alone) and "
+            "mask.empty is bad; add this acquisition's annotation, or set empty: keep to pack it with all-zero "
+            "masks"))
+            for r in group.series.refs))
     if cfg.empty == "bad" and not labels.any():
         return None, {}, (*used, *(Issue.of(r, stage="transform", reason="mask_empty", message=(
             f"{r.path}: its series' annotations paint no voxel of a mapped class and mask.empty is bad; fix the "

@@ -871,6 +871,7 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
     ds = _read(path, dataset)
     mapped: list[tuple[str, Structure, list[_Contour], bool]] = []  # bool: the file holds contours of it
     unmapped: list[str] = []
+    held = kept = 0  # contours of mapped ROIs in the file, and of them this stack's (not all elsewhere)
     # pydicom parses a sequence and converts a value when first accessed, so a damaged file
     # fails here, with any exception a parser can raise: all of them are this file's defect
     try:
@@ -891,9 +892,11 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
                     "this series, or leave it out of mask.rois"))
             contours = _parse(name, items.get(number, []), path)
             drawn = bool(contours)
+            held += len(contours)
             if elsewhere:
                 contours = [c for c in contours if not (c.image_uids and all(u in elsewhere for u in c.image_uids))]
             mapped.append((name, structure, contours, drawn))
+            kept += len(contours)
     except AnnotationError:
         raise
     except Exception as err:
@@ -914,4 +917,5 @@ def paint_rtstruct(path: str, slices: Sequence[SlicePlace], rois: StructureMap, 
             painter.record(structure, name)
         for first, window, origin in _fill_slices(rings, at, grid):
             painter.paint(structure, first, window, source=name, origin=origin)
-    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(RTSTRUCT_STORAGE))
+    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(RTSTRUCT_STORAGE),
+                 elsewhere=bool(held) and not kept)

@@ -165,7 +165,10 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         if outside:
             notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie on no slice of the "
                          "series (beyond its ends, or where a slice is missing) and were not painted")
-    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)))
+    mapped = {*classes, 0}  # a LABELMAP frame (segment 0) holds every segment
+    return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)),
+                 elsewhere=not any(f.segment in mapped for f in frames)
+                 and any(f.segment in mapped for f in placed_frames))
 
 
 def _check_frame_of_reference(path: str, seg: hd.seg.Segmentation, series: str) -> None:
