@@ -138,6 +138,8 @@ def test_a_mixed_export_packs_exactly_the_ct_originals_and_counts_every_other_fi
     assert {name: (by_path[str(files[name])]["why"], by_path[str(files[name])]["modality"],
                    by_path[str(files[name])]["sop_class"]) for name in others} == others
     assert "where: {Modality: RTDOSE}" in by_path[str(files["dose"])]["detail"]
+    # what a dose grid is not is image intensities, not "RTDOSE values" (the file's own modality)
+    assert "dose grid (absorbed dose in Gy, not image intensities such as HU)" in by_path[str(files["dose"])]["detail"]
     assert "where: {ImageType: LOCALIZER}" in by_path[str(files["localizer"])]["detail"]
     assert "SOPClassUID: Secondary Capture Image Storage" in by_path[str(files["capture"])]["detail"]
     validator = jsonschema.Draft202012Validator(load_schema("excluded"))

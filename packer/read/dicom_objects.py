@@ -249,9 +249,9 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     if uid == RT_DOSE or modality == "RTDOSE":
         if not _asked(conditions, ("Modality", "SOPClassUID"), ds):
             return ObjectClass(modality, name, "not_requested",
-                               f"{what}: a dose grid (Gy, not {modality or 'image'} values) is packed only when "
-                               "asked; to pack it add to the source where: {Modality: RTDOSE} (or list RTDOSE "
-                               "among the modalities)")
+                               f"{what}: a dose grid (absorbed dose in Gy, not image intensities such as HU) is packed "
+                               "only when asked; to pack it add to the source where: {Modality: RTDOSE} (or list "
+                               "RTDOSE among the modalities)")
     elif uid in SECONDARY_CAPTURE:
         if not _asked(conditions, ("SOPClassUID",), ds):
             return ObjectClass(modality, name, "not_requested",
