@@ -1019,6 +1019,31 @@ def test_a_series_whose_slice_the_header_check_refuses_is_not_packed_without_it(
     assert len(packed) == (1 if "volume" in sample else 6)  # the good series' alone
 
 
+@pytest.mark.parametrize("sample", [{"neighbors": 1}, "volume"])
+def test_each_slice_of_a_series_that_fails_its_pixel_read_gets_its_own_record(tmp_path: Path, sample: Any) -> None:
+    """Two slices of a series whose modality values overflow float16 (a x40 Rescale Slope): the
+    first was non_finite and the second series_incomplete "another file of its series ... is
+    bad", hiding that it was broken too (a user who fixed the first met the second next build).
+    Each bad slice now has its own record, and the series' other slices name both."""
+    raw = tmp_path / "raw"
+    paths = _write_series(raw / "a", seed=1, patient="P1", overrides={2: {"RescaleSlope": 40}, 4: {"RescaleSlope": 40}})
+    order = _reference_order(paths)
+    broken = {order[2], order[4]}
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                         transform={"dicom": {"output": "float16", "sample": sample,
+                                              **({} if sample == "volume" else {"size": [16, 16]})}},
+                         validate={"max_bad_fraction": 1.0}))
+    records = {Path(r["path"]): r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+    assert set(records) == set(paths)
+    for path in paths:
+        if path in broken:
+            assert records[path]["reason"] == "non_finite", records[path]
+        else:
+            assert records[path]["reason"] == "series_incomplete"
+            assert "2 other files of its series are bad: " in records[path]["message"]
+            assert all(f"{b} (non_finite)" in records[path]["message"] for b in broken), records[path]["message"]
+
+
 def test_transform_channels_counts_a_neighbour_stack_s_channels(tmp_path: Path) -> None:
     """``transform.channels`` fixes every sample's channel count: it was applied to each slice
     before the stack, so ``channels: 3`` with one window and one neighbour each side repeated

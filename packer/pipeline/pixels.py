@@ -264,11 +264,13 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
                    notes: dict[tuple[str, str], None]) -> list[list[Sample] | Issue | Excluded]:
     """The outcomes of the group ``task`` holds (a DICOM series), as per-file outcomes come: its
     samples as one list (its kind's :meth:`~packer.read.kinds.Grouping.combine` of its files'
-    samples), or (when one of its files cannot be read) that file's Issue (or Excluded record:
-    the header pass kept it, so only a file changed since can be) and ``series_incomplete`` for
-    each of the others. Each file's warnings go into ``notes`` (file id, text) as its samples
-    are read: a stack or a volume keeps one slice's metadata, and a slice that is only a
-    neighbour (``edge: skip``) is no sample's centre."""
+    samples), or (when some of its files cannot be read) each such file's own Issue (or Excluded
+    record: the header pass kept it, so only a file changed since can be) and
+    ``series_incomplete`` for each of the others, naming the bad ones: every file is read, so
+    two bad slices are two records, not one and an "incomplete" that hides the second. Each
+    file's warnings go into ``notes`` (file id, text) as its samples are read: a stack or a
+    volume keeps one slice's metadata, and a slice that is only a neighbour (``edge: skip``) is
+    no sample's centre."""
     if task.group is None:
         raise ValueError("_group_samples needs a group chunk")
     grouping = source_kind(task.refs[0].kind).grouping(task.job)
@@ -278,16 +280,19 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
     per_file: list[list[Sample]] = []
     alone = grouping.partial(task.job)
     failed: list[Issue | Excluded] = []
+    bad: dict[str, str] = {}  # each failed file's path: its state, as its series' other files name it
     for ref, placed in zip(grouping.decoded(task.group), grouping.placed(task.group), strict=True):
         outcome = _on_local_file(ref, task, listed, partial(_samples_of, job=job, clock=clock, placed=placed), clock)
-        if isinstance(outcome, (Issue, Excluded)) and alone:  # this file's record; the others still pack
+        if isinstance(outcome, (Issue, Excluded)):  # this file's record (alone: the others still pack)
             failed.append(outcome)
+            bad[ref.path] = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
             per_file.append([])
             continue
-        if isinstance(outcome, (Issue, Excluded)):
-            state = outcome.reason if isinstance(outcome, Issue) else f"left out: {outcome.why}"
-            return [outcome, *series_incomplete(task.refs, ref.path, state, but=ref.sample_id)]
-        per_file.append(outcome)
+        # once a file failed the series is not packed; its other files are still read, each bad
+        # one to get its own record, not to be called incomplete for the first one's sake
+        per_file.append([] if bad and not alone else outcome)
+    if bad and not alone:
+        return [*failed, *series_incomplete(task.refs, bad, but={r.sample_id for r in failed})]
     clock.switch("decode+transform")
     samples, records = grouping.combine(task.group, per_file, task.job)
     if samples:  # a refused series packs nothing, so none of its files is packed with a warning

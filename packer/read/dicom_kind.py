@@ -338,21 +338,21 @@ class DicomKind(SourceKind):
 def _without_held(series: Sequence[Series], images: Sequence[tuple[SampleRef, Any]], held: Sequence[MemberIssue],
                   refused: list[Issue]) -> list[Series]:
     """``series`` less those a file of ``held`` belongs to (same entity, Study and Series UIDs),
-    whose files go into ``refused`` as ``series_incomplete``, naming the held file and its reason."""
+    whose files go into ``refused`` as ``series_incomplete``, naming the held files and their reasons."""
     if not held:
         return list(series)
-    missing: dict[tuple[str, ...], Issue] = {}
-    for member in sorted(held, key=lambda m: m.issue.path):  # the first file by path names the cause
-        missing.setdefault(member.group, member.issue)
+    missing: dict[tuple[str, ...], dict[str, str]] = {}
+    for member in sorted(held, key=lambda m: m.issue.path):  # each held file of a series, by path
+        missing.setdefault(member.group, {})[member.issue.path] = member.issue.reason
     geometry = {ref.sample_id: state for ref, state in images}
     kept = []
     for one in series:
         first = geometry[one.refs[0].sample_id]
-        cause = missing.get((one.refs[0].entity or "", first.study_uid, first.series_uid))
-        if cause is None:
+        causes = missing.get((one.refs[0].entity or "", first.study_uid, first.series_uid))
+        if causes is None:
             kept.append(one)
             continue
-        refused.extend(series_incomplete(one.refs, cause.path, cause.reason))
+        refused.extend(series_incomplete(one.refs, causes))
     return kept
 
 
@@ -496,8 +496,8 @@ class DicomSeries(Grouping):
         left_out = _edge_left_out(slices, stacked, job.dicom.neighbors)
         shaped = with_channels(stacked, job)  # transform.channels counts a stack's channels, as a NIfTI stack's
         if isinstance(shaped, Issue):
-            return [], (*records, shaped, *series_incomplete(series.refs, shaped.path, shaped.reason, stage="transform",
-                                                             but=shaped.sample_id))
+            return [], (*records, shaped, *series_incomplete(series.refs, {shaped.path: shaped.reason},
+                                                             stage="transform", but={shaped.sample_id}))
         return shaped, (*records, *left_out)
 
     def headers_only(self, group: Series | AnnotatedSeries, job: JobConfig) -> tuple[Issue | Excluded, ...]:

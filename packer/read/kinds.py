@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -439,14 +439,29 @@ def source_libraries(sources: Sequence[SourceConfig]) -> tuple[str, ...]:
     return tuple(sorted({*kind_libraries([s.kind for s in sources]), *extra}))
 
 
-def series_incomplete(refs: Sequence[SampleRef], bad: str, state: str, *, stage: str = "validate",
-                      but: str = "") -> list[Issue]:
-    """The ``series_incomplete`` record of each file of ``refs`` (but the one whose sample id is
-    ``but``) whose group is not packed because another of its files, at ``bad``, is (``state``:
-    its reason code, or why it was left out)."""
+def series_incomplete(refs: Sequence[SampleRef], bad: Mapping[str, str], *, stage: str = "validate",
+                      but: Collection[str] = ()) -> list[Issue]:
+    """The ``series_incomplete`` record of each file of ``refs`` (but those whose sample ids are
+    in ``but``: the bad files, which keep their own records) whose group is not packed because
+    other files of it are bad: ``bad`` maps each one's path to its state (its reason code, or why
+    it was left out). Every bad file is named (the first few, and how many more), so a user who
+    fixes one learns of the others in the same build, not one rebuild at a time."""
+    listed = list(bad.items())
+    named = ", ".join(f"{path} ({state})" for path, state in listed[:_NAMED_BAD])
+    more = f" and {len(listed) - _NAMED_BAD} more" if len(listed) > _NAMED_BAD else ""
+    if len(listed) == 1:
+        path, state = listed[0]
+        why = f"another file of its series, {path}, is bad ({state})"
+    else:
+        why = f"{len(listed)} other files of its series are bad: {named}{more}"
     return [Issue.of(ref, stage=stage, reason="series_incomplete",
-                     message=f"{ref.path}: another file of its series, {bad}, is bad ({state}); a series with a "
-                             "missing slice is not packed") for ref in refs if ref.sample_id != but]
+                     message=f"{ref.path}: {why}; a series with a missing slice is not packed")
+            for ref in refs if ref.sample_id not in but]
+
+
+#: How many of a series' bad files a ``series_incomplete`` record names (a record per file of the
+#: series: naming hundreds in each would make the report quadratic in the series' length)
+_NAMED_BAD = 5
 
 
 def with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
