@@ -17,6 +17,7 @@ import pydicom
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from pydicom.uid import generate_uid
 
 from packer.badsamples import read_bad_samples
 from packer.buildwarnings import read_warnings
@@ -616,3 +617,33 @@ def test_a_resampled_volume_interpolates_the_unrounded_values_and_rounds_once(tm
     away_from_ties = np.abs(np.abs(exact - np.floor(exact)) - 0.5) > 1e-2
     assert got.shape == exact.shape and away_from_ties.mean() > 0.9
     assert np.array_equal(got[away_from_ties], np.rint(exact)[away_from_ties])
+
+
+RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
+
+
+def _stacked_job(tmp: Path, raw: Path, **source: Any) -> Path:
+    return _job(tmp, [{"kind": "dicom", "root": str(raw), "label": "none", **source}],
+                transform={"dicom": {"output": "float16", "sample": "volume"}}, validate={"max_bad_fraction": 1.0})
+
+
+@pytest.mark.parametrize("first", [0.0, -30.0], ids=["relative", "absolute-z"])
+def test_an_rt_dose_grid_packs_as_a_volume_along_its_grid_frame_offset_vector(tmp_path: Path, first: float) -> None:
+    """An RT Dose places its frames by Grid Frame Offset Vector (PS3.3 C.8.8.3.2): offsets from
+    the top-level Image Position (Patient) along the normal where the first is 0, else the
+    frames' z coordinates. Only functional groups were read, so a dose grid in a volume job was
+    series_no_position, its message pointing at Per-frame Functional Groups it need not have."""
+    from tests.dicom_files import image_dataset, save
+
+    stored = np.random.default_rng(3).integers(0, 400000, (6, 8, 10)).astype(np.uint32)
+    save(image_dataset(stored, modality="RTDOSE", sop_class=RT_DOSE_STORAGE, ImagePositionPatient=[-40, -30, -30],
+                       ImageOrientationPatient=[1, 0, 0, 0, 1, 0], PixelSpacing=[3.0, 2.0], DoseUnits="GY",
+                       GridFrameOffsetVector=[first + 2.5 * i for i in range(6)], FrameIncrementPointer=0x3004000C,
+                       DoseGridScaling=1.234e-4, DoseType="PHYSICAL", DoseSummationType="PLAN",
+                       FrameOfReferenceUID=generate_uid()), tmp_path / "raw" / "dose.dcm")
+    result = _build(_stacked_job(tmp_path, tmp_path / "raw", where={"Modality": "RTDOSE"}))
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    volume, affine, info = _packed(result)
+    assert volume.shape == (1, 6, 8, 10) and info["spacing"] == pytest.approx([2.5, 3.0, 2.0])
+    assert affine[2, 3] == pytest.approx(-30.0)  # frame 0 at z -30 either way
+    assert np.allclose(volume[0].astype(np.float64), stored * 1.234e-4, rtol=2e-3, atol=0.02)

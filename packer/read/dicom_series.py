@@ -4,7 +4,8 @@
 assembly (:mod:`packer.pipeline.series`) needs to group files into series, order their slices
 and check them: Study/Series Instance UID, Frame of Reference, Image Position and Orientation
 (Patient) (for an enhanced multi-frame object, per frame from the functional groups: PS3.3
-C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation), Rows/Columns, Pixel Spacing,
+C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation; an RT Dose's along the normal by its
+Grid Frame Offset Vector, C.8.8.3.2), Rows/Columns, Pixel Spacing,
 Image Type, and the slice depth a series of one slice stands for (Spacing Between Slices, else
 Slice Thickness). Nothing is judged here: a missing value is ``None`` and assembly decides.
 """
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
 
-from packer.read.dicom_attrs import element, floats, functional_item, pixel_measure, pixel_spacing, slice_thickness
+from packer.read.dicom_attrs import (
+    element,
+    floats,
+    functional_item,
+    pixel_measure,
+    pixel_spacing,
+    slice_thickness,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ class SliceGeometry:
     #: Frame 0's Spacing Between Slices, else its Slice Thickness (mm; ``None`` where neither is a
     #: positive number): the depth step of a series of this one slice, which has no second position
     depth: float | None = None
+    #: Where a multi-frame file's frames have no position, what the file lacks to place them ("" to
+    #: say the enhanced objects' way: Per-frame Functional Groups): an RT Dose without its Grid
+    #: Frame Offset Vector
+    unplaced: str = ""
 
     @property
     def frames(self) -> int:
@@ -87,12 +99,15 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
     """The series facts of a parsed file (see :class:`SliceGeometry`). Raises
     :class:`~packer.read.dicom_attrs.DamagedElement` for an element that cannot be decoded."""
     frames = int(first or 1) if (first := element(ds, "NumberOfFrames")) not in (None, "") else 1
-    positions = []
+    positions: list[tuple[float, float, float] | None] = []
     for frame in range(max(frames, 1)):
         item = functional_item(ds, frame, "PlanePositionSequence")
         positions.append(_position(item) or (_position(ds) if frames == 1 else None))
     plane = functional_item(ds, 0, "PlaneOrientationSequence")
     orientation = _orientation(plane) or _orientation(ds)
+    unplaced = ""
+    if frames > 1 and all(p is None for p in positions):  # no functional groups: frames a grid along the normal
+        positions, unplaced = _stacked_frames(ds, frames, orientation)
     frame_orientations = tuple(_orientation(functional_item(ds, frame, "PlaneOrientationSequence"))
                                for frame in range(1, frames)) if frames > 1 else ()
     image_type = tuple(str(v).strip().upper() for v in (element(ds, "ImageType") or ()))
@@ -111,7 +126,60 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         frame_spacings=tuple(pixel_spacing(ds, frame) for frame in range(1, frames)) if frames > 1 else (),
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
         depth=_depth(ds),
+        unplaced=unplaced,
     )
+
+
+def _stacked_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
+                    ) -> tuple[list[tuple[float, float, float] | None], str]:
+    """The positions of the frames of a multi-frame object that places them without functional
+    groups, as a grid along the slice normal (row x column cosines) from one Image Position
+    (Patient): an RT Dose by its Grid Frame Offset Vector (PS3.3 C.8.8.3.2). Where the
+    object lacks what that takes, no positions and what it lacks (the series' refusal says so);
+    for any other object, no positions and ""."""
+    none: list[tuple[float, float, float] | None] = [None] * frames
+    if element(ds, "GridFrameOffsetVector") is not None:
+        return _dose_frames(ds, frames, orientation)
+    return none, ""
+
+
+def _dose_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
+                 ) -> tuple[list[tuple[float, float, float] | None], str]:
+    """An RT Dose's frame positions (PS3.3 C.8.8.3.2): Grid Frame Offset Vector (3004,000C) holds
+    one offset per frame; where its first is 0 they are mm along the normal from the top-level
+    Image Position (Patient), else they are the frames' z coordinates, which the standard allows
+    only for the transverse orientation (1,0,0,0,1,0)."""
+    none: list[tuple[float, float, float] | None] = [None] * frames
+    what = "its Grid Frame Offset Vector (3004,000C)"
+    raw = element(ds, "GridFrameOffsetVector")
+    count = len(raw) if hasattr(raw, "__len__") and not isinstance(raw, str | bytes) else 1
+    offsets = floats(raw)
+    if len(offsets) != frames or count != frames:
+        return none, f"{what} has {len(offsets)} number(s) for {frames} frames (one offset per frame)"
+    origin = _position(ds)
+    if origin is None:
+        return none, f"it has no top-level Image Position (Patient), the origin of {what}"
+    if orientation is None:
+        return none, f"it has no Image Orientation (Patient), whose normal {what} runs along"
+    normal = _normal(orientation)
+    if offsets[0] == 0:
+        return [_along(origin, normal, offset) for offset in offsets], ""
+    if abs(abs(normal[2]) - 1) > 1e-3:
+        return none, (f"{what} starts at {offsets[0]:g}, not 0: z coordinates, which PS3.3 C.8.8.3.2 allows only "
+                      f"for the orientation (1,0,0,0,1,0), and its Image Orientation (Patient) is "
+                      f"{[round(v, 4) for v in orientation]}")
+    return [(origin[0], origin[1], offset) for offset in offsets], ""
+
+
+def _normal(orientation: tuple[float, ...]) -> tuple[float, float, float]:
+    """The slice normal: row cosines x column cosines."""
+    (a, b, c), (d, e, f) = orientation[:3], orientation[3:6]
+    return (b * f - c * e, c * d - a * f, a * e - b * d)
+
+
+def _along(origin: tuple[float, float, float], normal: tuple[float, float, float], distance: float
+           ) -> tuple[float, float, float]:
+    return (origin[0] + distance * normal[0], origin[1] + distance * normal[1], origin[2] + distance * normal[2])
 
 
 def _depth(ds: Dataset) -> float | None:

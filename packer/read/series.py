@@ -368,6 +368,8 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         missing = [name for name, gone in (("Image Orientation (Patient)", g.orientation is None),
                                            ("Image Position (Patient)", any(p is None for p in g.positions))) if gone]
         where = (f"{sum(p is None for p in g.positions)} of the {g.frames} frames of {ref.path} have no "
+                 f"Image Position (Patient) ({g.unplaced})" if g.frames > 1 and g.unplaced
+                 else f"{sum(p is None for p in g.positions)} of the {g.frames} frames of {ref.path} have no "
                  "Image Position (Patient) (a multi-frame object gives one per frame, in its Per-frame "
                  "Functional Groups)" if g.frames > 1 and g.orientation is not None
                  else f"{ref.path} has no {' and no '.join(missing)}")
