@@ -17,6 +17,7 @@ import pydicom
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from pydicom.dataset import Dataset
 from pydicom.uid import generate_uid
 
 from packer.badsamples import read_bad_samples
@@ -620,6 +621,7 @@ def test_a_resampled_volume_interpolates_the_unrounded_values_and_rounds_once(tm
 
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
+NM_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.20"
 
 
 def _stacked_job(tmp: Path, raw: Path, **source: Any) -> Path:
@@ -647,3 +649,50 @@ def test_an_rt_dose_grid_packs_as_a_volume_along_its_grid_frame_offset_vector(tm
     assert volume.shape == (1, 6, 8, 10) and info["spacing"] == pytest.approx([2.5, 3.0, 2.0])
     assert affine[2, 3] == pytest.approx(-30.0)  # frame 0 at z -30 either way
     assert np.allclose(volume[0].astype(np.float64), stored * 1.234e-4, rtol=2e-3, atol=0.02)
+
+
+def _nm_tomogram(**attrs: Any) -> Any:
+    from pydicom.sequence import Sequence as DicomSequence
+
+    from tests.dicom_files import image_dataset
+
+    detector = Dataset()
+    detector.ImagePositionPatient, detector.ImageOrientationPatient = [-64, -64, -20], [1, 0, 0, 0, 1, 0]
+    values = {"ImageType": ["ORIGINAL", "PRIMARY", "RECON TOMO", "EMISSION"], "PixelSpacing": [4.0, 4.0],
+              "FrameIncrementPointer": [0x00540080], "SliceVector": list(range(1, 7)), "NumberOfSlices": 6,
+              "SpacingBetweenSlices": 4.0, "SliceThickness": 4.0, "FrameOfReferenceUID": generate_uid(),
+              "DetectorInformationSequence": DicomSequence([detector]), **attrs}
+    stored = np.random.default_rng(4).integers(0, 3000, (6, 8, 8)).astype(np.uint16)
+    return stored, image_dataset(stored, modality="NM", sop_class=NM_IMAGE_STORAGE,
+                                 **{k: v for k, v in values.items() if v is not None})
+
+
+def test_an_nm_recon_tomo_packs_as_a_volume_along_its_slice_vector(tmp_path: Path) -> None:
+    """An NM RECON TOMO object (a SPECT reconstruction) gives no functional groups: frame k is
+    slice Slice Vector[k], Spacing Between Slices apart along the normal from the Image
+    Position (Patient) of its Detector Information Sequence (or top level). It was refused as
+    series_no_position; it packs as a volume, its slices in Slice Vector's order."""
+    from tests.dicom_files import save
+
+    stored, ds = _nm_tomogram(SliceVector=[1, 2, 3, 6, 5, 4])  # frames need not be in slice order
+    save(ds, tmp_path / "raw" / "spect.dcm")
+    result = _build(_stacked_job(tmp_path, tmp_path / "raw"))
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    volume, affine, info = _packed(result)
+    assert volume.shape == (1, 6, 8, 8) and info["spacing"] == pytest.approx([4.0, 4.0, 4.0])
+    assert affine[2, 3] == pytest.approx(-20.0)
+    assert np.array_equal(volume[0], stored[[0, 1, 2, 5, 4, 3]].astype(np.float16))  # counts, float16-rounded
+
+
+def test_an_nm_tomogram_without_its_slice_spacing_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
+    """Without Spacing Between Slices nothing places an NM tomogram's frames: the refusal names
+    that, not the Per-frame Functional Groups an NM object does not have."""
+    from tests.dicom_files import save
+
+    _, ds = _nm_tomogram(SpacingBetweenSlices=None)
+    save(ds, tmp_path / "raw" / "spect.dcm")
+    result = _build(_stacked_job(tmp_path, tmp_path / "raw"))
+    (record,) = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert record["reason"] == "series_no_position"
+    assert "no positive Spacing Between Slices (0018,0088)" in record["message"]
+    assert "Functional Groups" not in record["message"]

@@ -4,10 +4,11 @@
 assembly (:mod:`packer.pipeline.series`) needs to group files into series, order their slices
 and check them: Study/Series Instance UID, Frame of Reference, Image Position and Orientation
 (Patient) (for an enhanced multi-frame object, per frame from the functional groups: PS3.3
-C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation; an RT Dose's along the normal by its
-Grid Frame Offset Vector, C.8.8.3.2), Rows/Columns, Pixel Spacing,
-Image Type, and the slice depth a series of one slice stands for (Spacing Between Slices, else
-Slice Thickness). Nothing is judged here: a missing value is ``None`` and assembly decides.
+C.7.6.16.2.3 Plane Position, C.7.6.16.2.4 Plane Orientation; an RT Dose's along the normal by
+its Grid Frame Offset Vector, C.8.8.3.2; an NM tomogram's by its Slice Vector and Spacing
+Between Slices, C.8.4.15), Rows/Columns, Pixel Spacing, Image Type, and the slice depth a series
+of one slice stands for (Spacing Between Slices, else Slice Thickness). Nothing is judged here:
+a missing value is ``None`` and assembly decides.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pydicom.dataset import Dataset
 
 from packer.read.dicom_attrs import (
     element,
+    first_float,
     floats,
     functional_item,
     pixel_measure,
     pixel_spacing,
+    sequence_items,
     slice_thickness,
 )
 
@@ -77,7 +80,7 @@ class SliceGeometry:
     depth: float | None = None
     #: Where a multi-frame file's frames have no position, what the file lacks to place them ("" to
     #: say the enhanced objects' way: Per-frame Functional Groups): an RT Dose without its Grid
-    #: Frame Offset Vector
+    #: Frame Offset Vector, an NM tomogram without its Spacing Between Slices
     unplaced: str = ""
 
     @property
@@ -104,7 +107,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         item = functional_item(ds, frame, "PlanePositionSequence")
         positions.append(_position(item) or (_position(ds) if frames == 1 else None))
     plane = functional_item(ds, 0, "PlaneOrientationSequence")
-    orientation = _orientation(plane) or _orientation(ds)
+    orientation = _orientation(plane) or _orientation(ds) or _orientation(_detector(ds))
     unplaced = ""
     if frames > 1 and all(p is None for p in positions):  # no functional groups: frames a grid along the normal
         positions, unplaced = _stacked_frames(ds, frames, orientation)
@@ -130,17 +133,34 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
     )
 
 
+def _detector(ds: Dataset) -> Dataset | None:
+    """An NM object's first Detector Information item (PS3.3 C.8.4.10), which holds the Image
+    Position and Orientation (Patient) of a tomogram (C.8.4.15: at the top level as well)."""
+    items = sequence_items(ds, "DetectorInformationSequence")
+    return items[0] if items else None
+
+
 def _stacked_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
                     ) -> tuple[list[tuple[float, float, float] | None], str]:
     """The positions of the frames of a multi-frame object that places them without functional
     groups, as a grid along the slice normal (row x column cosines) from one Image Position
-    (Patient): an RT Dose by its Grid Frame Offset Vector (PS3.3 C.8.8.3.2). Where the
+    (Patient): an RT Dose by its Grid Frame Offset Vector (PS3.3 C.8.8.3.2), an NM tomogram (NM
+    RECON TOMO) by its Slice Vector and Spacing Between Slices (C.8.4.8, C.8.4.15). Where the
     object lacks what that takes, no positions and what it lacks (the series' refusal says so);
     for any other object, no positions and ""."""
     none: list[tuple[float, float, float] | None] = [None] * frames
     if element(ds, "GridFrameOffsetVector") is not None:
         return _dose_frames(ds, frames, orientation)
+    modality = str(element(ds, "Modality") or "").strip().upper()
+    image_type = [str(v).strip().upper() for v in (element(ds, "ImageType") or ())]
+    # a reconstruction's frames are slices; a TOMO object's are projections, which no position orders
+    if element(ds, "SliceVector") is not None or (modality == "NM" and _RECONSTRUCTED & set(image_type)):
+        return _tomo_frames(ds, frames, orientation)
     return none, ""
+
+
+#: Image Type value 3 of an NM object whose frames are reconstructed slices (PS3.3 C.8.4.7.1)
+_RECONSTRUCTED = frozenset({"RECON TOMO", "RECON GATED TOMO"})
 
 
 def _dose_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
@@ -169,6 +189,33 @@ def _dose_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
                       f"for the orientation (1,0,0,0,1,0), and its Image Orientation (Patient) is "
                       f"{[round(v, 4) for v in orientation]}")
     return [(origin[0], origin[1], offset) for offset in offsets], ""
+
+
+def _tomo_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None
+                 ) -> tuple[list[tuple[float, float, float] | None], str]:
+    """An NM tomogram's frame positions: frame k is slice Slice Vector[k] (1-based, PS3.3
+    C.8.4.8), which lies (slice - 1) x Spacing Between Slices along the normal from the Image
+    Position (Patient) of the first slice (top level, else the Detector Information item)."""
+    none: list[tuple[float, float, float] | None] = [None] * frames
+    lacks = "an NM tomogram places its frames by Image Position (Patient), Slice Vector and Spacing Between " \
+            "Slices; it has"
+    origin = _position(ds) or _position(_detector(ds))
+    if origin is None:
+        return none, f"{lacks} no Image Position (Patient), at the top level or in its Detector Information Sequence"
+    if orientation is None:
+        return none, f"{lacks} no Image Orientation (Patient)"
+    raw = element(ds, "SliceVector")
+    indices = floats(raw)
+    count = len(raw) if hasattr(raw, "__len__") and not isinstance(raw, str | bytes) else int(raw is not None)
+    if count != frames or len(indices) != frames or any(i < 1 or i != int(i) for i in indices):
+        return none, (f"{lacks} no Slice Vector (0054,0080)" if raw is None else
+                      f"{lacks} a Slice Vector (0054,0080) of {count} value(s) for {frames} frames (one slice "
+                      "number, from 1, per frame)")
+    step = first_float(element(ds, "SpacingBetweenSlices"))
+    if step is None or step <= 0:
+        return none, f"{lacks} no positive Spacing Between Slices (0018,0088)"
+    normal = _normal(orientation)
+    return [_along(origin, normal, (index - 1) * step) for index in indices], ""
 
 
 def _normal(orientation: tuple[float, ...]) -> tuple[float, float, float]:
