@@ -292,6 +292,27 @@ def test_a_localizer_does_not_stop_a_series_of_two_acquisitions_from_splitting()
         assert [(i.sample_id, i.reason) for i in out.issues] == [("id009", "series_localizer")]
 
 
+DERIVED = ("DERIVED", "SECONDARY", "AXIAL")
+
+
+@pytest.mark.parametrize("orientation", [AXIAL, (0.0, 1.0, 0.0, 0.0, 0.0, -1.0)])
+def test_a_localizer_among_the_derived_slices_of_a_reformat_is_left_out_not_stacked(orientation: tuple) -> None:
+    """Localizers were left out only among original slices: in a reformat (derived images only)
+    an axial scout one step above was stacked into the volume as its last slice, a sagittal one
+    refused the series as series_orientation, and with drop_localizers false the series was
+    refused as if every one of its files were a localizer."""
+    files = [(_ref(i), _geometry(2.5 * i, image_type=DERIVED)) for i in range(6)]
+    files.append((_ref(9), _geometry(15.0, orientation=orientation, image_type=LOCALIZER)))
+    out = assemble(files, CFG)
+    (series,) = out.series
+    assert [r.sample_id for r in series.refs] == [f"id{i:03d}" for i in range(6)]
+    assert [(i.sample_id, i.reason) for i in out.issues] == [("id009", "series_localizer")]
+    strict = assemble(files, replace(CFG, drop_localizers=False))
+    assert strict.series == () and {i.reason for i in strict.issues} == {"series_localizer"}
+    assert all("1 localizer or derived image(s) among its 7 files" in i.message for i in strict.issues)
+    assert not any("every one of its files is a localizer" in i.message for i in strict.issues)
+
+
 def test_a_slice_shifted_in_its_plane_refuses_its_series_and_a_gantry_tilt_does_not() -> None:
     """Image Positions were checked only along the slice normal: a slice moved 8 mm in x packed
     into a volume in line with the others, 8 mm from where it is. A slice off the line through

@@ -14,8 +14,9 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
   anterior → posterior, head first or feet first alike): never by Instance Number or file
   name, which need not follow position (dcm2niix, nibabel; ``../shared/DOMAIN-series-targets.md`` §1);
 - **checks**, each failure a reason of its own, given to every file of the series:
-  ``series_localizer`` (localizer or derived images among original ones: left out and
-  reported, or with ``drop_localizers: false`` the series fails), ``series_no_position``
+  ``series_localizer`` (localizer or derived images among original ones, or localizers among
+  the derived images of a reformat: left out and reported, or with ``drop_localizers: false``
+  the series fails), ``series_no_position``
   (a slice without position or orientation, or with cosines that are not orthonormal),
   ``series_orientation`` (orientations differ by more than 1e-4 per cosine),
   ``series_geometry`` (rows, columns or pixel spacing differ),
@@ -138,6 +139,17 @@ def _is_localizer(geometry: SliceGeometry) -> bool:
     return "LOCALIZER" in geometry.image_type or (bool(geometry.image_type) and geometry.image_type[0] == "DERIVED")
 
 
+def _stack_of(members: list[tuple[SampleRef, SliceGeometry]]) -> list[tuple[SampleRef, SliceGeometry]]:
+    """The files of ``members`` that are the series' slices, the others localizers (or derived
+    images) that ``drop_localizers`` leaves out: the original images where there are any (a
+    reformat exported among them is left out too); else, in a reformat (derived images only),
+    every file but the localizers, which a scanner exports into such a series as well and which
+    were stacked into the reformat's volume (or turned it down as series_orientation); ``[]``
+    where every file is a localizer (a scout series)."""
+    originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
+    return originals or [(ref, g) for ref, g in members if "LOCALIZER" not in g.image_type]
+
+
 def _fail(refs: Sequence[SampleRef], reason: str, what: str, uid_key: str, part: str = "") -> list[Issue]:
     """Each of ``refs`` refused with ``reason``: its series (``uid_key``), or ``part`` of it (an
     acquisition stacked on its own, named as such: the series' other parts are judged apart)."""
@@ -204,8 +216,8 @@ def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str
     leave a complete acquisition packed at twice the spacing. The localizers ``drop_localizers``
     leaves out count in no part (a scout of its own acquisition number, or of none, stopped the
     split)."""
-    if cfg.drop_localizers and any(not _is_localizer(g) for _, g in members):
-        members = [(ref, g) for ref, g in members if not _is_localizer(g)]
+    if cfg.drop_localizers:
+        members = _stack_of(members) or members
     by_acquisition: dict[str, list[tuple[SampleRef, SliceGeometry]]] = {}
     for ref, geometry in members:
         by_acquisition.setdefault(geometry.acquisition, []).append((ref, geometry))
@@ -343,7 +355,8 @@ def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesCon
 def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str,
            part: str = "") -> Series | list[Issue]:
     refs = [ref for ref, _ in members]
-    if cfg.drop_localizers and all("LOCALIZER" in g.image_type for _, g in members):
+    stack = _stack_of(members)
+    if cfg.drop_localizers and not stack:
         # a scout series: no stack to check, each file a localizer left out, as among slices (a
         # series of derived images only, a reformat, is still a stack: checked below)
         return [Issue.of(ref, stage="validate", reason="series_localizer",
@@ -351,16 +364,14 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                  f"{uid_key}, whose {len(members)} file(s) are all localizers: a scout, not a "
                                  "stack; left out (series.drop_localizers)")
                 for ref, g in members]
-    originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
-    scouts = not originals and any("LOCALIZER" in g.image_type for _, g in members)
-    if not cfg.drop_localizers and (scouts or originals and len(originals) != len(members)):
+    if not cfg.drop_localizers and len(stack) != len(members):
         # a localizer refuses its series, a scout series of localizers only too (it was packed
         # as a stack where its scouts lay at distinct positions of one plane)
-        what = ("every one of its files is a localizer: a scout, not a stack" if scouts else
-                f"{len(members) - len(originals)} localizer or derived image(s) among its slices")
+        what = ("every one of its files is a localizer: a scout, not a stack" if not stack else
+                f"{len(members) - len(stack)} localizer or derived image(s) among its {len(members)} files")
         return _fail(refs, "series_localizer", f"{what} (series.drop_localizers is false)", uid_key, part)
-    if len(originals) != len(members) and originals:
-        members, refs = originals, [ref for ref, _ in originals]
+    if len(stack) != len(members):
+        members, refs = stack, [ref for ref, _ in stack]
     first = members[0][1]
     placeless = [(ref, g) for ref, g in members if g.orientation is None or any(p is None for p in g.positions)]
     if placeless:
