@@ -52,6 +52,7 @@ REASONS = (
     "series_gap",
     "series_too_short",
     "series_localizer",
+    "series_kernels",
     "series_incomplete",
     "missing_entity",
     "missing_time",

@@ -313,6 +313,30 @@ def test_a_localizer_among_the_derived_slices_of_a_reformat_is_left_out_not_stac
     assert not any("every one of its files is a localizer" in i.message for i in strict.issues)
 
 
+@pytest.mark.parametrize("lung_at", [1.25, 0.0])  # between the soft slices, or at their positions
+def test_two_reconstructions_sharing_a_series_uid_are_never_stacked_together(lung_at: float) -> None:
+    """A soft-tissue and a lung reconstruction exported under one Series Instance UID and one
+    Acquisition Number, at interleaved positions, passed every check and packed as one volume
+    whose slices alternated kernels. Such a series is refused, naming both kernels and the
+    where: filter that packs one of them; two acquisitions of one kernel each still split."""
+    soft = [(_ref(i), replace(_geometry(2.5 * i), kernel="B30f", acquisition="1")) for i in range(6)]
+    lung = [(_ref(10 + i), replace(_geometry(2.5 * i + lung_at), kernel="B70f", acquisition="1")) for i in range(6)]
+    out = assemble([*soft, *lung], CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {"series_kernels"} and len(out.issues) == 12
+    assert all("'B30f'" in i.message and "'B70f'" in i.message and "where: {ConvolutionKernel: B30f}" in i.message
+               for i in out.issues)
+    runs = [*soft, *((r, replace(g, acquisition="2", positions=((-4.0, -4.0, 100.0 + 2.5 * n),)))
+                     for n, (r, g) in enumerate(lung))]  # a chest run (soft) then an abdomen run (lung)
+    assert [len(s.slices) for s in assemble(runs, CFG).series] == [6, 6]
+
+
+def test_the_header_pass_reads_every_value_of_convolution_kernel() -> None:
+    from packer.read.dicom_series import slice_geometry
+    ds = ct_dataset(ConvolutionKernel=["FC13", "AIDR 3D"])
+    assert slice_geometry(ds).kernel == "FC13\\AIDR 3D"
+    assert slice_geometry(ct_dataset()).kernel == ""
+
+
 def test_a_slice_shifted_in_its_plane_refuses_its_series_and_a_gantry_tilt_does_not() -> None:
     """Image Positions were checked only along the slice normal: a slice moved 8 mm in x packed
     into a volume in line with the others, 8 mm from where it is. A slice off the line through

@@ -82,6 +82,10 @@ class SliceGeometry:
     #: say the enhanced objects' way: Per-frame Functional Groups): an RT Dose without its Grid
     #: Frame Offset Vector, an NM tomogram without its Spacing Between Slices
     unplaced: str = ""
+    #: Convolution Kernel (0018,1210), its values joined by a backslash ("" where absent): two
+    #: reconstructions of one acquisition (a soft-tissue and a lung kernel) may share a Series
+    #: Instance UID, and are never stacked together (:func:`packer.read.series.assemble`)
+    kernel: str = ""
 
     @property
     def frames(self) -> int:
@@ -130,6 +134,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
         depth=_depth(ds),
         unplaced=unplaced,
+        kernel=_kernel(ds),
     )
 
 
@@ -227,6 +232,13 @@ def _normal(orientation: tuple[float, ...]) -> tuple[float, float, float]:
 def _along(origin: tuple[float, float, float], normal: tuple[float, float, float], distance: float
            ) -> tuple[float, float, float]:
     return (origin[0] + distance * normal[0], origin[1] + distance * normal[1], origin[2] + distance * normal[2])
+
+
+def _kernel(ds: Dataset) -> str:
+    """Convolution Kernel's values (VM 1-n), stripped and joined by a backslash, as written."""
+    value = element(ds, "ConvolutionKernel")
+    values = [value] if isinstance(value, str | bytes) else list(value or ())
+    return "\\".join(str(v).strip() for v in values if str(v).strip())
 
 
 def _depth(ds: Dataset) -> float | None:

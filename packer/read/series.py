@@ -19,6 +19,7 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
   the series fails), ``series_no_position``
   (a slice without position or orientation, or with cosines that are not orthonormal),
   ``series_orientation`` (orientations differ by more than 1e-4 per cosine),
+  ``series_kernels`` (slices of two or more Convolution Kernels: reconstructions never mixed),
   ``series_geometry`` (rows, columns or pixel spacing differ),
   ``series_duplicate_position`` (two slices within 1e-3 mm along the normal),
   ``series_gap`` (a step differs from the median step by more than ``gap_tolerance``),
@@ -199,8 +200,8 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
 
 #: The failures a series of several acquisitions shows where each acquisition is a sound stack:
 #: the step between two runs (a chest then an abdomen) or the positions they share (pre and post
-#: contrast).
-_ACQUISITION_REASONS = ("series_gap", "series_duplicate_position")
+#: contrast), or their kernels (a chest run reconstructed with a lung kernel, the abdomen with a soft one).
+_ACQUISITION_REASONS = ("series_gap", "series_duplicate_position", "series_kernels")
 
 
 def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...], cfg: SeriesConfig
@@ -372,6 +373,20 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         return _fail(refs, "series_localizer", f"{what} (series.drop_localizers is false)", uid_key, part)
     if len(stack) != len(members):
         members, refs = stack, [ref for ref, _ in stack]
+    kernels: dict[str, list[str]] = {}
+    for ref, g in members:
+        if g.kernel:
+            kernels.setdefault(g.kernel, []).append(ref.path)
+    if len(kernels) > 1:
+        # two reconstructions of one scan under one Series Instance UID pass every check below
+        # where their slices interleave (or split as acquisitions): a volume alternating kernels
+        shown = ", ".join(f"{kernel!r} ({len(paths)} file(s), e.g. {paths[0]})" for kernel, paths in
+                          sorted(kernels.items(), key=lambda item: (-len(item[1]), item[0])))
+        first_kernel = min(kernels, key=lambda k: (-len(kernels[k]), k))
+        return _fail(refs, "series_kernels", f"its slices are reconstructions with different Convolution Kernel "
+                                             f"({shown}), which one stack would mix; pack one reconstruction per "
+                                             f"source with where: {{ConvolutionKernel: {first_kernel}}}",
+                     uid_key, part)
     first = members[0][1]
     placeless = [(ref, g) for ref, g in members if g.orientation is None or any(p is None for p in g.positions)]
     if placeless:
