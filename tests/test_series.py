@@ -94,6 +94,25 @@ def test_one_image_exported_twice_packs_its_series_once_and_names_the_copy() -> 
     assert not assemble([*files, other], CFG).series
 
 
+def test_two_echoes_sharing_one_sop_instance_uid_are_not_taken_for_a_copy() -> None:
+    """An export that gave each position one SOP Instance UID wrote both echoes of a slice under
+    it: the second echo was taken for the first exported twice, one of the two kept per position
+    by file order, and the volume mixed echoes. Files whose headers tell two images apart are not
+    copies: the series is refused, saying the UID is shared by different images."""
+    def echo(i: int, e: int) -> tuple[SampleRef, SliceGeometry]:
+        identity = (str(6 * e + i + 1), str(e), f"{10.0 * e}", "", "", "", "")
+        return _ref(10 * e + i), replace(_geometry(2.5 * i), sop_uid=f"1.9.{i}", identity=identity)
+    files = [echo(i, e) for e in (1, 2) for i in range(6)]
+    out = assemble(files, CFG)
+    assert out.series == () and {i.reason for i in out.issues} == {"series_duplicate_position"}
+    assert len(out.issues) == 12 and all("one SOP Instance UID shared by different images" in i.message
+                                         and "EchoNumbers 1 against 2" in i.message
+                                         and "where: {EchoNumbers: 1}" in i.message for i in out.issues)
+    # the same image exported twice (every header fact equal) is still a copy: one record, the series packs
+    copy = (_ref(99), files[3][1])
+    assert [i.sample_id for i in assemble([*files[:6], copy], CFG).issues] == ["id099"]
+
+
 @given(st.permutations(range(8)), st.sampled_from([AXIAL, _oblique(20.0), _oblique(-35.0)]))
 @settings(max_examples=60, deadline=None)
 def test_slices_are_ordered_by_position_along_the_normal_whatever_the_file_order(order: list[int],
@@ -335,6 +354,7 @@ def test_the_header_pass_reads_every_value_of_convolution_kernel() -> None:
     ds = ct_dataset(ConvolutionKernel=["FC13", "AIDR 3D"])
     assert slice_geometry(ds).kernel == "FC13\\AIDR 3D"
     assert slice_geometry(ct_dataset()).kernel == ""
+    assert slice_geometry(ct_dataset(EchoNumbers=2, EchoTime=12.5)).identity[1:3] == ("2", "12.5")
 
 
 def test_a_slice_shifted_in_its_plane_refuses_its_series_and_a_gantry_tilt_does_not() -> None:

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
 
 from packer.read.dicom_attrs import (
     element,
@@ -44,6 +45,12 @@ class HeaderFingerprint:
     #: ending with the file: ``""`` it is, else what is wrong; ``None`` where the header cannot
     #: tell (:func:`packer.read.dicom.pixel_data_problem`)
     pixels: str | None = None
+
+
+#: The attributes that tell two images at one place apart (an echo, a time point, a b-value, an
+#: inversion): the same image exported twice carries the same values (PS3.3: one SOP Instance)
+IMAGE_IDENTITY = ("InstanceNumber", "EchoNumbers", "EchoTime", "TemporalPositionIdentifier", "TriggerTime",
+                  "InversionTime", "DiffusionBValue")
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class SliceGeometry:
     #: reconstructions of one acquisition (a soft-tissue and a lung kernel) may share a Series
     #: Instance UID, and are never stacked together (:func:`packer.read.series.assemble`)
     kernel: str = ""
+    #: The values of :data:`IMAGE_IDENTITY` as written ("" where absent): two files of one SOP
+    #: Instance UID and position that differ in them are two images, not one exported twice
+    identity: tuple[str, ...] = ()
 
     @property
     def frames(self) -> int:
@@ -134,7 +144,8 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
         depth=_depth(ds),
         unplaced=unplaced,
-        kernel=_kernel(ds),
+        kernel=_text(ds, "ConvolutionKernel"),
+        identity=tuple(_text(ds, keyword) for keyword in IMAGE_IDENTITY),
     )
 
 
@@ -234,10 +245,10 @@ def _along(origin: tuple[float, float, float], normal: tuple[float, float, float
     return (origin[0] + distance * normal[0], origin[1] + distance * normal[1], origin[2] + distance * normal[2])
 
 
-def _kernel(ds: Dataset) -> str:
-    """Convolution Kernel's values (VM 1-n), stripped and joined by a backslash, as written."""
-    value = element(ds, "ConvolutionKernel")
-    values = [value] if isinstance(value, str | bytes) else list(value or ())
+def _text(ds: Dataset, keyword: str) -> str:
+    """An attribute's values (VM 1-n), stripped and joined by a backslash, as written ("" absent)."""
+    value = element(ds, keyword)
+    values = list(value) if isinstance(value, MultiValue | list | tuple) else [] if value is None else [value]
     return "\\".join(str(v).strip() for v in values if str(v).strip())
 
 

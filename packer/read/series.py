@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, SeriesConfig
-from packer.read.dicom_series import HeaderFingerprint, SliceGeometry
+from packer.read.dicom_series import IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.volume import build_volume, canonical_order, resampled_shape, stack_affine
 
@@ -269,7 +269,10 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
                                  list[tuple[SampleRef, SliceGeometry, SampleRef, SliceGeometry]]]:
     """``members`` (in sample id order) with each image once: a file with the SOP Instance UID
     and the positions of an earlier one is the same image exported twice (a copy in another
-    folder), not a second slice at that position. The copy that reads stays in the series: one
+    folder), not a second slice at that position, unless their headers tell two images apart
+    (:func:`_differences`: another echo of an export that gave each position one UID); then
+    both stay, and :func:`_check` refuses the series naming the UID they share. The copy that
+    reads stays in the series: one
     whose header and Pixel Data check out (:attr:`HeaderFingerprint.pixels`) before one that
     does not (cut short, or a damaged copy made larger by bytes after its image), then the largest,
     then the first; each other copy is a bad sample naming the one kept and why it was not kept."""
@@ -279,8 +282,10 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
     for ref, geometry in members:
         same = (geometry.sop_uid, geometry.positions)
         at = seen.get(same) if geometry.sop_uid else None
+        if at is not None and _differences(kept[at][1], geometry):
+            at = None  # two images that share a UID (another echo): not a copy, both stay (refused by _check)
         if at is None:
-            if geometry.sop_uid:
+            if geometry.sop_uid and same not in seen:
                 seen[same] = len(kept)
             kept.append((ref, geometry))
             continue
@@ -292,6 +297,21 @@ def _one_per_instance(members: list[tuple[SampleRef, SliceGeometry]], uid_key: s
         else:
             copies.append((ref, geometry, first, first_geometry))
     return kept, copies
+
+
+def _differences(a: SliceGeometry, b: SliceGeometry) -> list[str]:
+    """What tells the images of two files apart (``Echo Numbers 1 against 2``), from their headers
+    (their Pixel Data is not read here; a copy in another transfer syntax, or cut short, differs
+    there and is still one image): ``[]`` where nothing does."""
+    return [f"{name} {x or '(none)'} against {y or '(none)'}" for name, x, y in _facts(a, b) if x != y]
+
+
+def _facts(a: SliceGeometry, b: SliceGeometry) -> list[tuple[str, str, str]]:
+    """The header facts :func:`_differences` compares, by DICOM keyword (as ``where:`` names them)."""
+    return [*zip(IMAGE_IDENTITY, a.identity, b.identity, strict=False),
+            ("AcquisitionNumber", a.acquisition, b.acquisition), ("ConvolutionKernel", a.kernel, b.kernel),
+            ("ImageType", "\\".join(a.image_type), "\\".join(b.image_type)),
+            ("Rows", str(a.rows), str(b.rows)), ("Columns", str(a.columns), str(b.columns))]
 
 
 def _size(geometry: SliceGeometry) -> int:
@@ -447,8 +467,9 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         at = int(np.argmax(steps < POSITION_TOLERANCE))
         both = " and ".join(_slice_name(members, slices[n]) for n in (at, at + 1))
         return _fail(refs, "series_duplicate_position", f"two slices share the position {slices[at][0]:.3f} mm "
-                                                        f"along the slice normal ({both}: one file twice in the "
-                                                        "export, or two acquisitions in one series)", uid_key, part)
+                                                        f"along the slice normal ({both}: "
+                                                        f"{_duplicate_cause(members, slices[at], slices[at + 1])})",
+                     uid_key, part)
     median = float(np.median(steps)) if steps.size else 0.0  # one slice (min_slices: 1): no step to check
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
@@ -517,6 +538,21 @@ def _off_line(members: Sequence[tuple[SampleRef, SliceGeometry]], slices: Sequen
             f"the line through the first and last slices' Image Position (Patient), more than {OFF_LINE_PIXELS:g} "
             f"pixel ({limit:.3f} mm): a slice shifted in its plane would be stacked where it is not; re-export the "
             "series, or remove the file")
+
+
+def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tuple[float, int, int],
+                     other: tuple[float, int, int]) -> str:
+    """Why two slices (their (depth, file, frame) places) may share a position, as far as their
+    headers tell: two files of one SOP Instance UID left in the series are different images
+    (:func:`_one_per_instance` keeps one of a copy), which picking one of would mix them."""
+    (_, a), (_, b) = members[one[1]], members[other[1]]
+    if one[1] != other[1] and a.sop_uid and a.sop_uid == b.sop_uid:
+        keep = next((f" {{{name}: {x}}}" for name, x, y in _facts(a, b)
+                     if x != y and x and name in IMAGE_IDENTITY[1:]), " (an Echo Numbers value, say)")
+        return (f"one SOP Instance UID shared by different images ({'; '.join(_differences(a, b))}), not one "
+                "image exported twice: an export that gave each position one UID; export the series again "
+                f"with a UID per image, or keep one image per position with the source's where:{keep}")
+    return "one file twice in the export, or two acquisitions in one series"
 
 
 def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
