@@ -714,6 +714,29 @@ def test_an_enhanced_multi_frame_ct_is_stacked_by_its_frame_positions(tmp_path: 
 
 
 
+def test_two_frames_of_one_enhanced_object_at_one_place_name_their_temporal_positions(tmp_path: Path) -> None:
+    """A multi-phase Enhanced MR (two Temporal Position Index values at each place) was refused as
+    series_duplicate_position "one file twice in the export, or two acquisitions in one series":
+    neither can be so of two frames of one object. The record names what tells the frames apart
+    and the job that packs them (a slice job with frames: split)."""
+    from packer.read.dicom_series import slice_geometry
+    frames = np.stack([np.full((16, 16), 100 * t + 10 * z, dtype=np.int16) for z in range(3) for t in (1, 2)])
+    path = write_enhanced_ct(tmp_path / "e.dcm", frames, [2.5 * z for z in range(3) for _ in (1, 2)])
+    ds = pydicom.dcmread(path)
+    for n, group in enumerate(ds.PerFrameFunctionalGroupsSequence):
+        content = Dataset()
+        content.StackID, content.TemporalPositionIndex = "1", n % 2 + 1
+        group.FrameContentSequence = DicomSequence([content])
+    ds.save_as(path)
+    geometry = slice_geometry(pydicom.dcmread(path, stop_before_pixels=True))
+    assert [t for _, t, *_ in geometry.frame_identity] == ["1", "2"] * 3
+    out = assemble([(_ref(1), geometry)], CFG)
+    assert [i.reason for i in out.issues] == ["series_duplicate_position"]
+    message = out.issues[0].message
+    assert "one file twice" not in message and "two acquisitions" not in message
+    assert "TemporalPositionIndex 1 against 2" in message and "frames: split" in message
+
+
 def test_an_enhanced_object_whose_frames_turn_is_refused_for_its_orientation(tmp_path: Path) -> None:
     """A three-plane scout saved as one Enhanced object: its frames' Plane Orientation differs
     per frame, so frame 0's orientation is not the series' and no order along one normal exists."""

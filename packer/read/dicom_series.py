@@ -20,6 +20,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from packer.read.dicom_attrs import (
+    DamagedElement,
     element,
     first_float,
     floats,
@@ -51,6 +52,12 @@ class HeaderFingerprint:
 #: inversion): the same image exported twice carries the same values (PS3.3: one SOP Instance)
 IMAGE_IDENTITY = ("InstanceNumber", "EchoNumbers", "EchoTime", "TemporalPositionIdentifier", "TriggerTime",
                   "InversionTime", "DiffusionBValue")
+
+#: Where a multi-frame object's functional groups tell its frames at one place apart (PS3.3
+#: C.7.6.16.2.2, C.8.13.5.2, C.8.13.5.9): (sequence, attribute), named by the attribute
+FRAME_IDENTITY = (("FrameContentSequence", "StackID"), ("FrameContentSequence", "TemporalPositionIndex"),
+                  ("MREchoSequence", "EffectiveEchoTime"), ("MRDiffusionSequence", "DiffusionBValue"),
+                  ("FrameContentSequence", "DimensionIndexValues"))
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,9 @@ class SliceGeometry:
     #: The values of :data:`IMAGE_IDENTITY` as written ("" where absent): two files of one SOP
     #: Instance UID and position that differ in them are two images, not one exported twice
     identity: tuple[str, ...] = ()
+    #: A multi-frame object's :data:`FRAME_IDENTITY` values, one tuple per frame (``()`` for a
+    #: single frame): what a record names where two of its frames share a position
+    frame_identity: tuple[tuple[str, ...], ...] = ()
 
     @property
     def frames(self) -> int:
@@ -146,6 +156,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         unplaced=unplaced,
         kernel=_text(ds, "ConvolutionKernel"),
         identity=tuple(_text(ds, keyword) for keyword in IMAGE_IDENTITY),
+        frame_identity=_frame_identity(ds, frames) if frames > 1 else (),
     )
 
 
@@ -243,6 +254,27 @@ def _normal(orientation: tuple[float, ...]) -> tuple[float, float, float]:
 def _along(origin: tuple[float, float, float], normal: tuple[float, float, float], distance: float
            ) -> tuple[float, float, float]:
     return (origin[0] + distance * normal[0], origin[1] + distance * normal[1], origin[2] + distance * normal[2])
+
+
+def _frame_identity(ds: Dataset, frames: int) -> tuple[tuple[str, ...], ...]:
+    """Each frame's :data:`FRAME_IDENTITY` values: its per-frame group's, else the shared group's
+    ("" where neither has one). Only a record's words depend on them, so a group that cannot be
+    decoded leaves them unknown (``()``) rather than refusing a file whose frames place and read
+    (the positions' own reading refuses a damaged Per-frame Functional Groups Sequence)."""
+    try:
+        per_frame = sequence_items(ds, "PerFrameFunctionalGroupsSequence")
+        shared = sequence_items(ds, "SharedFunctionalGroupsSequence")[:1]
+        out = []
+        for frame in range(frames):
+            groups = (*per_frame[frame:frame + 1], *shared)
+            values = []
+            for sequence, keyword in FRAME_IDENTITY:
+                items = next((found for group in groups if (found := sequence_items(group, sequence))), ())
+                values.append(_text(items[0], keyword) if items else "")
+            out.append(tuple(values))
+        return tuple(out)
+    except DamagedElement:
+        return ()
 
 
 def _text(ds: Dataset, keyword: str) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, SeriesConfig
-from packer.read.dicom_series import IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
+from packer.read.dicom_series import FRAME_IDENTITY, IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.volume import build_volume, canonical_order, resampled_shape, stack_affine
 
@@ -546,6 +546,15 @@ def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tu
     headers tell: two files of one SOP Instance UID left in the series are different images
     (:func:`_one_per_instance` keeps one of a copy), which picking one of would mix them."""
     (_, a), (_, b) = members[one[1]], members[other[1]]
+    if one[1] == other[1]:  # frames of one multi-frame object: not a copy, nor another acquisition
+        known = len(a.frame_identity) > max(one[2], other[2])  # () where its groups could not be read
+        told = [f"{name} {x or '(none)'} against {y or '(none)'}" for (_, name), x, y
+                in zip(FRAME_IDENTITY, a.frame_identity[one[2]], a.frame_identity[other[2]], strict=True)
+                if x != y] if known else []
+        said = " (" + "; ".join(told) + ")" if told else ""
+        return (f"two frames of one multi-frame object at one place: several temporal positions, echoes or stacks "
+                f"in one object{said}, which one stack cannot hold; pack its frames one sample each in a job with "
+                "sample: slice and frames: split")
     if one[1] != other[1] and a.sop_uid and a.sop_uid == b.sop_uid:
         keep = next((f" {{{name}: {x}}}" for name, x, y in _facts(a, b)
                      if x != y and x and name in IMAGE_IDENTITY[1:]), " (an Echo Numbers value, say)")
