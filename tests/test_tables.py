@@ -852,6 +852,31 @@ def test_a_join_with_missing_drop_filters_the_unmatched_rows(tmp_path: Path) -> 
         ("0c4eb1e1-b801903c.jpg", "filtered"), ("174413ec-4ec4c1f7.jpg", "filtered")]
 
 
+def test_a_row_where_filters_out_is_filtered_though_a_joined_table_has_no_row_for_it(tmp_path: Path) -> None:
+    """A split table made for the frontal images has no row for the lateral view: where: leaves
+    the lateral out, so it is filtered (README: never bad), not a join_unmatched bad sample. A
+    frontal image the split table lacks stays join_unmatched, and so does a row that where: can
+    judge only on a column of the join that found no row."""
+    job = _mimic(tmp_path)
+    _csv(tmp_path / "mimic" / "split.csv", "dicom_id,split",
+         ["02aa804e-bde0afdd,train", "096052b7-d256dc40,test"])
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["join"].append({"file": "mimic/split.csv", "on": ["dicom_id"]})
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert sorted(_by_path(found)) == ["files/p10/p10000032/s50414267/02aa804e-bde0afdd.jpg",
+                                       "files/p10/p10000764/s57375967/096052b7-d256dc40.jpg"]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("174413ec-4ec4c1f7.jpg", "filtered")]
+    assert "ViewPosition is 'LATERAL'" in found.excluded[0].detail
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("0c4eb1e1-b801903c.jpg", "join_unmatched")]
+    doc["sources"][0]["where"] = {"split": "train"}  # a column of the split table itself
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert sorted((Path(e.path).name, e.why) for e in found.excluded) == [("096052b7-d256dc40.jpg", "filtered")]
+    assert sorted((Path(i.path).name, i.reason) for i in found.issues) == [
+        ("0c4eb1e1-b801903c.jpg", "join_unmatched"), ("174413ec-4ec4c1f7.jpg", "join_unmatched")]
+
+
 def test_a_joined_table_that_repeats_a_column_is_refused_naming_that_table(tmp_path: Path) -> None:
     """A repeated column of a joined table reached each record with its last cells only, as one of
     the main table does: refused, naming the joined table."""

@@ -1056,7 +1056,11 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                 placed.filtered[rel] = records.dropped[number]
             continue
         if number in records.unmatched:
-            if rel in listed_set:
+            if (left_out := _where_leaves_out(source, record, rel)) is not None:
+                placed.rows_filtered += 1
+                if rel in listed_set:
+                    placed.filtered.setdefault(rel, left_out)
+            elif rel in listed_set:
                 placed.refused[rel] = Refused("join_unmatched", records.unmatched[number] +
                                               "; add the row there, or set join missing: drop")
             else:
@@ -1070,7 +1074,23 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
         for rel, rows in by_file.items():
             reader.place(rel, rows, placed)
             progress.update()
+    for rel in placed.refused:  # a row where: keeps makes its file bad, whatever its other rows' filter says
+        placed.filtered.pop(rel, None)
     return placed, unplaced
+
+
+def _where_leaves_out(source: SourceConfig, record: Record, rel: str) -> str | None:
+    """Why ``where:`` leaves out a row a joined table has no row for, judged on the columns the
+    row has (its own table's, the joins that matched, the fields of its path), or None when
+    those keep it. A MIMIC-CXR lateral view that a split table made for the frontal images
+    lacks is filtered, as the README says, not a ``join_unmatched`` bad sample; a condition on
+    a column of the join that found no row cannot be judged, and the row stays unmatched."""
+    if not source.where:
+        return None
+    values = {**record, **{f.name: f.value(rel) or "" for f in source.fields}}
+    judged = [c for c in source.where if c.key in values]
+    miss = failed(judged, {k: (v,) for k, v in values.items()})
+    return None if miss is None else f"{miss.key} is {values.get(miss.key, '')!r}; where: {miss.describe()}"
 
 
 class _RowReader:
