@@ -425,9 +425,10 @@ class DatasetDiff:
         The target kind says under which names a sample counts (:meth:`Target.diff_names`,
         :meth:`Target.relabel_counts`). class: by the sample's class. multilabel: a sample counts
         under each label it holds (``(none)`` when none); relabeled_in counts the samples that
-        gained the label, relabeled_out those that lost it. numeric: per target name,
-        ``relabeled`` counts the samples whose value of it changed. Empty for unlabeled datasets
-        and mixed kinds.
+        gained the label, relabeled_out those that lost it, ignored_in those where it became
+        ignored (masked out, under ``uncertain: ignore``), ignored_out those where it no longer is.
+        numeric: per target name, ``relabeled`` counts the samples whose value of it changed.
+        Empty for unlabeled datasets and mixed kinds.
         """
         out: dict[str, Counter[str]] = defaultdict(Counter)
         if self.target is None:
@@ -506,11 +507,12 @@ def _member(container: dict[Any, Any] | list[Any], key: Any) -> Any:
 SAMPLE_KINDS = ("added", "removed", "changed", "moved", "relabeled", "record_changed")
 
 
-def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
+def read_sample_index(manifest: Manifest, *, target_masks: bool = True) -> dict[str, dict[str, Any]] | None:
     """``_index.parquet`` beside a local ``manifest`` as ``{key: {split, label, target, sha256, xxh3}}``
     (``xxh3`` None where the index has no such column, as an older packer wrote it):
     ``label`` the sample's target as text (class name, labels held, numbers), ``target`` a
-    multi-label or numeric sample's :data:`TargetValues` (None for other kinds); None when the
+    multi-label or numeric sample's :data:`TargetValues` (None for other kinds), read with its
+    ``target_mask`` where the index has one and ``target_masks``; None when the
     file is absent (a registry copy). IntegrityError when it does not match the manifest's
     recorded sha256, or when a multi-label or numeric dataset's index has no ``target`` column."""
     path = _checked_table(manifest, manifest.data["index"])
@@ -520,7 +522,8 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     try:
         names = pq.read_schema(path).names
         columns = (["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
-                   + (["xxh3"] if "xxh3" in names else []))
+                   + (["xxh3"] if "xxh3" in names else [])
+                   + (["target_mask"] if target_masks and "target_mask" in names else []))
         if target.has_vector and "target" not in names:
             raise IntegrityError(f"{path}: no target column, but the manifest's target kind is {target.kind}; "
                                  f"rebuild the version with this packer")
@@ -529,10 +532,23 @@ def read_sample_index(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
-        label, values = target.index_target(row["label"], row.get("target"))
+        label, values = target.index_target(row["label"], row.get("target"), row.get("target_mask"))
         out[row["key"]] = {"split": row["split"], "label": label, "target": values, "sha256": row["sha256"],
                            "xxh3": row.get("xxh3")}
     return out
+
+
+def _records_target_masks(manifest: Manifest) -> bool | None:
+    """Whether a local ``manifest``'s index records its samples' target masks: None where its
+    target is masked and its index has no ``target_mask`` column (an older packer wrote it),
+    False where the target is not masked or the index is absent (a registry copy)."""
+    path = Path(manifest.locate(manifest.data["index"]["file"]))
+    if not Target.of_manifest(manifest.data).masked or not path.is_file():
+        return False
+    try:
+        return True if "target_mask" in pq.read_schema(path).names else None
+    except (pa.ArrowException, OSError) as err:
+        raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
 
 
 def _checked_table(manifest: Manifest, entry: dict[str, Any]) -> Path | None:
@@ -630,7 +646,11 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
         notes.append(f"PHI key fingerprints differ ({old_key or 'none'} vs {new_key or 'none'}): every sample id, "
                      "entity pseudonym and so the split differ, so the samples do not match up; rebuild with the "
                      "key the old version was built with to compare them")
-    old_rows, new_rows = read_sample_index(old_manifest), read_sample_index(new_manifest)
+    masks = [_records_target_masks(m) for m in (old_manifest, new_manifest)]
+    if None in masks:  # a masked version from before the index held target masks: compare neither side's
+        notes.append("one version's index records no target masks (built by an older packer): labels ignored "
+                     "under uncertain: ignore are not compared, only those held; rebuild it to compare them")
+    old_rows, new_rows = (read_sample_index(m, target_masks=None not in masks) for m in (old_manifest, new_manifest))
     for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
         missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
                    "not compared; pass the version folders")

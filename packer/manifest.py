@@ -619,10 +619,12 @@ def _index_schema() -> pa.Schema:
     ])
 
 
-def index_schema(*, has_label: bool, target: np.dtype | None) -> pa.Schema:
+def index_schema(*, has_label: bool, target: np.dtype | None, masked: bool = False) -> pa.Schema:
     """``_index.parquet``'s columns: :data:`INDEX_SCHEMA` for a class dataset (its bytes as ever);
     without a class target ``label`` is null, and a multi-label or numeric dataset adds ``target``
-    (the sample's vector, as its shard holds it)."""
+    (the sample's vector, as its shard holds it). ``masked`` (a target with an ``ignore``
+    policy) adds ``target_mask`` (its shard's target mask), so ``packer diff`` tells a label
+    moved from a known value to ignored, which changes no ``target`` cell, as a relabel."""
     import pyarrow as pa
 
     base = _index_schema()
@@ -631,6 +633,8 @@ def index_schema(*, has_label: bool, target: np.dtype | None) -> pa.Schema:
     fields = [pa.field("label", pa.int64(), nullable=True) if f.name == "label" else f for f in base]
     if target is not None:
         fields.append(pa.field("target", pa.list_(pa.from_numpy_dtype(target)), nullable=False))
+    if masked:
+        fields.append(pa.field("target_mask", pa.list_(pa.uint8()), nullable=False))
     return pa.schema(fields)
 
 

@@ -173,6 +173,24 @@ def test_an_ignored_label_is_named_in_the_record_and_not_held(tmp_path: Path) ->
     assert "ignored_labels" not in by_row[3]
 
 
+def test_diff_counts_a_label_moved_from_known_negative_to_ignored_as_a_relabel(tmp_path: Path) -> None:
+    """uncertain: zeros -> ignore keeps every target vector (an uncertain cell is 0 either way)
+    but masks the uncertain labels out of the loss: the training target changed, so each sample
+    with an uncertain cell is relabeled, counted as ignored_in under each label it now ignores."""
+    from packer.inspection import diff_datasets
+
+    raw = _chexpert_table(tmp_path)
+    zeros = _build(_job(tmp_path, [_source(raw, uncertain="zeros", blank="zeros")]))
+    ignore = _build(_job(tmp_path, [_source(raw, uncertain="ignore", blank="zeros")]))
+    diff = diff_datasets(zeros.version_dir, ignore.version_dir)
+    assert len(diff.relabeled) == sum("-1.0" in cells for cells in CELLS)
+    uncertain = {name: sum(cells[i] == "-1.0" for cells in CELLS) for i, name in enumerate(LABELS)}
+    assert {name: counts.get("ignored_in", 0) for name, counts in diff.by_label().items() if name in LABELS} == {
+        name: n for name, n in uncertain.items() if n}
+    assert any(c.new_label.endswith("; ignored: Cardiomegaly, Edema") for c in diff.relabeled if c.new_label)
+    assert diff_datasets(ignore.version_dir, ignore.version_dir).relabeled == ()
+
+
 def test_without_an_uncertain_policy_an_uncertain_cell_stays_a_bad_target(tmp_path: Path) -> None:
     result = _build(_job(tmp_path, [_source(_chexpert_table(tmp_path), blank="zeros")],
                          validate={"max_bad_fraction": 1.0}))

@@ -284,13 +284,17 @@ class TargetColumns:
 
     def index_schema(self) -> pa.Schema:
         return index_schema(has_label=self.target.has_label,
-                            target=self.target.vector_dtype if self.target.has_vector else None)
+                            target=self.target.vector_dtype if self.target.has_vector else None,
+                            masked=self.masks is not None)
 
     def index_labels(self, rows: np.ndarray) -> Sequence[int | None]:
         return self.labels[rows].tolist() if self.target.has_label else [None] * len(rows)
 
     def index_targets(self, rows: np.ndarray) -> list[np.ndarray] | None:
         return list(self.vectors[rows]) if self.target.has_vector else None
+
+    def index_target_masks(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        return None if self.masks is None else list(self.masks[rows])
 
 
 def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
@@ -431,7 +435,8 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
                 keys, entity_ids, sources = fields.of_rows(shard.rows)
                 index.add_shard(written[shard.file], split=shard.split, keys=keys,
                                 labels=targets.index_labels(shard.rows), entity_ids=entity_ids, sources=sources,
-                                targets=targets.index_targets(shard.rows))
+                                targets=targets.index_targets(shard.rows),
+                                target_masks=targets.index_target_masks(shard.rows))
                 progress.update()
             del fields
             index_entry = write_index(staging, index)

@@ -100,10 +100,12 @@ class IndexColumns:
 
     def add_shard(self, written: ShardWrite, *, split: str, keys: Sequence[str], labels: Sequence[int | None],
                   entity_ids: Sequence[str], sources: Sequence[str],
-                  targets: Sequence[np.ndarray] | None = None) -> None:
+                  targets: Sequence[np.ndarray] | None = None,
+                  target_masks: Sequence[np.ndarray] | None = None) -> None:
         """Add one shard's rows; the sequences list its samples in the order they were written.
         ``labels``: class indices (None without a class target); ``targets``: the samples'
-        target vectors where the schema has a ``target`` column."""
+        target vectors where the schema has a ``target`` column; ``target_masks``: their target
+        masks where it has a ``target_mask`` column."""
         count = written.samples
         if len(written.checksums) != count:
             raise ValueError(f"shard {written.file}: the writer reported {count} samples but "
@@ -128,6 +130,8 @@ class IndexColumns:
         }
         if "target" in self.schema.names:
             columns["target"] = pa.array(list(targets or ()), self.schema.field("target").type)
+        if "target_mask" in self.schema.names:
+            columns["target_mask"] = pa.array(list(target_masks or ()), self.schema.field("target_mask").type)
         table = pa.table(columns, schema=self._row_schema)
         text = {f.name: text_size(table.column(f.name)) for f in self._row_schema if pa.types.is_string(f.type)}
         if self._spill is None:

@@ -520,9 +520,11 @@ class Target:
         raise NotImplementedError
 
     @per_kind
-    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+    def index_target(self, label: int | None, vector: Sequence[float] | None,
+                     mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         """An ``_index.parquet`` row's target as ``packer diff`` compares it: (its text, its
-        :data:`TargetValues`; None for a kind without a vector)."""
+        :data:`TargetValues`; None for a kind without a vector). ``mask``: the row's target mask
+        (``target_mask``, a masked target's index), None where none is recorded."""
         raise NotImplementedError
 
     @per_kind

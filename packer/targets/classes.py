@@ -172,7 +172,8 @@ class ClassTarget(Target):
     def inspect_cells(self, summary: Mapping[str, Any]) -> str:
         return shares_text(summary)
 
-    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+    def index_target(self, label: int | None, vector: Sequence[float] | None,
+                     mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         return self._name(label), None
 
     def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]

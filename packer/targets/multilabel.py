@@ -54,6 +54,11 @@ def _held(values: TargetValues | None) -> set[str]:
     return {name for name, value in values or () if value}
 
 
+def _known(values: TargetValues | None) -> set[str]:
+    """The labels a multi-label sample holds or lacks: all but those its target mask ignores."""
+    return {name for name, _ in values or ()}
+
+
 def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[str, str | None],
                      known: Sequence[str]) -> str | Refused:
     """The target text of a multi-label column of names joined by ``separator``: each token
@@ -286,16 +291,21 @@ class MultiLabelTarget(Target):
         ignored = {name: share for name, share in summary.get("ignored", {}).items() if share["count"]}
         return shares_text(summary) + (f"; ignored: {shares_text({'classes': ignored})}" if ignored else "")
 
-    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+    def index_target(self, label: int | None, vector: Sequence[float] | None,
+                     mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         if vector is None:
             return "(no target)", ()
         values = np.asarray(vector, dtype=self.vector_dtype)
-        pairs = tuple((name, int(v)) for name, v in zip(self.names, values.tolist(), strict=False))
-        return self.describe(None, values), pairs
+        # an ignored label (mask 0) is neither held nor lacked: left out of the values, named in the text
+        used = [True] * len(self.names) if mask is None else [bool(m) for m in mask]
+        pairs = tuple((name, int(v)) for name, v, use in zip(self.names, values.tolist(), used, strict=False) if use)
+        ignored = [name for name, use in zip(self.names, used, strict=False) if not use]
+        return self.describe(None, values) + (f"; ignored: {', '.join(ignored)}" if ignored else ""), pairs
 
     def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
                   ) -> bool:
-        return _held(old[1]) != _held(new[1])
+        """Whether the labels held, or those ignored (a known negative now masked out), changed."""
+        return _held(old[1]) != _held(new[1]) or _known(old[1]) != _known(new[1])
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         """Each label the sample holds (:data:`NO_LABEL` when none)."""
@@ -303,10 +313,14 @@ class MultiLabelTarget(Target):
 
     def relabel_counts(self, old: tuple[str | None, TargetValues | None],
                        new: tuple[str | None, TargetValues | None]) -> list[tuple[str, str]]:
-        """``relabeled_in`` for each label the sample gained, ``relabeled_out`` for each it lost."""
+        """``relabeled_in`` for each label the sample gained, ``relabeled_out`` for each it lost;
+        ``ignored_in`` for each label now ignored (masked out), ``ignored_out`` for each no longer."""
         before, after = _held(old[1]), _held(new[1])
+        known_before, known_after = _known(old[1]), _known(new[1])
         return ([(name, "relabeled_in") for name in after - before]
-                + [(name, "relabeled_out") for name in before - after])
+                + [(name, "relabeled_out") for name in before - after]
+                + [(name, "ignored_in") for name in known_before - known_after]
+                + [(name, "ignored_out") for name in known_after - known_before])
 
     def report_fact(self, label_map: Iterable[str]) -> TargetFact:
         return TargetFact("Labels", f"multilabel: {', '.join(self.names) or '-'}", "(a sample holds any number)",

@@ -177,7 +177,8 @@ class NumericTarget(Target):
         return "; ".join(f"{name} min {_number(s.get('min'))} mean {_number(s.get('mean'))} max "
                          f"{_number(s.get('max'))}" for name, s in stats.items()) or "-"
 
-    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+    def index_target(self, label: int | None, vector: Sequence[float] | None,
+                     mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         if vector is None:
             return "(no target)", ()
         values = np.asarray(vector, dtype=self.vector_dtype)

@@ -82,7 +82,8 @@ class NoTarget(Target):
     def inspect_cells(self, summary: Mapping[str, Any]) -> str:
         return "unlabeled"
 
-    def index_target(self, label: int | None, vector: Sequence[float] | None) -> tuple[str, TargetValues | None]:
+    def index_target(self, label: int | None, vector: Sequence[float] | None,
+                     mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         return self.describe(None, None), None
 
     def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
