@@ -25,6 +25,7 @@ import yaml
 
 from packer.errors import ConfigError, blocking_file
 from packer.files import parse_byte_size
+from packer.records import safe_key
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 from packer.structures import Structure, StructureMap, code_key, normalise_name
@@ -915,16 +916,29 @@ def _root_segment(root: Path | str) -> str:
 
 def _default_name(root: Path | str) -> str:
     """A source's name where the job gives none: its root's last segment, other characters than
-    letters, digits, ``_`` and ``-`` made ``_``, and what then comes before its first letter or
-    digit dropped, so it follows the rule a written ``name:`` follows (a root ``-scans`` gave keys
-    starting with ``-``, which ``packer locate`` took for an option; ``ü.x`` gave ``_x``). Empty
-    where the segment holds no ASCII letter or digit (the caller names it ``source<N>`` then)."""
-    return re.sub(r"^[_-]+", "", re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root)))
+    letters, digits, ``_`` and ``-`` made ``_``, what then comes before its first letter or
+    digit dropped and the ``_`` after its last dropped, so it follows the rule a written ``name:``
+    follows (a root ``-scans`` gave keys starting with ``-``, which ``packer locate`` took for an
+    option; ``ü.x`` gave ``_x``; ``my.data ñ`` gave ``my_data_``, whose keys start ``my_data-``, as
+    sample keys drop a name's end ``_``). Empty where the segment holds no ASCII letter or digit
+    (the caller names it ``source<N>`` then)."""
+    return re.sub(r"^[_-]+", "", re.sub(r"[^A-Za-z0-9_-]+", "_", _root_segment(root))).rstrip("_")
 
 
 #: The longest source name (``sources[].name``'s maxLength in the schema): it starts every sample
 #: key, and ``<name>-<16 hex>-dupN-pNNNNNN-tNNNNNN_NNNNNN.target_mask.npy`` must fit a ustar name (100 bytes)
 SOURCE_NAME_MAX = 32
+
+
+def _written_name(name: str, where: str) -> str:
+    """A source's ``name:`` as the job writes it; a config error where sample keys would not start
+    with it: they hold it through :func:`~packer.records.safe_key`, which drops an end ``_``, so
+    ``scan_``'s keys started ``scan-`` and collided with those of a source ``scan``."""
+    if safe_key(name) != name:
+        raise ConfigError(f"{where}.name: {name!r} ends with '_', which sample keys drop (they would start "
+                          f"'{safe_key(name)}-', as a source named {safe_key(name)!r} does); name it "
+                          f"{safe_key(name)!r}, or end the name with a letter or digit")
+    return name
 
 
 def _named_after_root(root: Path | str, where: str) -> str:
@@ -1010,7 +1024,8 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         header_where=kind.header_conditions(tuple(c for c in conditions if c.key in in_header), f"{where}.where"),
         mask=mask,
         kind=kind.name,
-        name=raw.get("name") or _named_after_root(root, where) or f"source{index}",
+        name=_written_name(str(raw["name"]), where) if raw.get("name") else (_named_after_root(root, where)
+                                                                              or f"source{index}"),
         root=root,
         root_spec=raw["root"],
         entity=kind.default_entity if entity_path else str(entity_raw["column"]) if entity_column else entity_raw,

@@ -584,18 +584,35 @@ def test_the_longest_job_name_gives_file_names_a_file_system_holds_and_a_longer_
 
 
 @pytest.mark.parametrize(("root", "name"), [("-scans", "scans"), ("ü.x", "x"), ("__CT 2024", "CT_2024"),
-                                             ("ct-raw", "ct-raw"), ("ü", "source0")])
+                                             ("ct-raw", "ct-raw"), ("ü", "source0"), ("my.data ñ", "my_data"),
+                                             ("scan__", "scan")])
 def test_a_name_taken_from_the_root_folder_follows_the_rule_a_written_name_follows(
         tmp_path: Path, root: str, name: str) -> None:
     """A written name matches ^[A-Za-z0-9][A-Za-z0-9_-]*$; one taken from the root did not: a root
     '-scans' made keys starting with '-' (packer locate took one for an option) and 'ü.x' the
-    source '_x', whose keys started 'x-'."""
+    source '_x', whose keys started 'x-', and 'my.data ñ' the source 'my_data_', whose keys
+    started 'my_data-': a name is the start of its sample keys."""
     import re
+
+    from packer.records import safe_key
 
     source = {"kind": "image", "root": root, "label": "folder"}
     job = load_job(write_job(tmp_path, {**MINIMAL, "sources": [source]}))
     assert job.sources[0].name == name
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", job.sources[0].name)
+    assert safe_key(job.sources[0].name) == job.sources[0].name
+
+
+def test_a_written_source_name_that_sample_keys_would_not_start_with_is_refused(tmp_path: Path) -> None:
+    """'scan_' passed the name pattern, but sample keys drop a name's end '_': its keys started
+    'scan-', not with the source's name, and collided with a source 'scan''s under phi: keep."""
+    source = {"kind": "image", "root": "raw", "table": "raw/labels.csv"}
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.name: 'scan_' ends with '_', which sample keys drop "
+                                          r"\(they would start 'scan-', as a source named 'scan' does\); "
+                                          r"name it 'scan', or end the name with a letter or digit"):
+        load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "name": "scan_"}]}))
+    assert load_job(write_job(tmp_path, {**MINIMAL, "sources": [{**source, "name": "scan_1"}]})).sources[0].name \
+        == "scan_1"
 
 
 def test_the_longest_source_name_gives_member_names_a_ustar_header_holds() -> None:

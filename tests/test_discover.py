@@ -388,9 +388,41 @@ def test_colliding_sample_ids_are_made_unique_deterministically() -> None:
 
     refs = [SampleRef(sample_id="s-1", source="s", kind="image", path=f"/r/{n}.png", relpath=f"{n}.png")
             for n in ("a", "b", "c")]
-    with pytest.warns(UserWarning, match="collides"):
-        fixed = unique_ids(refs)
+    fixed, said = unique_ids(refs)
     assert [r.sample_id for r in fixed] == ["s-1", "s-1-dup2", "s-1-dup3"]
+    assert said == ["sample id s-1 of /r/b.png collides with /r/a.png; using s-1-dup2",
+                    "sample id s-1 of /r/c.png collides with /r/a.png; using s-1-dup3"]
+
+
+def test_a_sample_id_collision_is_a_build_warning_kept_in_warnings_jsonl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The renaming of a colliding sample id was a Python UserWarning, printed with packer's own
+    file and line and missing from warnings.jsonl, which holds every warning a build prints."""
+    import hashlib
+    import warnings
+
+    import cv2
+    import numpy as np
+
+    from packer.buildwarnings import read_warnings
+    from packer.pipeline import discover as discovering
+    from packer.pipeline.build import BuildOptions, build
+
+    def by_name(source: str, relpath: str, phi: object = None) -> str:  # a hash collision: one id per file name
+        return f"{source}-{hashlib.sha256(relpath.rsplit('/', 1)[-1].encode()).hexdigest()[:16]}"
+
+    job_path = make_tree(tmp_path, ["a/x.png,cat,S1,", "b/x.png,dog,S2,"], ["a/x.png", "b/x.png"])
+    for seed, rel in enumerate(["a/x.png", "b/x.png"]):
+        cv2.imwrite(str(tmp_path / "raw" / rel), np.random.default_rng(seed).integers(0, 255, (16, 16), np.uint8))
+    monkeypatch.setattr(discovering, "make_sample_id", by_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = build(load_job(job_path), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    kept = read_warnings(result.version_dir / "warnings.jsonl")
+    collided = [w for w in kept if "collides with" in w.message]
+    assert len(collided) == 1 and collided[0].code == "entities"
+    assert collided[0].message.endswith("-dup2")
+    assert f"packer: warning: {load_job(job_path).name}: {collided[0].message}" in capsys.readouterr().err
 
 
 def test_labels_outside_the_jobs_label_list_name_their_row(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ import hashlib
 import os
 import posixpath
 import re
-import warnings
 from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -1461,7 +1460,9 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     # distinct ids counted in Arrow: a set of every id held ~120 bytes a sample
     if len(refs) and pc.count_distinct(refs.arrow("sample_id")).as_py() != len(refs):  # a (vanishingly rare) hash
         # collision: renamed in path order
-        refs = RefTable.of(unique_ids(list(refs), hide_paths=phi is not None and phi.active))
+        unique, renamed = unique_ids(list(refs), hide_paths=phi is not None and phi.active)
+        refs = RefTable.of(unique)
+        said.extend(renamed)
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered, unlabeled=unlabeled)
 
@@ -1505,12 +1506,15 @@ def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> 
     return out
 
 
-def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> list[SampleRef]:
+def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> tuple[list[SampleRef], list[str]]:
     """Keep sample ids unique: a (vanishingly rare) 64-bit hash collision gets a ``-dupN``
     suffix, given in path order so the result is deterministic, and a warning names both files,
     or, with ``hide_paths`` (the job pseudonymizes: a folder or file name may hold a patient's
-    name), only the sample ids, which ``packer locate`` turns back into files where the key is."""
+    name), only the sample ids, which ``packer locate`` turns back into files where the key is.
+    Returns the refs and those warnings, which the build prints and keeps in ``warnings.jsonl``
+    with discovery's others (a Python warning reached the terminal alone, naming packer's line)."""
     seen: dict[str, SampleRef] = {}
+    said: list[str] = []
     out = []
     for ref in refs:
         sample_id, n = ref.sample_id, 1
@@ -1519,17 +1523,16 @@ def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> list[Sampl
             sample_id = f"{ref.sample_id}-dup{n}"
         if sample_id != ref.sample_id:
             if hide_paths:
-                said = (f"two files share sample id {ref.sample_id} (a hash collision); the later in path order is "
-                        f"{sample_id} (paths not shown under phi: pseudonymize; packer locate JOB {ref.sample_id} "
-                        f"{sample_id} names them)")
+                said.append(f"two files share sample id {ref.sample_id} (a hash collision); the later in path order "
+                            f"is {sample_id} (paths not shown under phi: pseudonymize; packer locate JOB "
+                            f"{ref.sample_id} {sample_id} names them)")
             else:
-                said = (f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
-                        f"using {sample_id}")
-            warnings.warn(said, stacklevel=2)
+                said.append(f"sample id {ref.sample_id} of {ref.path} collides with {seen[ref.sample_id].path}; "
+                            f"using {sample_id}")
             ref = replace(ref, sample_id=sample_id)
         seen[sample_id] = ref
         out.append(ref)
-    return out
+    return out, said
 
 
 def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
