@@ -146,7 +146,12 @@ class CachedChunk:
 #: 58's escape sequence consumed), and a person name loses its trailing empty components;
 #: 49: a file meta naming a transfer syntax its data set is not in (Big Endian over little) is ``unreadable``.
 #: 50: a Pixel Padding Value is reduced to Bits Stored as the pixels are; output_spacing is the packed grid's.
-CACHE_FORMAT = 50
+#: 51: an 8-bit palette holding 16-bit entries is read over 0..65535; a compressed colour frame is decoded
+#: colour-by-pixel whatever Planar Configuration says; a Siemens MOSAIC is ``unsupported``; a resampled
+#: volume is interpolated from unrounded values and rounded once; RT Dose and NM tomogram frames are placed;
+#: each bad slice of a series keeps its own record; localizers leave a reformat, two kernels refuse a
+#: series, a SOP UID shared by different images is no copy; SEG frame-of-reference and one-plane rules.
+CACHE_FORMAT = 51
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
