@@ -12,6 +12,7 @@ folder or the worker count are kept out of it.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import re
@@ -1796,7 +1797,9 @@ IDENTIFYING_ATTRIBUTES = frozenset({
 
 def identifying_attribute(keyword: str) -> bool:
     """Whether a ``where:`` on ``keyword`` filters on a raw identifier: one of
-    :data:`IDENTIFYING_ATTRIBUTES`, or any UID (VR UI) but a SOP class's (``SOPClassUID``,
+    :data:`IDENTIFYING_ATTRIBUTES`, a person's name (any attribute of VR PN, such as
+    ``SecondaryReviewerName``: the list above is Annex E's, and the dictionary names more people),
+    or any UID (VR UI) but a SOP class's (``SOPClassUID``,
     ``ReferencedSOPClassUID``: they name a kind of object, and ``where: {SOPClassUID: RT Dose
     Storage}`` is how a job asks for one) and a transfer syntax's, or another class's
     (``ImplementationClassUID``): every other UID names one instance, study, series, frame of
@@ -1805,31 +1808,57 @@ def identifying_attribute(keyword: str) -> bool:
 
     if keyword in IDENTIFYING_ATTRIBUTES:
         return True
-    if keyword not in keyword_dict or "Class" in keyword or "TransferSyntax" in keyword:
+    if keyword not in keyword_dict:
         return False
-    return dictionary_VR(keyword_dict[keyword]) == "UI"
+    vr = dictionary_VR(keyword_dict[keyword])
+    if vr == "PN":
+        return True
+    return vr == "UI" and "Class" not in keyword and "TransferSyntax" not in keyword
+
+
+def _spelling(key: str) -> str:
+    """``key`` as a table's header may spell a DICOM keyword or a column: case, ``_``, ``-``
+    and spaces dropped, so ``patientId``, ``patient_id`` and ``Patient ID`` are one spelling."""
+    return re.sub(r"[\s_-]+", "", key).lower()
+
+
+@functools.cache
+def _keywords_by_spelling() -> dict[str, str]:
+    """pydicom's dictionary keywords by :func:`_spelling`: a table column named ``patient_id``
+    holds what the header's ``PatientID`` does (Kaggle's tables spell them so)."""
+    from pydicom.datadict import keyword_dict
+
+    return {_spelling(keyword): keyword for keyword in keyword_dict}
 
 
 def _check_identifying_where(sources: tuple[SourceConfig, ...], mode: str) -> None:
     """Under ``phi: pseudonymize`` a ``where:`` on a header attribute that identifies a patient
     (``PatientID: {not: [MRN0099]}``, to leave out a withdrawn patient), or on the table column
     holding a source's entity ids, is refused: its values are raw identifiers, and the job's
-    config is written into the manifest and the report."""
+    config is written into the manifest and the report. A table column spelled like such an
+    attribute (``patientId``, ``patient_id``, ``Patient ID``) or like the entity is refused too:
+    it holds the same values (RSNA Pneumonia's ``patientId`` is the header's ``PatientID``)."""
     from packer.read.kinds import source_kind
 
     if mode != "pseudonymize":
         return
     for index, source in enumerate(sources):
         for condition in (*source.header_where, *source.where):
-            # a header attribute that identifies, or the table column that holds the entity ids
-            if identifying_attribute(condition.key) or condition.key == source.entity:
-                raise ConfigError(
-                    f"sources[{index}].where.{condition.key}: {condition.key} identifies the patient or study (a UID "
-                    "or one of PS3.15 Annex E's direct identifiers, or the source's entity column), and "
-                    "the job's config, where: values included, is written into the manifest and the report, which "
-                    "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
-                    f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "
-                    "and filter on it (where: {withdrawn: {not: [yes]}}), or set phi.mode: keep")
+            key = condition.key
+            keyword = _keywords_by_spelling().get(_spelling(key), key)
+            if identifying_attribute(keyword):
+                named = "" if keyword == key else f"spelled like the DICOM keyword {keyword}: "
+                why = f"{named}a UID, a person's name (VR PN) or one of PS3.15 Annex E's direct identifiers"
+            elif _spelling(key) == _spelling(source.entity):
+                why = f"spelled like the source's entity, {source.entity}, so holding its entity ids"
+            else:
+                continue
+            raise ConfigError(
+                f"sources[{index}].where.{key}: {key} identifies the patient or study ({why}), and "
+                "the job's config, where: values included, is written into the manifest and the report, which "
+                "under phi: pseudonymize hold no raw identifier; to leave out some patients' files, give the "
+                f"source's {source_kind(source.kind).table_key}: table a column (withdrawn: yes) "
+                "and filter on it (where: {withdrawn: {not: [yes]}}), or set phi.mode: keep")
 
 
 def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, headed: set[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -578,6 +579,34 @@ def test_a_where_on_an_identifying_header_attribute_is_refused_under_pseudonymiz
     with pytest.raises(ConfigError, match=rf"sources\[{index}\]\.where\.{keyword}: .*identif.*manifest"):
         load_job(job)
     doc["phi"] = {"mode": "keep"}  # keep writes raw ids anyway: allowed
+    job.write_text(yaml.safe_dump(doc))
+    source = load_job(job).sources[index]
+    assert source.header_where or source.where
+
+
+@pytest.mark.parametrize(("index", "key", "why"), [
+    (0, "patientId", "spelled like the DICOM keyword PatientID"), (0, "patient_id", "PatientID"),
+    (0, "Patient ID", "PatientID"), (0, "accession-number", "AccessionNumber"),
+    (1, "Entity", "source's entity, entity"), (1, "ENTITY", "entity ids"),
+    # a person's name (VR PN) that Annex E's list does not name
+    (0, "SecondaryReviewerName", "VR PN"), (0, "SelectorPNValue", "VR PN"), (0, "ROIInterpreter", "VR PN")])
+def test_a_where_on_a_table_column_spelled_like_an_identifying_keyword_is_refused_under_pseudonymization(
+        tmp_path: Path, index: int, key: str, why: str) -> None:
+    """RSNA Pneumonia's table spells the header's PatientID as patientId: a where: {patientId:
+    {not: [<id>]}} wrote that raw id into the manifest, since only the exact keyword was refused.
+    Any spelling of an identifying keyword or of the entity (case, _, -, spaces), and every
+    person's name the data dictionary knows, is a config error naming the key, why and the fix."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    doc = job_doc(tmp_path / "raw", tmp_path / "out", {"key_file": "phi.key"})
+    doc["sources"][index]["where"] = {key: {"not": ["00000003-7d2f-4c1e-9b1a-000000000003"]}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=rf"sources\[{index}\]\.where\.{re.escape(key)}: .*{re.escape(why)}"
+                                          r".*manifest.*withdrawn: \{not: \[yes\]\}"):
+        load_job(job)
+    doc["phi"] = {"mode": "keep"}
     job.write_text(yaml.safe_dump(doc))
     source = load_job(job).sources[index]
     assert source.header_where or source.where
