@@ -425,6 +425,9 @@ def test_an_entity_pinned_twice_is_named_by_its_rows_not_its_raw_id(tmp_path: Pa
     # an unclosed quote swallows the rows below into one cell: refused, naming the line it opens on
     ('entity,split\nP0,test\n"P1,valid\nP2,train\n', r"the 'entity' cell of the row on line 3 opens a quote"),
     ('entity,split\nP0,test\nP1,"valid\nP2,train\n', r"the 'split' cell of the row on line 3 opens a quote"),
+    # on the last row it swallows nothing, and was read as if it closed (P1 pinned to valid)
+    ('entity,split\nP0,test\nP1,"valid\n', r"the 'split' cell of the row on line 3 opens a quote \(\"\) that never"),
+    ('entity,split\nP0,test\n"P1,valid\n', r"the 'entity' cell of the row on line 3 opens a quote \(\"\) that never"),
 ])
 def test_a_pinned_table_reads_long_cells_and_refuses_an_unclosed_quote(
         tmp_path: Path, text: str, match: str | None) -> None:

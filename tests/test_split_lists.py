@@ -631,6 +631,7 @@ def test_jobs_that_do_not_give_their_split_record_what_they_always_did(tmp_path:
 @pytest.mark.parametrize(("text", "match"), [
     ("image\n" + "a" * 200_000 + ".png\n", None),  # over the csv module's default cell limit
     ('image\na.png\n"b.png\nc.png\n', r"the 'image' cell of the row on line 3 opens a quote"),
+    ('image\na.png\n"b.png\n', r"the 'image' cell of the row on line 3 opens a quote \(\"\) that never closes"),
 ])
 def test_a_csv_split_list_reads_long_cells_and_refuses_an_unclosed_quote(
         tmp_path: Path, text: str, match: str | None) -> None:

@@ -530,7 +530,14 @@ def read_pinned_rows(path: Path, *, hide_values: bool = False) -> dict[str, tupl
     which a message would carry into CI logs): the row tells the user which it is. ``hide_values``
     (PHI pseudonymization): nor a split cell that is no split's name (a row whose cells were
     swapped holds the id there)."""
-    from packer.pipeline.tables import long_cells, not_utf8, swallowed_lines, table_head, unreadable_csv
+    from packer.pipeline.tables import (
+        long_cells,
+        not_utf8,
+        swallowed_lines,
+        table_head,
+        unclosed_at_end,
+        unreadable_csv,
+    )
 
     pins: dict[str, tuple[str, int]] = {}
     try:
@@ -541,6 +548,7 @@ def read_pinned_rows(path: Path, *, hide_values: bool = False) -> dict[str, tupl
                 raise ConfigError(f"{path}: a pinned table needs the columns entity,split")
             for row in reader:
                 number = head.above + reader.line_num  # the line the row ends on, as a text editor numbers it
+                unclosed_at_end(path, head, number, row, reader.fieldnames)
                 entity, split = (row["entity"] or "").strip(), (row["split"] or "").strip()
                 swallowed_lines(path, number, "entity", entity, "an entity id")
                 swallowed_lines(path, number, "split", split, "a split name")

@@ -102,7 +102,7 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
     if entry.column is None:
         return [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
-    from packer.pipeline.tables import long_cells, swallowed_lines, table_head, unreadable_csv
+    from packer.pipeline.tables import long_cells, swallowed_lines, table_head, unclosed_at_end, unreadable_csv
 
     try:
         with long_cells():  # a list's cells as long as a labels table's (a cell of 131,072 characters)
@@ -118,6 +118,7 @@ def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
             cells = []
             for row in reader:
                 number = head.above + reader.line_num
+                unclosed_at_end(where, head, number, row, columns)
                 cell = (row.get(entry.column) or "").strip()
                 swallowed_lines(where, number, entry.column, cell, "a listed item")
                 if cell:

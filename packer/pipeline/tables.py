@@ -316,6 +316,12 @@ class TableHead:
     delimiter: str
     above: int
 
+    @property
+    def ended(self) -> bool:
+        """Whether a reader asked for a line past the last: one does only inside a record, so the
+        record it read last holds a quoted cell still open at the end of the file."""
+        return isinstance(self.lines, _Lines) and self.lines.ended
+
 
 def table_head(fh: IO[str], name: str) -> TableHead:
     """The header of a CSV/TSV table opened as text (``name``: its file name, whose ``.tsv``
@@ -332,8 +338,8 @@ def table_head(fh: IO[str], name: str) -> TableHead:
         named = hint.group(1) if hint else named
         header, above = fh.readline(), above + 1
     sample = list(itertools.islice(fh, _SAMPLE_LINES))
-    return TableHead(lines=itertools.chain([header], sample, fh), delimiter=named or _delimiter(name, header, sample),
-                     above=above)
+    return TableHead(lines=_Lines(itertools.chain([header], sample, fh)),
+                     delimiter=named or _delimiter(name, header, sample), above=above)
 
 
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
@@ -436,6 +442,17 @@ def swallowed_lines(path: Path | str, n: int, column: str, cell: str, what: str)
     raise ConfigError(f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that does not "
                       f"close on its line: the cell runs to line {n} and swallows the rows in between ({what} holds "
                       f"no line break); close the quote on line {start}, or remove the stray quote")
+
+
+def unclosed_at_end(path: Path | str, head: TableHead, n: int, record: Mapping[str | None, Any],
+                    columns: Sequence[str]) -> None:
+    """Raise ConfigError where ``record`` (a split list's or a pinned table's row, read from
+    ``head``'s lines, ending on line ``n``) ran to the end of the file inside a quoted cell: the
+    csv module reads an unclosed quote on the last row without a word (``P1,"valid`` pinned P1 to
+    valid), which a label table's reader already refuses (:func:`_check_unclosed_at_end`)."""
+    if head.ended:
+        _check_unclosed_at_end(path, n, record, {k: (v or "") for k, v in record.items() if k is not None},
+                               columns, ())
 
 
 def _line_breaks(cells: Mapping[str, str]) -> int:
