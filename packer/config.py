@@ -1879,7 +1879,35 @@ def _check_split_column(sources: tuple[SourceConfig, ...], split: SplitConfig, h
                               f"{split.column!r} of the source's table (or a field of that name read from each "
                               "path, fields:), and this source has neither; add a table or the field, or give the "
                               "split as lists (by: list)")
+        _check_split_not_read(index, source, split)
         _check_split_not_class(index, source, split)
+
+
+def _check_split_not_read(index: int, source: SourceConfig, split: SplitConfig) -> None:
+    """Refuses a ``split.column`` that the job reads as something else of each row: a row keeps
+    the cells it reads as the file's path, label, entity and time as those, not among the cells
+    the split reads, so ``by: column`` on the entity column was told the table "has no column
+    'patient'" above a header that names it. Each role's message says what to do instead."""
+    table = source.table_map
+    if table is None or split.column in {f.name for f in source.fields}:  # a path's field is read as one
+        return
+    roles = {"label": "the label column, which packer reads as each file's label",
+             table.path: f"the column naming each file (path: {table.path})"}
+    roles.update({column: "a column of its label (label:), which holds classes, not split names"
+                  for column in (source.target.columns if source.target.origin == "table" else ())})
+    if source.time_path is None and source.time:
+        roles[source.time[0]] = (f"the source's time column (time: {source.time[0]}), which holds dates, not split "
+                                 "names; to split by date use split: {by: time, cutoffs: ...}, or name the time "
+                                 "column another (time: <column>)")
+    if source.entity_path is None:
+        roles[source.entity] = (f"the source's entity column (entity: {source.entity}), which holds entity ids, not "
+                                "split names; to keep each entity's files in one split use split: {by: entity} (with "
+                                "ratios:), or split.pinned to place chosen entities")
+    why = roles.get(split.column or "")
+    if why is not None:
+        raise ConfigError(f"sources[{index}] (source {source.name!r}): split.column {split.column!r} is {why}; by: "
+                          "column reads each row's split (train, valid, test) from a column of its own, so name that "
+                          "column in split.column")
 
 
 def _check_split_not_class(index: int, source: SourceConfig, split: SplitConfig) -> None:

@@ -289,6 +289,42 @@ def test_a_column_value_that_is_no_split_is_a_config_error_with_the_closest_spli
     assert f"'validate' (2 file(s), e.g. sample {SOURCE}-" in output and "p1.png" not in output
 
 
+@pytest.mark.parametrize(("column", "source", "why", "fix"), [
+    ("entity", {}, "the source's entity column (entity: entity)", "split: {by: entity}"),
+    ("patient", {"entity": "patient"}, "the source's entity column (entity: patient)", "split: {by: entity}"),
+    ("timestamp", {}, "the source's time column (time: timestamp)", "split: {by: time"),
+    ("path", {}, "the column naming each file (path: path)", "name that column in split.column"),
+    ("label", {}, "a column of its label (label:), which holds classes", "name that column in split.column"),
+])
+def test_a_split_column_the_job_reads_as_another_role_is_named_as_such(
+        tmp_path: Path, column: str, source: dict[str, str], why: str, fix: str) -> None:
+    """by: column on the source's entity column was told the table "has no column 'patient'"
+    above a header naming it, with the fix "add the column": a row keeps the cells the job reads
+    as its path, label, entity and time apart from those the split reads. The error names the
+    column's role and what to do instead."""
+    files = {f"p{p}.png": (f"P{p}", p) for p in range(4)}
+    write_tree(tmp_path, files, columns={"patient": {rel: e for rel, (e, _) in files.items()},
+                                         "timestamp": dict.fromkeys(files, "2021-01-01")})
+    doc = yaml.safe_load(job_file(tmp_path, {"by": "column", "column": column}).read_text())
+    doc["sources"][0].update(source)
+    with pytest.raises(ConfigError) as caught:
+        load_job(write_job(tmp_path, doc, "job.yaml"))
+    message = str(caught.value)
+    assert f"sources[0] (source {SOURCE!r}): split.column {column!r} is {why}" in message
+    assert fix in message and "has no column" not in message
+
+
+def test_a_split_column_missing_from_the_table_says_which_cells_its_rows_carry(tmp_path: Path) -> None:
+    """The list of what the rows carry left out the columns the job reads as path, label, entity
+    and time, as if the table held only the rest: it says so."""
+    files = {f"p{p}.png": (f"P{p}", p) for p in range(4)}
+    write_tree(tmp_path, files, columns={"note": dict.fromkeys(files, "x")})
+    code, _, output = validate(job_file(tmp_path, {"by": "column", "column": "fold"}))
+    assert code == ConfigError.exit_code
+    assert ("has no column 'fold' (beside the columns the job reads as each file's path, label, entity and time, "
+            "its rows carry note)") in " ".join(output.split())
+
+
 # ---------------------------------------------------------------------------------------------
 # official splits that leak: reproduced exactly, reported by the audit
 

@@ -281,7 +281,8 @@ def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = F
         split.append(value if value in SPLITS else None)
     if lacking:
         source, has = next(iter(sorted(lacking.items())))
-        raise ConfigError(f"split.column: the table of source {source!r} has no column {column!r} (its rows carry "
+        raise ConfigError(f"split.column: the table of source {source!r} has no column {column!r} (beside the "
+                          "columns the job reads as each file's path, label, entity and time, its rows carry "
                           f"{', '.join(has) or 'no other column'}); add the column, or fix split.column")
     if wrong:
         parts, fixes = [], []
