@@ -13,6 +13,7 @@ import json
 import posixpath
 import tarfile
 import unicodedata
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -451,6 +452,29 @@ def test_a_table_saved_as_a_workbook_or_parquet_is_named_as_such_with_how_to_exp
     message = _discover_error(_job(tmp_path, {"root": "raw", "table": f"raw/{name}"}))
     assert f"{said}" in message and "not a text table" in message and "export it as CSV (UTF-8)" in message, message
     assert "save the table as UTF-8" not in message
+
+
+@pytest.mark.parametrize(("members", "said"), [
+    # Kaggle's per-file download: kaggle competitions download -f stage_2_train.csv
+    (["stage_2_train.csv"], "a zip archive holding stage_2_train.csv, not a text table"),
+    (["a/train.csv", "a/test.csv"], "a zip archive holding a/train.csv, a/test.csv, not a text table"),
+    # a real workbook keeps the advice to export it
+    (["[Content_Types].xml", "xl/workbook.xml"], "a zip archive (an Excel .xlsx"),
+    (["mimetype", "content.xml"], "a zip archive (an Excel .xlsx or OpenDocument .ods")])
+def test_a_zipped_csv_is_told_to_be_unzipped_and_a_workbook_to_be_exported(
+        tmp_path: Path, members: list[str], said: str) -> None:
+    """A zipped CSV was called a workbook and told to go through pd.read_excel, which cannot read
+    it: the message names what the archive holds and says to unzip it."""
+    _files(tmp_path / "raw", ["a/1.png"])
+    with zipfile.ZipFile(tmp_path / "raw" / "labels.csv.zip", "w") as zipped:
+        for member in members:
+            zipped.writestr(member, "path,label\na/1.png,x\n")
+    message = _discover_error(_job(tmp_path, {"root": "raw", "table": "raw/labels.csv.zip"}))
+    assert said in message, message
+    workbook = "[Content_Types].xml" in members or "mimetype" in members
+    assert ("read_excel" in message) is workbook and ("unzip labels.csv.zip" in message) is not workbook
+    if members == ["stage_2_train.csv"]:
+        assert "name stage_2_train.csv in the job" in message
 
 
 @pytest.mark.parametrize("find", ["path", "name"])

@@ -34,6 +34,7 @@ import os
 import posixpath
 import re
 import unicodedata
+import zipfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -163,9 +164,32 @@ _NOT_TEXT = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx or OpenDocument .ods
              (b"SQLite format 3", "an SQLite database", "read_sql"))
 
 
-def _refuse_binary(path: Path | str, head: bytes) -> None:
+#: Members only a workbook's zip holds: an Office Open XML file's and an OpenDocument file's
+_WORKBOOK_MEMBERS = frozenset({"[Content_Types].xml", "mimetype"})
+
+
+def _zip_members(archive: Path | bytes) -> list[str]:
+    """The file names a zip archive holds (folders left out); none where it cannot be read."""
+    try:
+        with zipfile.ZipFile(archive if isinstance(archive, Path) else io.BytesIO(archive)) as zipped:
+            return [name for name in zipped.namelist() if not name.endswith("/")]
+    except (zipfile.BadZipFile, OSError):  # cut short or damaged: told as a zip archive all the same
+        return []
+
+
+def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None = None) -> None:
     """A config error for a table saved in a binary format (read as text it is 'not UTF-8', or
-    its first bytes a header row), naming the format and how to export it."""
+    its first bytes a header row), naming the format and how to export it. A zip archive
+    (``archive``: the file or its bytes) that is no workbook is told by what it holds: Kaggle's
+    per-file download of ``stage_2_train.csv`` is ``stage_2_train.csv.zip``, a CSV that unzips,
+    which pandas' read_excel cannot read."""
+    members = _zip_members(archive) if archive is not None and head.startswith(b"PK\x03\x04") else []
+    if members and not _WORKBOOK_MEMBERS & set(members):
+        shown = ", ".join(members[:3]) + (f" and {len(members) - 3:,} more" if len(members) > 3 else "")
+        one = members[0].rsplit("/", 1)[-1] if len(members) == 1 else "the table among them"
+        raise ConfigError(f"{path}: a zip archive holding {shown}, not a text table; packer reads CSV, TSV and "
+                          f"JSON tables (a .gz one too), not zipped ones: unzip it (unzip {Path(str(path)).name}) "
+                          f"and name {one} in the job instead")
     for magic, what, reader in _NOT_TEXT:
         if head.startswith(magic):
             raise ConfigError(f"{path}: {what}, not a text table; packer reads CSV, TSV and JSON tables: export it as "
@@ -181,7 +205,7 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
     gzipped = str(path).lower().endswith(".gz")
     if isinstance(path, Path):
         with gzip.open(path, "rb") if gzipped else open(path, "rb") as raw:
-            _refuse_binary(path, raw.read(16))
+            _refuse_binary(path, raw.read(16), None if gzipped else path)
         with (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if gzipped
               else open(path, newline="", encoding="utf-8-sig")) as fh:
             yield fh
@@ -197,7 +221,7 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
         data = gzip.decompress(data) if gzipped else data
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot read the table: not a whole gzip file ({err})") from err
-    _refuse_binary(path, data[:16])
+    _refuse_binary(path, data[:16], data)
     yield io.StringIO(data.decode("utf-8-sig"), newline="")
 
 
