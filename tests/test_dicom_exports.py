@@ -458,3 +458,53 @@ def test_a_table_column_filters_a_dicom_source_labelled_from_its_headers(tmp_pat
     assert sum(result.manifest["splits"][s]["samples"] for s in ("train", "valid", "test")) == 3
     excluded = [json.loads(line) for line in (result.version_dir / "excluded.jsonl").read_text().splitlines()]
     assert [Path(e["path"]).parent.name for e in excluded] == ["P0"]
+
+
+def _mammography(tmp_path: Path, *, per_image: bool, folders: bool) -> Path:
+    """RSNA Screening Mammography's layout: train.csv (patient_id, image_id, cancer), the images
+    under <patient_id>/<image_id>.dcm (or flat, <image_id>.dcm); ``per_image``: the anonymiser
+    wrote one PatientID per image, not one per patient."""
+    rows = []
+    for p in range(3):
+        for j in range(2):
+            image = f"{p}{j}0417"
+            ds = ct_dataset(pixels=np.full((8, 8), 100 * p + j, dtype=np.int16),
+                            PatientID=image if per_image else f"patient{10006 + p}")
+            save(ds, tmp_path / "train_images" / (f"patient{10006 + p}/" if folders else "") / f"{image}.dcm")
+            rows.append(f"patient{10006 + p},{image},{j}")
+    (tmp_path / "train.csv").write_text("patient_id,image_id,cancer\n" + "\n".join(rows) + "\n")
+    template = "{patient_id}/{image_id}.dcm" if folders else "{image_id}.dcm"
+    doc = {"name": "breast", "sources": [{"kind": "dicom", "name": "b", "root": "train_images",
+                                          "labels": {"file": "train.csv", "path": {"template": template}},
+                                          "label": {"column": "cancer"}}],
+           "labels": ["0", "1"], "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}, "seed": 3},
+           "transform": {"dicom": {"windows": ["brain"], "size": [8, 8]}}, "pack": {"format": "webdataset"},
+           "output": "out", "phi": {"mode": "keep"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path / "job.yaml"
+
+
+@pytest.mark.parametrize("folders", [True, False])
+def test_a_dicom_source_whose_headers_make_each_file_its_own_entity_warns_naming_the_patient_column(
+        tmp_path: Path, folders: bool) -> None:
+    """An anonymiser that wrote one PatientID per image, while the table's patient_id and the
+    patient folders group the images: each image was its own entity and one patient's images
+    went to several splits without a word (the warning was for sources reading entities from
+    tables and paths only). It names the candidates and, where the paths hold the id, the
+    entity: {component: N} that reads it; with the headers' PatientID per patient it is silent."""
+    from packer.pipeline.datacheck import validate_job
+
+    result = validate_job(load_job(_mammography(tmp_path, per_image=True, folders=folders)), quick=True,
+                          scheduler="sync", quiet=True)
+    (said,) = [message for code, message in result.prepared.warnings if code == "entities"]
+    assert "source 'b': each of its 6 files is its own entity" in said and "leakage protection is off" in said
+    if folders:
+        assert "Column 'patient_id' and the path part 'patient10006' look like a patient id" in said, said
+        assert said.endswith("read the entity from the path, entity: {component: 0}")
+    else:
+        assert "Column 'patient_id' looks like a patient id" in said and "not a table column" in said, said
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    result = validate_job(load_job(_mammography(kept, per_image=False, folders=folders)), quick=True,
+                          scheduler="sync", quiet=True)
+    assert [message for code, message in result.prepared.warnings if code == "entities"] == []

@@ -1318,7 +1318,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                                  _aliased_class_warning(source, aliases, linked,
                                                         hide_names=phi is not None and phi.active))
                      if w]
-    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled)
+    hint = header_entity_hint(source, refs, records.columns if records else (), rows,
+                              hide_ids=phi is not None and phi.active)
+    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled, hint)
 
 
 @dataclass(frozen=True)
@@ -1332,6 +1334,8 @@ class SourceFound:
     warnings: list[str]
     rows_filtered: int
     unlabeled: dict[str, str]
+    #: what to warn of once the probe finds every file its own entity (:func:`header_entity_hint`)
+    entity_hint: str | None = None
 
 
 _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
@@ -1352,8 +1356,9 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
     """A warning when every file of a source is its own entity while a table column or a part of
     the paths looks like a patient id: leakage protection is then off, most likely by mistake
     (``entity: path``, or a table whose patient column the job does not name). None otherwise,
-    and for a kind that reads entities from headers. ``hide_ids`` (PHI pseudonymization): a
-    path part is named by its place only, not quoted: it is the raw patient id."""
+    and for a kind that reads entities from headers, whose entities are known once the probe has
+    read them (:func:`header_entity_hint`, :func:`own_entity_warnings`). ``hide_ids`` (PHI
+    pseudonymization): a path part is named by its place only, not quoted: it is the raw patient id."""
     if source_kind(source.kind).identity_in_header or len(refs) < 2:
         return None
     codes, _ = refs.codes("entity")
@@ -1361,20 +1366,72 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
         return None
     hints = [f"column {c!r}" for c in columns if _PATIENT_COLUMN.search(c) and c != source.entity]
     if not hints:
-        relpaths = [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
-        for part in range(-len(relpaths[0].split("/")), -1):
-            values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
-            if len(set(values)) < len(values) and (all(_PATIENT_PART.match(v) for v in values)
-                                                   or _names_its_files(values, relpaths[:1000])):
-                component = len(relpaths[0].split("/")) + part
-                example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
-                hints.append(f"{example} (entity: {{component: {component}}})")
-                break
+        hints = [hint for hint in (_path_part_hint(refs, hide_ids=hide_ids),) if hint]
     if not hints:
         return None
     return (f"source {source.name!r}: each of its {len(refs)} files is its own entity, so leakage protection is "
             f"off: no patient can be kept in one split. {hints[0][0].upper() + hints[0][1:]} looks like a patient "
             "id: name it in 'entity:'")
+
+
+def _path_part_hint(refs: RefTable, *, hide_ids: bool) -> str | None:
+    """A part of the paths (a folder level) that looks like a patient id and groups files: its
+    place and the ``entity: {component: N}`` that reads it; None where none does."""
+    relpaths = [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
+    for part in range(-len(relpaths[0].split("/")), -1):
+        values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
+        if len(set(values)) < len(values) and (all(_PATIENT_PART.match(v) for v in values)
+                                               or _names_its_files(values, relpaths[:1000])):
+            component = len(relpaths[0].split("/")) + part
+            example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
+            return f"{example} (entity: {{component: {component}}})"
+    return None
+
+
+def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[str], rows: Mapping[str, TableRow],
+                       *, hide_ids: bool = False) -> str | None:
+    """For a kind that reads entities from headers (DICOM): what :func:`own_entity_warnings` says
+    once the probe finds every file its own entity, where a table column whose cells group the
+    files (``rows``: the table's rows by file) or a part of the paths looks like a patient id: an
+    anonymiser that wrote one PatientID per image while the table's ``patient_id`` and the
+    folders group them spreads each patient over the splits. None where nothing looks so."""
+    if not source_kind(source.kind).identity_in_header or source.entity_path is not None or len(refs) < 2:
+        return None
+    cells = [dict(row.extra) for row in rows.values()]
+    hints = []
+    for column in columns:
+        values = [c[column] for c in cells if c.get(column, "").strip()]
+        if _PATIENT_COLUMN.search(column) and len(set(values)) < len(values):  # it groups the files
+            hints.append(f"column {column!r}")
+    place, _, read = (_path_part_hint(refs, hide_ids=hide_ids) or "").partition(" (")
+    named = " and ".join([*hints[:1], *([place] if place else [])])
+    if not named:
+        return None
+    if place:
+        fix = f"read the entity from the path, {read.removesuffix(')')}"
+    else:
+        fix = (f"a {source.kind} source reads its entity from a header keyword or from its paths, not a table "
+               "column: name the header keyword that holds the patient id (entity: KEYWORD), or, where the "
+               "paths hold it, entity: {path: REGEX} or entity: {component: N}")
+    return (f"{named[0].upper() + named[1:]} {'look' if ' and ' in named else 'looks'} like a patient id, grouping "
+            f"the files: {fix}")
+
+
+def own_entity_warnings(hints: Mapping[str, str], sources: Sequence[str], entities: Sequence[int]) -> list[str]:
+    """The warnings of :func:`header_entity_hint` (``hints``: by source name) for each source
+    whose probed samples (``sources``, ``entities``: each sample's source name and entity code, as
+    :meth:`~packer.pipeline.sampletable.SampleTable.codes` gives them) are each their own entity."""
+    said = []
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for name, entity in zip(sources, entities, strict=True):
+        if name in hints:
+            by_source[name].append(entity)
+    for name, found in by_source.items():
+        if len(found) >= 2 and len(set(found)) == len(found):
+            said.append(f"source {name!r}: each of its {len(found)} files is its own entity (its headers name a "
+                        "different one each), so leakage protection is off: no patient can be kept in one split. "
+                        f"{hints[name]}")
+    return said
 
 
 @dataclass(frozen=True)
@@ -1395,6 +1452,9 @@ class Discovery:
     warnings: list[str] = field(default_factory=list)
     rows_filtered: int = 0
     unlabeled: dict[str, str] = field(default_factory=dict)
+    #: by source name, what to warn of once the probe finds every file its own entity
+    #: (:func:`header_entity_hint`, :func:`own_entity_warnings`)
+    entity_hints: dict[str, str] = field(default_factory=dict)
 
 
 def _path_names(relpaths: Sequence[str]) -> set[str]:
@@ -1438,6 +1498,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     listed: dict[str, RawObject] = {}
     rows_filtered = 0
     unlabeled: dict[str, str] = {}
+    hints: dict[str, str] = {}
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
@@ -1453,6 +1514,8 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
         unlabeled.update(found.unlabeled)
+        if found.entity_hint is not None:
+            hints[source.name] = found.entity_hint
     refs = RefTable.concat(tables)
     if len(job.sources) > 1:
         said.extend(_read_twice(refs, hide_paths=phi is not None and phi.active))
@@ -1464,7 +1527,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         refs = RefTable.of(unique)
         said.extend(renamed)
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
-                     rows_filtered=rows_filtered, unlabeled=unlabeled)
+                     rows_filtered=rows_filtered, unlabeled=unlabeled, entity_hints=hints)
 
 
 def _read_twice(refs: RefTable, *, hide_paths: bool = False) -> list[str]:

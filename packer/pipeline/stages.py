@@ -60,7 +60,7 @@ from packer.pipeline.audit import (
 from packer.pipeline.cluster import Executor, SharedPath, WorkerLost
 from packer.pipeline.conflicts import LabelConflicts, SpilledMasks, conflict_exclusions, find_label_conflicts
 from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
-from packer.pipeline.discover import discover, make_sample_id
+from packer.pipeline.discover import discover, make_sample_id, own_entity_warnings
 from packer.pipeline.filecache import damage_report
 from packer.pipeline.labels import dataset_target
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, pairs_in, verify_task
@@ -174,6 +174,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     excluded = list(found.excluded)
     unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
     warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
+    entity_hints = found.entity_hints  # said once the probe has read the headers' entities
     for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
     del found
@@ -204,6 +205,12 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             warned.append(("readers", readers))
         samples = table.sorted_by_key(release=True)
         del table
+        if entity_hints:
+            (source_codes, source_names), (entity_codes, _) = samples.codes("source"), samples.codes("entity")
+            for said in own_entity_warnings(entity_hints, [source_names[c] for c in source_codes.tolist()],
+                                            entity_codes.tolist()):
+                print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)  # under --quiet too
+                warned.append(("entities", said))
         decoded_issues, probed_out = one_record_per_file([i for c in chunks for i in c.issues],
                                                          [e for c in chunks for e in c.excluded])
         issues.extend(replace(i, message=unlabeled[i.path]) if i.reason == "missing_label" and i.path in unlabeled
