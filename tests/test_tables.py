@@ -696,8 +696,8 @@ def test_a_template_pads_numeric_ids_and_says_which_row_does_not_fit(tmp_path: P
     job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{id:05d}.png"}}})
     assert sorted(_by_path(discover(load_job(job)))) == ["00007.png", "00042.png"]
     _csv(tmp_path / "raw" / "t.csv", "id,label,entity", ["7,a,p1", "x42,b,p2"])
-    with pytest.raises(ConfigError, match=r"row 3: table.path.template '\{id:05d\}.png': the cell 'x42' is not a "
-                                          r"whole number, which \{:05d\} formats"):
+    with pytest.raises(ConfigError, match=r"row 3: table.path.template '\{id:05d\}.png': column 'id': the cell 'x42' "
+                                          r"is not a number in plain decimal notation .*, which \{:05d\} formats"):
         discover(load_job(job))
     _csv(tmp_path / "raw" / "t.csv", "image,label,entity", ["00007,a,p1", ",b,p2"])
     job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{image}"}}})
@@ -707,6 +707,22 @@ def test_a_template_pads_numeric_ids_and_says_which_row_does_not_fit(tmp_path: P
     _csv(tmp_path / "raw" / "t.csv", "image,label,entity", ["00007,a,p1", "00042,b,p2"])
     job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{image}.jpg"}}})
     with pytest.raises(ConfigError, match=r"check table.path.template \('\{image\}.jpg': its folders and extension"):
+        discover(load_job(job))
+
+
+@pytest.mark.parametrize(("cell", "spec"), [("1_5", "03d"), ("\uff11\uff15", "03d"), ("1_5", ".0f"), ("0x0f", "03d")])
+def test_a_template_number_spec_reads_only_plain_decimal_cells(tmp_path: Path, cell: str, spec: str) -> None:
+    """'IXI{IXI_ID:03d}.png' formatted the cells 1_5 and full-width １５ with Python's int(), which reads
+    both as 15: the row was placed on subject 15's file and packed with its own target. A number
+    spec reads its cell as numeric targets do, in plain decimal notation; any other cell is a config
+    error naming the row, the column and what is wrong with the cell."""
+    _files(tmp_path / "raw", ["IXI015.png", "IXI016.png"])
+    _csv(tmp_path / "raw" / "t.csv", "IXI_ID,label,entity", ["16,a,p16", f"{cell},b,p15"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv",
+                                                   "path": {"template": f"IXI{{IXI_ID:{spec}}}.png"}}})
+    with pytest.raises(ConfigError, match=rf"row 3: table.path.template 'IXI\{{IXI_ID:{spec}\}}.png': column 'IXI_ID': "
+                                          rf"the cell '{cell}' is not a number in plain decimal notation \(ASCII "
+                                          rf"digits, a point, an exponent\), which \{{:{spec}\}} formats"):
         discover(load_job(job))
 
 

@@ -30,6 +30,7 @@ import gzip
 import io
 import itertools
 import json
+import math
 import os
 import posixpath
 import re
@@ -50,6 +51,7 @@ from packer.progress import stage_progress
 from packer.read.kinds import source_kind
 from packer.storage import remote_errors, storage_error
 from packer.targets import SEPARATOR, target_class
+from packer.targets.base import DECIMAL
 from packer.where import failed
 
 Record = dict[str, str]
@@ -886,12 +888,29 @@ def written_from_base(rel: str, table: TableConfig, root: Path | str) -> str | N
     return posixpath.relpath(posixpath.normpath(posixpath.join(top, rel)), posixpath.normpath(base))
 
 
+class _CellFormatError(ValueError):
+    """A template cell that its format spec cannot format: ``column`` and what is wrong (the
+    message shows the cell's value)."""
+
+    def __init__(self, column: str, problem: str) -> None:
+        super().__init__(f"column {column!r}: {problem}")
+        self.column = column
+
+
 class _Cell(str):
     """A table cell in a path template. A format spec of a number type formats the cell's number
     (``{id:05d}`` makes ``7`` into ``00007``, ``{x:.1f}``): the cells are text, and Python's
-    format refused the spec with a traceback. A cell that is no such number raises ValueError."""
+    format refused the spec with a traceback. The number is read as numeric targets read theirs,
+    in plain decimal notation (:data:`~packer.targets.base.DECIMAL`): Python's int() and float()
+    also read ``1_5`` as 15 and full-width ``１６`` as 16, which would name another subject's file.
+    A cell that is no such number raises :class:`_CellFormatError`, naming the column."""
 
-    __slots__ = ()
+    column: str
+
+    def __new__(cls, value: str, column: str) -> _Cell:
+        cell = super().__new__(cls, value)
+        cell.column = column
+        return cell
 
     def __format__(self, spec: str) -> str:
         kind = spec[-1:]
@@ -899,11 +918,24 @@ class _Cell(str):
                                                   float if kind and kind in "eEfFgG%" else None)
         if number is None:
             return str.__format__(str(self), spec)
+        text = str(self)
+        if not text:
+            raise _CellFormatError(self.column, f"the cell is empty, and {{:{spec}}} formats a number; give the "
+                                                "row's value there")
+        if not DECIMAL.fullmatch(text):
+            raise _CellFormatError(self.column, f"the cell {text!r} is not a number in plain decimal notation "
+                                                f"(ASCII digits, a point, an exponent), which {{:{spec}}} formats")
+        value = float(text)
+        if not math.isfinite(value):
+            raise _CellFormatError(self.column, f"the cell {text!r} is too large for a number, which "
+                                                f"{{:{spec}}} formats")
+        if number is float:
+            return format(value, spec)
         try:
-            return format(number(self), spec)
+            return format(int(text), spec)
         except ValueError:
-            what = "a whole number" if number is int else "a number"
-            raise ValueError(f"the cell {str(self)!r} is not {what}, which {{:{spec}}} formats") from None
+            raise _CellFormatError(self.column, f"the cell {text!r} is not a whole number, which {{:{spec}}} "
+                                                "formats") from None
 
 
 def _cell_of(table: TableConfig, record: Record) -> str:
@@ -911,7 +943,7 @@ def _cell_of(table: TableConfig, record: Record) -> str:
     ValueError where a cell does not fit the template's format spec."""
     if table.template is None:
         return record.get(table.path, "")
-    return table.template.format_map({k: _Cell(v.strip()) for k, v in record.items()})
+    return table.template.format_map({k: _Cell(v.strip(), k) for k, v in record.items()})
 
 
 class UnicodeSpelling:
@@ -1064,7 +1096,12 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             written = _cell_of(table, record)
             cell = written.strip()
         except ValueError as err:
-            said = "a cell does not fit its format spec" if hide_paths else str(err)
+            if not hide_paths:
+                said = str(err)
+            elif isinstance(err, _CellFormatError):  # the column's name is no PHI, its cell may be
+                said = f"column {err.column!r}: its cell does not fit its format spec"
+            else:
+                said = "a cell does not fit its format spec"
             raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r}: {said}; fix the "
                               "cell, or the template's format spec (write {column} for the cell as it is)") from None
         if not cell:
