@@ -726,6 +726,24 @@ def test_a_template_number_spec_reads_only_plain_decimal_cells(tmp_path: Path, c
         discover(load_job(job))
 
 
+def test_a_template_integer_spec_formats_a_whole_number_written_as_a_decimal(tmp_path: Path) -> None:
+    """pandas writes an id column that has a blank as floats (13.0): '{IXI_ID:03d}' refused the cell
+    saying it "is not a whole number", which it is. A whole number in decimal or exponent notation
+    is that integer (every digit of a long id kept); a cell with a fractional part is refused,
+    and the message says so."""
+    _files(tmp_path / "raw", ["IXI013.png", "IXI010.png", "IXI007.png", "IXI-02.png", "IXI12345678901234567890.png"])
+    _csv(tmp_path / "raw" / "t.csv", "IXI_ID,label,entity",
+         ["13.0,a,p13", "1e1,a,p10", "+7.000,b,p7", "-2.,b,p2", "12345678901234567890.0,a,pbig"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "IXI{IXI_ID:03d}.png"}}})
+    assert {rel: dict(ref.extra)["IXI_ID"] for rel, ref in _by_path(discover(load_job(job))).items()} == {
+        "IXI013.png": "13.0", "IXI010.png": "1e1", "IXI007.png": "+7.000", "IXI-02.png": "-2.",
+        "IXI12345678901234567890.png": "12345678901234567890.0"}
+    _csv(tmp_path / "raw" / "t.csv", "IXI_ID,label,entity", ["13.0,a,p13", "13.5,b,p7"])
+    with pytest.raises(ConfigError, match=r"row 3: table.path.template 'IXI\{IXI_ID:03d\}.png': column 'IXI_ID': the "
+                                          r"cell '13.5' has a fractional part, and \{:03d\} formats a whole number"):
+        discover(load_job(job))
+
+
 def test_a_partial_download_is_bad_by_default_and_left_out_with_missing_drop(tmp_path: Path) -> None:
     """NIH ships its images in 12 archives; with images_002/ not downloaded, every row naming one of
     its files was a missing_file 'root/<name> does not exist', though find: name looks everywhere."""

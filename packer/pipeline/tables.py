@@ -40,6 +40,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -903,7 +904,9 @@ class _Cell(str):
     format refused the spec with a traceback. The number is read as numeric targets read theirs,
     in plain decimal notation (:data:`~packer.targets.base.DECIMAL`): Python's int() and float()
     also read ``1_5`` as 15 and full-width ``１６`` as 16, which would name another subject's file.
-    A cell that is no such number raises :class:`_CellFormatError`, naming the column."""
+    A whole number written as a decimal (``13.0``, as pandas writes an id column that has a blank;
+    ``1e3``) is that integer for an integer spec. A cell that is no such number raises
+    :class:`_CellFormatError`, naming the column."""
 
     column: str
 
@@ -920,8 +923,7 @@ class _Cell(str):
             return str.__format__(str(self), spec)
         text = str(self)
         if not text:
-            raise _CellFormatError(self.column, f"the cell is empty, and {{:{spec}}} formats a number; give the "
-                                                "row's value there")
+            raise _CellFormatError(self.column, f"the cell is empty, and {{:{spec}}} formats a number")
         if not DECIMAL.fullmatch(text):
             raise _CellFormatError(self.column, f"the cell {text!r} is not a number in plain decimal notation "
                                                 f"(ASCII digits, a point, an exponent), which {{:{spec}}} formats")
@@ -931,11 +933,11 @@ class _Cell(str):
                                                 f"{{:{spec}}} formats")
         if number is float:
             return format(value, spec)
-        try:
-            return format(int(text), spec)
-        except ValueError:
-            raise _CellFormatError(self.column, f"the cell {text!r} is not a whole number, which {{:{spec}}} "
-                                                "formats") from None
+        exact = Decimal(text)  # not the float: a 20-digit id keeps every digit
+        if exact != exact.to_integral_value():
+            raise _CellFormatError(self.column, f"the cell {text!r} has a fractional part, and {{:{spec}}} formats "
+                                                "a whole number")
+        return format(int(exact), spec)
 
 
 def _cell_of(table: TableConfig, record: Record) -> str:
