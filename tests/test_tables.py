@@ -290,6 +290,27 @@ def test_a_quoted_report_of_several_lines_with_commas_is_text_not_swallowed_rows
     assert "labels.csv row 4 lists 'b.png'" in issue.message, issue.message
 
 
+@pytest.mark.parametrize(("label", "header", "fix"), [
+    ({"kind": "numeric", "columns": ["BoneAge"]}, "boneage,male", "columns: [boneage]"),
+    ({"kind": "numeric", "columns": ["age", "Dose"]}, "age,dose", "columns: [age, dose]"),
+    ({"kind": "multilabel", "columns": ["Cardiomegaly", "edema"]}, "Cardiomegaly,Edema",
+     "columns: [Cardiomegaly, Edema]"),
+])
+def test_a_misspelt_column_of_a_label_column_list_is_fixed_in_that_list(
+        tmp_path: Path, label: dict[str, Any], header: str, fix: str) -> None:
+    """A numeric target's misspelt column (columns: [BoneAge], the table says boneage) offered the
+    fix 'set label: {column: boneage}': a class target, which would pack a bone-age regression as
+    ~200 classes. The fix of a column list is that list, corrected, in the job's own form."""
+    _files(tmp_path / "raw", ["a.png"])
+    _csv(tmp_path / "raw" / "t.csv", f"path,entity,{header}", ["a.png,p1,1,0"])
+    job = _job(tmp_path, {"root": "raw", "table": "raw/t.csv", "label": label})
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    message = str(raised.value)
+    assert "(named by label.columns); did you mean" in message and f"(in label:, write {fix})" in message, message
+    assert "label: {column:" not in message
+
+
 def test_a_column_named_with_a_leading_space_is_suggested_as_yaml_that_names_it(tmp_path: Path) -> None:
     """SIIM-ACR's train-rle.csv has the header 'ImageId, EncodedPixels': the second column's name
     starts with a space. The fix the error offers must be one that works when pasted into the job:

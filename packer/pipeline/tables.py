@@ -643,11 +643,13 @@ def closest(name: str, choices: Sequence[str]) -> str | None:
 
 
 def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
-                   header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None) -> None:
+                   header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None,
+                   label_columns: Sequence[str] = ()) -> None:
     """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
     the header lacks, with the closest column the header has, else the fix ``fixes`` gives for
     its key; ``header_hint``: for a ``where`` key, the source kind's hint at a header attribute
-    it may have meant (DICOM keywords)."""
+    it may have meant (DICOM keywords); ``label_columns``: the label's column list, which the fix
+    for a ``label.columns`` key writes out."""
     for column, key in wanted.items():
         if column in columns:
             if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
@@ -656,7 +658,7 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   "rename the others")
             continue
         near = closest(column, columns)
-        hint = f"; did you mean {near!r}? ({_column_fix(key, column, near)})" if near else \
+        hint = f"; did you mean {near!r}? ({_column_fix(key, column, near, label_columns)})" if near else \
             f"; {fixes[key]}" if fixes and key in fixes else ""
         said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
         if said:
@@ -679,11 +681,13 @@ def _check_repeated(path: Path | str, columns: Sequence[str]) -> None:
                               f"but one of them, e.g. {column}_2, so that every column's cells are kept")
 
 
-def _column_fix(key: str, column: str, near: str) -> str:
+def _column_fix(key: str, column: str, near: str, label_columns: Sequence[str] = ()) -> str:
     """The edit that makes the job key ``key`` name the header's column ``near`` instead of the
     missing ``column``: ``set table.path: Path`` where the key is the column name itself; where
     the key holds it among other settings (``label: {column: ...}``, a ``where:`` condition, a
-    path template) the name to write there. A name with a space at either end (SIIM's
+    path template) the name to write there; for a label's column list (``label.columns``: numeric
+    values, 0/1 labels) that list as it should read, never ``label: {column: ...}``, which would
+    make the values class names. A name with a space at either end (SIIM's
     ``ImageId, EncodedPixels`` header) is quoted, as plain YAML would drop the space."""
     spaced = near != near.strip()
     written = f"'{near}'" if spaced else near
@@ -692,6 +696,9 @@ def _column_fix(key: str, column: str, near: str) -> str:
     elif key == "label":  # a default column has no place in the job to write over; label: is none, folder or a mapping
         fix = (f"set label: {{column: {written}}}, or, in a label: mapping naming {column!r}, write {written} "
                "there")
+    elif key == "label.columns":
+        fixed = ", ".join(written if c == column else c for c in label_columns or (column,))
+        fix = f"in label:, write columns: [{fixed}]"
     else:
         fix = f"in {key}, write {written} where it says {column!r}"
     return fix + (": the name starts or ends with a space, so quote it" if spaced else "")
@@ -714,8 +721,11 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
             wanted[column] = f"{key}.path.template"
     else:
         wanted[table.path] = f"{key}.path"
-    for column in target_columns(source.target):
-        wanted.setdefault(column, "label")
+    # a column list (numeric values, 0/1 labels, one-hot classes) is fixed in that list, not as a class's column:
+    target = source.target
+    listed = target_class(target.kind).has_vector and target.separator is None or len(target.columns) > 1
+    for column in target_columns(target):
+        wanted.setdefault(column, "label.columns" if listed else "label")
     # a row's further files come from the kind's own keys (nifti: channel_files): name the one the job wrote
     companions = "/".join(source_kind(source.kind).source_keys) or "companions"
     for column in source.file_columns():
@@ -802,7 +812,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     _check_path_cells(table, rows)
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
-                   _column_fixes(source))
+                   _column_fixes(source), source.target.columns)
     _check_repeated(table.file, columns)  # after the named columns' check, whose message names the job key
     return joined
 
