@@ -1121,6 +1121,31 @@ def test_a_dataset_json_is_a_table_of_records(tmp_path: Path) -> None:
         "table")
 
 
+def test_a_json_boolean_or_list_is_no_number_for_a_numeric_target_and_a_0_1_label_for_multilabel(
+        tmp_path: Path) -> None:
+    """A JSON table's numeric target field holding true, false or [3] was packed as 1.0, 0.0 and
+    3.0 (booleans were read as 1/0 and lists joined, which suits 0/1 label columns): the same cell
+    of a CSV table is bad_target. A numeric target's boolean or list is now its JSON text, no
+    number, so the sample is bad_target naming it; a multilabel 0/1 column still reads true as 1."""
+    root = tmp_path / "t"
+    _files(root, [f"{i}.png" for i in range(4)])
+    values: list[Any] = [True, False, [3], 41.5]
+    (root / "dataset.json").write_text(json.dumps({"training": [
+        {"image": f"{i}.png", "age": v, "effusion": i == 0, "nodule": 1} for i, v in enumerate(values)]}))
+    source = {"root": "t", "table": {"file": "t/dataset.json", "records": "training", "path": "image"},
+              "entity": {"component": -1}}
+    found = discover(load_job(_job(tmp_path, {**source, "label": {"kind": "numeric", "columns": ["age"]}})))
+    assert [(r.relpath, r.label) for r in found.refs] == [("3.png", "41.5")]
+    assert [(Path(i.path).name, i.reason, i.message.split(": ", 1)[1]) for i in found.issues] == [
+        (f"{i}.png", "bad_target", f"{cell!r} is not a finite number (written as 12, -1.5 or 1e-3); every sample "
+                                   "needs a number here") for i, cell in enumerate(["true", "false", "[3]"])]
+    found = discover(load_job(_job(tmp_path, {**source, "label": {"kind": "multilabel",
+                                                                  "columns": ["effusion", "nodule"]}})))
+    assert [(r.relpath, r.label) for r in found.refs] == [
+        ("0.png", "effusion|nodule"), ("1.png", "nodule"), ("2.png", "nodule"), ("3.png", "nodule")]
+    assert found.issues == []
+
+
 def test_a_json_table_without_its_records_key_names_the_lists_it_holds(tmp_path: Path) -> None:
     root = tmp_path / "t"
     _files(root, ["a.png"])

@@ -253,10 +253,16 @@ def not_utf8(path: Path | str, err: UnicodeDecodeError,
     return ConfigError(f"{path}: not UTF-8 text ({err.reason} at {where}); save the table as UTF-8")
 
 
-def _cell(value: Any) -> str:
-    """A JSON value as a table cell (numbers as written, lists joined by the label separator)."""
+def _cell(value: Any, number: bool = False) -> str:
+    """A JSON value as a table cell (numbers as written, lists joined by the label separator, true
+    and false as a 0/1 label's 1 and 0). In a column read as a number (``number``: a numeric
+    target's), a boolean or a list is its JSON text (``true``, ``[3]``), which is no number: the
+    sample is ``bad_target``, as the same cell of a CSV table is, not a 1.0 or 3.0 the record never
+    held."""
     if value is None:
         return ""
+    if number and isinstance(value, (bool, list)):
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, list):
@@ -264,8 +270,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values: bool = False
-                  ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values: bool = False,
+                  number_columns: Sequence[str] = ()) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     try:
         doc = json.load(fh)
     except json.JSONDecodeError as err:
@@ -285,7 +291,9 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values
     columns: list[str] = []
     for item in items:
         columns.extend(k for k in item if k not in columns)
-    return tuple(columns), [(n, {k: _cell(v) for k, v in item.items()}) for n, item in enumerate(items, start=1)]
+    numbers = frozenset(number_columns)
+    return tuple(columns), [(n, {k: _cell(v, k in numbers) for k, v in item.items()})
+                            for n, item in enumerate(items, start=1)]
 
 
 #: The longest cell a table may hold (Python's csv module refuses cells over 131,072 characters by
@@ -370,15 +378,17 @@ def table_head(fh: IO[str], name: str) -> TableHead:
 
 
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
-               hide_values: bool = False, file_columns: Sequence[str] = ()
+               hide_values: bool = False, file_columns: Sequence[str] = (), number_columns: Sequence[str] = ()
                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list).
-    ``file_columns``: the columns naming files, where a quote left open is told as such."""
+    ``file_columns``: the columns naming files, where a quote left open is told as such;
+    ``number_columns``: a numeric target's columns, whose JSON booleans and lists are no numbers
+    (:func:`_cell`)."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
         with _open_text(path, storage_options) as fh, long_cells():
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
-                return _json_records(fh, path, records_key, hide_values=hide_values)
+                return _json_records(fh, path, records_key, hide_values=hide_values, number_columns=number_columns)
             head = table_head(fh, name)
             above, delimiter = head.above, head.delimiter
             lines = _Lines(head.lines)
@@ -744,15 +754,17 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
 
 
 def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: list[tuple[int, Record]],
-          storage_options: Mapping[str, Any] | None, *, hide_values: bool = False) -> Records:
+          storage_options: Mapping[str, Any] | None, *, hide_values: bool = False,
+          number_columns: Sequence[str] = ()) -> Records:
     """``rows`` of the table at ``path`` with every ``table.join`` table's columns added.
-    ``hide_values``: see :func:`read_records`."""
+    ``hide_values``, ``number_columns``: see :func:`read_records` and :func:`_read_file`."""
     unmatched: dict[int, str] = {}
     dropped: dict[int, str] = {}
     all_columns = list(columns)
     joined: list[Joined] = []
     for join in table.join:
-        join_columns, join_rows = _read_file(join.file, join.records, storage_options, hide_values=hide_values)
+        join_columns, join_rows = _read_file(join.file, join.records, storage_options, hide_values=hide_values,
+                                             number_columns=number_columns)
         _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
         _check_columns(join.file, join_columns, {c: "join.on" for c in join.on})
         _check_repeated(join.file, join_columns)
@@ -807,10 +819,12 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     where CI logs keep it, names the rows and the key's columns, not the key (often a patient id)."""
     table = source.table_map
     assert table is not None
+    numbers = source.target.columns if target_class(source.target.kind).cells_are_numbers else ()
     columns, rows = _read_file(table.file, table.records, storage_options, hide_values=hide_values,
-                               file_columns=_file_columns(table))
+                               file_columns=_file_columns(table), number_columns=numbers)
     _check_path_cells(table, rows)
-    joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values)
+    joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values,
+                   number_columns=numbers)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
                    _column_fixes(source), source.target.columns)
     _check_repeated(table.file, columns)  # after the named columns' check, whose message names the job key

@@ -313,6 +313,9 @@ class Target:
     #: read from several table columns without a separator, its labels are those columns'
     #: names (multi-label 0/1 columns): a ``map`` cannot rename them, the table's header can
     columns_name_labels: ClassVar[bool] = False
+    #: its table cells are numbers, written in plain decimal notation (numeric targets): a JSON
+    #: table's true, false or list there is no number, where a 0/1 label column reads true as 1
+    cells_are_numbers: ClassVar[bool] = False
 
     def __new__(cls, kind: str, names: tuple[str, ...] = (), masked: bool = False) -> Target:
         chosen = target_class(kind)

@@ -72,6 +72,7 @@ class NumericTarget(Target):
 
     KIND: ClassVar[str] = "numeric"
     has_vector: ClassVar[bool] = True
+    cells_are_numbers: ClassVar[bool] = True
     inspect_heading: ClassVar[str] = "targets"
     caption_field: ClassVar[str | None] = "target"
 
