@@ -166,6 +166,27 @@ def test_the_kinds_count_a_split_their_own_way() -> None:
     assert Target("none").split_counts(np.zeros(0), np.zeros((0, 0))) == {"class_counts": {}}
 
 
+def test_a_numeric_splits_mean_is_recorded_unrounded_within_its_min_and_max() -> None:
+    """target_stats' mean was rounded to 6 decimal places: targets in small units (an ADC of
+    7e-10 m²/s) got mean 0.0, below their min. The mean is now the float32 values' mean as float64,
+    unrounded, like min and max; it is the same in any order of the samples, stays within [min,
+    max] where every value is one number, and the pooled total is unrounded too."""
+    adc = np.array([[7.0e-10], [7.5e-10], [8.0e-10], [1.15e-9]], dtype=np.float32)
+    target = Target("numeric", ("adc",))
+    stats = target.split_counts(np.full(4, -1), adc)["target_stats"]["adc"]
+    assert stats["min"] <= stats["mean"] <= stats["max"]
+    assert stats["mean"] == pytest.approx(float(np.mean(adc.astype(np.float64))), rel=1e-12)
+    assert target.split_counts(np.full(4, -1), adc[::-1])["target_stats"] == {"adc": stats}
+    same = np.full((7, 1), 0.1, dtype=np.float32)  # 0.10000000149011612 as float64: no rounding below it
+    assert target.split_counts(np.full(7, -1), same)["target_stats"]["adc"] == {
+        "min": float(np.float32(0.1)), "mean": float(np.float32(0.1)), "max": float(np.float32(0.1))}
+    last = np.array([[9.0e-10]], dtype=np.float32)
+    other = target.split_counts(np.full(1, -1), last)["target_stats"]
+    pooled = target.summarize_total([{"samples": 4, "class_counts": {}, "target_stats": {"adc": stats}},
+                                     {"samples": 1, "class_counts": {}, "target_stats": other}])["target_stats"]
+    assert pooled["adc"]["mean"] == pytest.approx(float(np.mean(np.vstack([adc, last]).astype(np.float64))), rel=1e-12)
+
+
 def test_class_counts_must_add_up_only_where_each_sample_has_one_class() -> None:
     entry = {"samples": 4, "class_counts": {"x": 3, "y": 3}}  # 6 labels held by 4 samples
     assert Target("multilabel", ("x", "y")).split_problem(entry) is None

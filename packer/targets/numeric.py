@@ -51,8 +51,9 @@ def _number(value: Any) -> str:
 
 def pooled_stats(per_split: Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]) -> dict[str, dict[str, float]]:
     """One ``target_stats`` over several splits' (samples, target_stats): min of the minima,
-    max of the maxima, the mean weighted by samples (unweighted where no split has samples). A
-    split without samples has no stats (``{}``) and adds none; {} where no split has any."""
+    max of the maxima, the mean weighted by samples (unweighted where no split has samples), as
+    unrounded as the splits' (:func:`_mean`). A split without samples has no stats (``{}``) and
+    adds none; {} where no split has any."""
     out: dict[str, dict[str, float]] = {}
     for name in dict.fromkeys(n for _, stats in per_split for n in stats):
         parts = [(samples, stats[name]) for samples, stats in per_split if stats.get(name)]
@@ -60,10 +61,20 @@ def pooled_stats(per_split: Sequence[tuple[int, Mapping[str, Mapping[str, float]
             out[name] = {}
             continue
         weight = sum(samples for samples, _ in parts)
-        out[name] = {"min": min(s["min"] for _, s in parts), "max": max(s["max"] for _, s in parts),
-                     "mean": (sum(samples * s["mean"] for samples, s in parts) / weight) if weight else
-                     statistics.fmean(s["mean"] for _, s in parts)}
+        low, high = min(s["min"] for _, s in parts), max(s["max"] for _, s in parts)
+        mean = (math.fsum(samples * s["mean"] for samples, s in parts) / weight if weight else
+                statistics.fmean(s["mean"] for _, s in parts))
+        out[name] = {"min": low, "max": high, "mean": min(max(mean, low), high)}  # within them, whatever rounding did
     return out
+
+
+def _mean(column: np.ndarray) -> float:
+    """The mean of a split's float32 values as the manifest records it: the values' sum as
+    float64, correctly rounded (math.fsum: the same in any order of the samples, and no overflow
+    of float32's sum near its maximum), over their count, never rounded further. It was rounded to
+    6 decimal places, which made the mean of targets in small units (an ADC of 7e-10 m²/s) 0.0,
+    below the recorded min; the mean of values in [min, max] so computed is within them."""
+    return math.fsum(column.astype(np.float64).tolist()) / len(column)
 
 
 @register_target_kind
@@ -146,10 +157,9 @@ class NumericTarget(Target):
 
     def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
                      ) -> dict[str, Any]:
-        """No class counts; per name min, mean (6 decimals) and max of the float32 values ({}
-        for a split without samples)."""
-        # the mean in float64: float32's sum of values near its maximum overflows
-        stats = {name: ({"min": float(column.min()), "mean": round(float(column.mean(dtype=np.float64)), 6),
+        """No class counts; per name min, mean and max of the float32 values ({} for a split
+        without samples), none of them rounded (:func:`_mean`)."""
+        stats = {name: ({"min": float(column.min()), "mean": _mean(column),
                          "max": float(column.max())} if len(vectors) else {})
                  for i, name in enumerate(self.names) for column in (vectors[:, i],)}
         return {"class_counts": {}, "target_stats": stats}
