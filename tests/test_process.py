@@ -381,6 +381,9 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
         ["transform.channels", f"transform.{kind}.channels"])) for kind in ("dicom", "image", "nifti")},
     # whether the table must hold the time column: checked while listing, on the client
     "sources.time_required": _source("time_required", st.booleans()),
+    # not written by a job: set per series by DicomSeries.file_job from volume.spacing (in the key) and
+    # the series' geometry (its files' keys), so a chunk's key already covers what it decides
+    "dicom.unrounded": _setting("dicom", "unrounded", st.booleans()),
     "name": _setting("", "name", NAMES),
     "output": _setting("", "output", NAMES.map(lambda n: f"/elsewhere/{n}")),
     "max_bad_fraction": _setting("", "max_bad_fraction", st.floats(0, 1)),
