@@ -7,6 +7,7 @@ each name's ``target_stats`` (min, mean, max), and the report draws each name's 
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,8 +74,16 @@ def _mean(column: np.ndarray) -> float:
     float64, correctly rounded (math.fsum: the same in any order of the samples, and no overflow
     of float32's sum near its maximum), over their count, never rounded further. It was rounded to
     6 decimal places, which made the mean of targets in small units (an ADC of 7e-10 m²/s) 0.0,
-    below the recorded min; the mean of values in [min, max] so computed is within them."""
-    return math.fsum(column.astype(np.float64).tolist()) / len(column)
+    below the recorded min; the mean of values in [min, max] so computed is within them. The
+    values reach fsum a slice at a time (a float32 value is exact as a Python float), so ten
+    million samples never stand as one list of Python floats."""
+    step = _MEAN_SLICE
+    values = itertools.chain.from_iterable(column[at:at + step].tolist() for at in range(0, len(column), step))
+    return math.fsum(values) / len(column)
+
+
+#: How many values :func:`_mean` turns into Python floats at a time (about 24 MB of them)
+_MEAN_SLICE = 1 << 20
 
 
 @register_target_kind
