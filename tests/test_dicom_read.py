@@ -414,6 +414,25 @@ def test_truncated_native_pixel_data(tmp_path: Path) -> None:
     assert isinstance(probe(path), DicomHeader)  # the header pass cannot see it; the pixel pass does
 
 
+@pytest.mark.parametrize(("shape", "header", "found"), [((32, 32), {"Columns": 31}, ("2048 bytes, where", "give 1984")),
+                                                        ((2, 32, 32), {}, ("4096 bytes, where", "give 2048"))])
+def test_native_pixel_data_longer_than_its_header_says_is_bad_shape_not_a_sheared_image(
+        tmp_path: Path, shape: tuple[int, ...], header: dict[str, int], found: tuple[str, str]) -> None:
+    """A Columns one short of the stored width would read as the first Rows × 31 pixels, each row
+    starting one pixel later than the one above; only the one pad byte of an odd length is padding."""
+    ds = ct_dataset(ct_pixels((32, 32)))
+    ds.PixelData = np.arange(np.prod(shape), dtype=np.uint16).tobytes()
+    for keyword, value in header.items():
+        setattr(ds, keyword, value)
+    issue = issue_of(read(save(ds, tmp_path / "long.dcm")), "bad_shape", "validate")
+    assert all(text in issue.message for text in found), issue.message
+    assert "(0028,0011) Columns" in issue.message and "(0028,0008) Number of Frames" in issue.message
+    odd = ct_dataset(ct_pixels((32, 32)))
+    odd.Rows, odd.Columns, odd.BitsAllocated, odd.BitsStored, odd.HighBit = 3, 3, 8, 8, 7
+    odd.PixelData = bytes(range(9)) + b"\0"  # 9 bytes and the pad byte that makes them even
+    assert isinstance(read(save(odd, tmp_path / "odd.dcm"), window(4, 8)), list)
+
+
 def _native_pixel_data_of_undefined_length(path: Path, syntax: str, delimiter: bool) -> Path:
     """A native CT file as a broken writer makes it: its (7FE0,0010) length field FFFFFFFF, then the
     pixel bytes, then (``delimiter``) a (FFFE,E0DD) Sequence Delimitation Item, as if encapsulated."""

@@ -1184,6 +1184,18 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"({keyword}) holds {have} bytes, {want} expected for Rows {geometry.rows} × Columns "
                           f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
                           f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
+        if have > want + want % 2:
+            # PS3.5 8.1.1/7.1: native data is exactly that long, plus one pad byte where it is odd. More
+            # is no padding: pydicom would read the first ``want`` bytes, and a Columns one short of the
+            # stored width would pack sheared (each row starting one pixel later than the one above)
+            return _issue(ref, "validate", "bad_shape",
+                          f"({keyword}) holds {have} bytes, where Rows {geometry.rows} × Columns {geometry.columns} "
+                          f"× Number of Frames {geometry.frames} × Samples per Pixel {geometry.samples} × Bits "
+                          f"Allocated {geometry.bits_allocated} give {want}"
+                          f"{f' ({want + 1} with its pad byte)' if want % 2 else ''}: the header does not describe "
+                          "the stored image; check (0028,0010) Rows, (0028,0011) Columns, (0028,0008) Number of "
+                          "Frames, (0028,0002) Samples per Pixel and (0028,0100) Bits Allocated against the "
+                          "image, fix the wrong one, or re-export the file")
     else:
         value = ds[keyword].value or b""
         if len(value) >= 4 and value[:4] != _ITEM_TAG:
