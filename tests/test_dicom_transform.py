@@ -934,6 +934,22 @@ def test_a_modality_lut_with_fewer_entries_than_its_descriptor_declares_is_refus
     assert "(0028,3002) LUT Descriptor declares 100 entries" in issue.message and "holds 10" in issue.message
 
 
+@pytest.mark.parametrize(("sequence", "reason"), [("VOILUTSequence", "missing_window"),
+                                                  ("ModalityLUTSequence", "decode_failed")])
+def test_a_lut_with_more_entries_than_its_descriptor_declares_is_refused_naming_both(
+        tmp_path: Path, sequence: str, reason: str) -> None:
+    # 2048 entries declared, 4096 written (a botched descriptor): read to the 2048th, every stored
+    # value from 2047 up would render as the last entry declared, white, where the data go on
+    ds = ct_dataset(intercept=0, center=None if sequence == "VOILUTSequence" else 40,
+                    width=None if sequence == "VOILUTSequence" else 400)
+    item = lut_item(0, 12, list(range(4096)))
+    item.LUTDescriptor = [2048, 0, 12]
+    setattr(ds, sequence, DicomSequence([item]))
+    issue = refused(save(ds, tmp_path / "long.dcm"))
+    assert issue.reason == reason, issue.message
+    assert "(0028,3002) LUT Descriptor declares 2048 entries" in issue.message and "holds 4096" in issue.message
+
+
 @pytest.mark.parametrize("bits", [0, 17])
 def test_a_voi_lut_whose_descriptor_gives_no_valid_entry_size_is_a_missing_window_not_an_unexpected_error(
         tmp_path: Path, bits: int) -> None:

@@ -184,7 +184,9 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
     each, except 8-bit entries packed two to a word (half as many words as entries).
     Raises ``ValueError`` when the descriptor or the data is missing or malformed: bits per entry
-    outside 1..16, or fewer LUT Data entries than the descriptor declares.
+    outside 1..16, or another number of LUT Data entries than the descriptor declares (more are
+    no padding, bar the one byte that evens an odd count of packed 8-bit entries: read up to the
+    declared count, every value past it would render as the last entry).
     """
     descriptor = element(item, "LUTDescriptor")
     raw_data = element(item, "LUTData")
@@ -202,9 +204,11 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     bits = bits % 65536
     if not 1 <= bits <= 16:
         raise ValueError(f"(0028,3002) LUT Descriptor gives {bits} bits per entry; expected 8 to 16")
+    pad = 0  # the one byte that evens an odd count of 8-bit entries packed two to a word
     if isinstance(raw_data, bytes):
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
         if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2:
+            pad = entries % 2
             # 8-bit entries "stored in a format equivalent to 8 bits allocated" (PS3.3 C.11.1.1.1,
             # C.11.2.1.1): two entries per OW word, the first in its low-order byte, as dcmtk reads
             # them. Read as words, each value would glue two entries and the table would end halfway.
@@ -216,6 +220,10 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     if data.size < entries:  # looked up past its end, every value there would take the last entry
         raise ValueError(f"(0028,3002) LUT Descriptor declares {entries} entries but (0028,3006) LUT Data holds "
                          f"{data.size}; the LUT is cut short: re-export the file")
+    if data.size > entries + pad:  # a botched descriptor: its first entries alone would saturate the rest
+        raise ValueError(f"(0028,3002) LUT Descriptor declares {entries} entries but (0028,3006) LUT Data holds "
+                         f"{data.size}: one of the two is wrong, and the LUT cannot be read without guessing which; "
+                         "fix the LUT Descriptor's first value or re-export the file")
     data = data[:entries]
     return Lut(entries=entries, first_mapped=first, bits=bits, data=tuple(int(v) for v in data),
                explanation=str(element(item, "LUTExplanation", "") or "").strip())
