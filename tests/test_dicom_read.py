@@ -335,6 +335,14 @@ def test_probe_reads_entity_time_and_geometry(tmp_path: Path) -> None:
     ({"StudyDate": ""}, TIME, None),
     ({"AcquisitionDateTime": "20220102030405.5+0100"}, ("AcquisitionDateTime",), "2022-01-02T03:04:05"),
     ({"AcquisitionDateTime": "20220102"}, ("AcquisitionDateTime",), "2022-01-02"),
+    # pydicom's DT matches a prefix: ISO forms read as their year's January 1st; a DT names a day, as a DA must
+    ({"AcquisitionDateTime": "2024-08-01T10:10:10"}, ("AcquisitionDateTime",), None),
+    ({"AcquisitionDateTime": "2023-12-31 23:00"}, ("AcquisitionDateTime",), None),
+    ({"AcquisitionDateTime": "202408"}, ("AcquisitionDateTime",), None),
+    ({"AcquisitionDateTime": "2024"}, ("AcquisitionDateTime",), None),
+    ({"AcquisitionDateTime": "20240801101010.1234567"}, ("AcquisitionDateTime",), None),  # 7 fraction digits
+    ({"AcquisitionDateTime": "2024-08-01T10:10:10", "StudyDate": "20240802"}, ("AcquisitionDateTime", "StudyDate"),
+     "2024-08-02"),
     ({"StudyDate": "20230504"}, ("NotAKeyword", "StudyDate"), "2023-05-04"),
 ])
 def test_probe_time_parsing(tmp_path: Path, attrs: dict[str, str], keywords: tuple[str, ...],

@@ -754,8 +754,17 @@ def _without_trailing_empty(parts: list[str]) -> list[str]:
     return parts
 
 
+#: A whole DT value to at least the day (PS3.5 6.2: YYYYMMDD[HH[MM[SS[.F{1,6}]]]][&ZZXX]). pydicom's
+#: DT matches a prefix only, so ISO ``2024-08-01T10:10:10`` read as its year, 2024-01-01; and a DT of
+#: a year or month alone (``2024``, ``202408``) names no day, as a DA must.
+_DT_TO_THE_DAY = re.compile(r"\d{8}(?:\d{2}(?:\d{2}(?:\d{2}(?:\.\d{1,6})?)?)?)?(?:[+-]\d{4})?")
+
+
 def _parse_time(text: str, vr: str) -> date | time | datetime | None:
-    """pydicom's DA/TM/DT parsers (which accept the retired ACR-NEMA forms too); None if invalid."""
+    """pydicom's DA/TM/DT parsers (which accept the retired ACR-NEMA forms too); None if invalid,
+    and for a DT that is not whole DT syntax to at least the day (:data:`_DT_TO_THE_DAY`)."""
+    if vr == "DT" and not _DT_TO_THE_DAY.fullmatch(text.strip()):
+        return None
     parser = {"DA": DA, "TM": TM, "DT": DT}[vr]
     try:
         parsed = parser(text)
