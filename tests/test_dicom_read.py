@@ -214,6 +214,41 @@ def test_rows_that_are_not_one_integer_are_bad_shape(tmp_path: Path, vr: str, va
         assert f"(0028,0010) Rows is {shown}" in found.message
 
 
+def test_an_image_pixel_integer_written_with_a_wrong_vr_says_which_vr_not_that_12_is_no_integer(
+        tmp_path: Path) -> None:
+    ds = ct_dataset()
+    ds[0x00280101] = pydicom.DataElement(0x00280101, "DS", "12")  # Bits Stored is US
+    path = save(ds, tmp_path / "vr.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "bad_shape", "validate")
+        assert "(0028,0101) BitsStored is '12' with VR DS, where the standard has US" in found.message
+        assert "expected one integer" not in found.message and "write the element again as US" in found.message
+
+
+def test_an_empty_image_pixel_element_is_named_as_empty_not_as_pixels_missing_or_a_value_not_there(
+        tmp_path: Path) -> None:
+    # an anonymiser that blanks values leaves the element with zero length; the Pixel Data is all there
+    ds = ct_dataset(ct_pixels((32, 32)))
+    ds["PixelData"].VR = "OW"  # as read from a file: pydicom picks OB or OW by Bits Allocated
+    raw_element(ds, "BitsAllocated", "US", b"")
+    path = save(ds, tmp_path / "ba.dcm")
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "bad_shape", "validate")
+        assert "(0028,0100) BitsAllocated is present but empty (zero length)" in found.message, found.message
+        assert "holds its Pixel Data" in found.message and "without its pixels" not in found.message
+    ds = ct_dataset(ct_pixels((32, 32)))
+    ds.BitsStored, ds.HighBit = 12, 11
+    raw_element(ds, "BitsStored", "US", b"")
+    found = issue_of(read(save(ds, tmp_path / "bs.dcm")), "bad_shape", "validate")
+    assert "(0028,0101) Bits Stored is empty (zero length)" in found.message, found.message
+    assert "Bits Stored is 16" not in found.message and "High Bit 11 says 12 bits" in found.message
+    # blank and no Pixel Data either: still a header exported without its image
+    ds = ct_dataset()
+    del ds.PixelData
+    raw_element(ds, "BitsAllocated", "US", b"")
+    issue_of(read(save(ds, tmp_path / "header-only.dcm")), "no_pixel_data")
+
+
 @pytest.mark.parametrize(("keyword", "value"), [("RescaleSlope", b"NaN "), ("RescaleIntercept", b"abc "),
                                                 ("RescaleIntercept", b"inf ")])
 def test_a_rescale_that_is_no_number_is_unreadable_not_taken_as_1_or_0(tmp_path: Path, keyword: str,

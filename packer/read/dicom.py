@@ -392,9 +392,10 @@ _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,00
 
 def _pixel_module_ints(ds: Dataset) -> tuple[int, int, int, int, int] | str:
     """(Rows, Columns, Samples per Pixel, Bits Allocated, Bits Stored), or why they are unusable: a
-    damaged header can hold several values, or (after a flipped VR byte) text where a US belongs.
-    Pixel Representation is checked too (the decoder reads it). When missing or 0, Samples per
-    Pixel counts as 1, Bits Stored as Bits Allocated and Pixel Representation as 0."""
+    damaged header can hold several values, or (after a flipped VR byte, or a writer's wrong VR)
+    text or a decimal string where a US belongs. Pixel Representation is checked too (the decoder
+    reads it). When missing or 0, Samples per Pixel counts as 1, Bits Stored as Bits Allocated and
+    Pixel Representation as 0."""
     values: dict[str, int] = {}
     for tag, keyword in _PIXEL_MODULE_INTS:
         value = ds.get(keyword)
@@ -402,6 +403,12 @@ def _pixel_module_ints(ds: Dataset) -> tuple[int, int, int, int, int] | str:
             value = {"SamplesPerPixel": 1, "BitsStored": values.get("BitsAllocated"),
                      "PixelRepresentation": 0}.get(keyword, value)
         if isinstance(value, bool) or not isinstance(value, int):
+            vr = ds[keyword].VR if keyword in ds else "US"
+            if vr != "US":  # each is US (PS3.3 C.7.6.3): "is '12'; expected one integer" hid the wrong VR
+                return (f"({tag}) {keyword} is {value!r} with VR {vr}, where the standard has US (Image Pixel "
+                        "module, PS3.3 C.7.6.3): the writer stored it with the wrong VR, or the header is damaged, "
+                        "and packer does not guess the number; write the element again as US (a DICOM editor "
+                        "taking the VR from the data dictionary does), or re-export the file")
             return f"({tag}) {keyword} is {value!r}; expected one integer (Image Pixel module, PS3.3 C.7.6.3)"
         values[keyword] = int(value)
     return (values["Rows"], values["Columns"], values["SamplesPerPixel"], values["BitsAllocated"],
@@ -415,6 +422,20 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                                                  "meta information (cut short or corrupt); copy it again")
     missing = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
+    empty = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
+                                              ("0028,0100", "BitsAllocated")) if kw in ds and ds.get(kw) in (None, "")]
+    if empty and not _lacks_pixel_element(ref, ds):
+        # present with no value (an anonymiser that blanks values leaves such): the image is there,
+        # so "exported without its pixels" would send the user to re-export a file that has them
+        what = f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} present but empty (zero length)"
+        absent = [name for name in missing if name not in empty]
+        if absent:
+            what += f" and {', '.join(absent)} missing"
+        return _issue(ref, "validate", "bad_shape",
+                      f"{what}, though the file holds its Pixel Data: the Image Pixel module (PS3.3 C.7.6.3) "
+                      "requires a value (Type 1), and without it the pixels cannot be laid out; set it to the value "
+                      "the image was written with (an anonymiser that blanks values must keep these), or re-export "
+                      "the file")
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
         why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
@@ -489,6 +510,14 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
             and high_bit != bits_stored - 1:
         # pydicom reads the low Bits Stored bits whatever High Bit says, so 12 bits stored in bits
         # 4..15 would pack as other numbers (Bits Stored above Bits Allocated is the decoder's to refuse)
+        if ds.get("BitsStored") in (None, "", 0):  # read as Bits Allocated: quoting it names a value not there
+            given = ("absent" if "BitsStored" not in ds else
+                     "0" if ds.get("BitsStored") == 0 else "empty (zero length)")
+            return _issue(ref, "validate", "bad_shape",
+                          f"(0028,0101) Bits Stored is {given}, so packer would read all {bits_allocated} allocated "
+                          f"bits, but (0028,0102) High Bit {high_bit} says {high_bit + 1} bits are stored: the Image "
+                          "Pixel module (PS3.3 C.7.6.3) requires Bits Stored (Type 1); set it to the bits the image "
+                          f"was written with ({high_bit + 1} where High Bit is right), or re-export the file")
         return _issue(ref, "validate", "bad_shape",
                       f"(0028,0102) High Bit is {high_bit} but (0028,0101) Bits Stored is {bits_stored}: the Image "
                       f"Pixel module (PS3.3 C.7.6.3) requires High Bit = Bits Stored - 1 ({bits_stored - 1}), and "
