@@ -376,6 +376,8 @@ def test_probe_reads_entity_time_and_geometry(tmp_path: Path) -> None:
     ({"AcquisitionDateTime": "202408"}, ("AcquisitionDateTime",), None),
     ({"AcquisitionDateTime": "2024"}, ("AcquisitionDateTime",), None),
     ({"AcquisitionDateTime": "20240801101010.1234567"}, ("AcquisitionDateTime",), None),  # 7 fraction digits
+    # a value padded with a NUL byte (as some writers pad) is still whole DT syntax
+    ({"AcquisitionDateTime": "20240801101010\x00"}, ("AcquisitionDateTime",), "2024-08-01T10:10:10"),
     ({"AcquisitionDateTime": "2024-08-01T10:10:10", "StudyDate": "20240802"}, ("AcquisitionDateTime", "StudyDate"),
      "2024-08-02"),
     ({"StudyDate": "20230504"}, ("NotAKeyword", "StudyDate"), "2023-05-04"),

@@ -762,8 +762,9 @@ _DT_TO_THE_DAY = re.compile(r"\d{8}(?:\d{2}(?:\d{2}(?:\d{2}(?:\.\d{1,6})?)?)?)?(
 
 def _parse_time(text: str, vr: str) -> date | time | datetime | None:
     """pydicom's DA/TM/DT parsers (which accept the retired ACR-NEMA forms too); None if invalid,
-    and for a DT that is not whole DT syntax to at least the day (:data:`_DT_TO_THE_DAY`)."""
-    if vr == "DT" and not _DT_TO_THE_DAY.fullmatch(text.strip()):
+    and for a DT that is not whole DT syntax to at least the day (:data:`_DT_TO_THE_DAY`): judged
+    without the spaces and NUL bytes that pad a value (PS3.5 6.2), which a writer may leave."""
+    if vr == "DT" and not _DT_TO_THE_DAY.fullmatch(text.strip(" \x00")):
         return None
     parser = {"DA": DA, "TM": TM, "DT": DT}[vr]
     try:
