@@ -186,6 +186,17 @@ def entity_of(path: Path, keyword: str = "PatientID") -> tuple[str | None, list[
     return header.entity, list(samples[0].metadata.get("warnings", []))
 
 
+@pytest.mark.parametrize(("written", "raw"), [("ISO_IR100", b"M\xfcller"), ("ISO_IR192", "Müller".encode()),
+                                              ("iso_ir 100", b"M\xfcller")])
+def test_a_defined_term_written_without_its_space_reads_as_that_term(tmp_path: Path, written: str,
+                                                                    raw: bytes) -> None:
+    """``ISO_IR100`` is ``ISO_IR 100`` less its space, which pydicom does not correct (it does
+    ``ISO-IR 100``): read as ASCII, one patient's ``Müller`` under both spellings was two entities."""
+    proper = "ISO_IR 192" if "192" in written else "ISO_IR 100"
+    assert entity_of(ct_with_element(tmp_path / "proper.dcm", raw, proper)) == ("Müller", [])
+    assert entity_of(ct_with_element(tmp_path / "unspaced.dcm", raw, written)) == ("Müller", [])
+
+
 @pytest.mark.parametrize("charset", [None, "ISO_IR 6", "ISO_IR 6x6"])
 def test_bytes_above_0x7f_under_the_default_character_set_are_kept_as_escapes_and_warned(
         tmp_path: Path, charset: str | None) -> None:

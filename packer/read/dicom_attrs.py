@@ -27,7 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from pydicom import config as pydicom_config
-from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, default_encoding
+from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, default_encoding, python_encoding
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
@@ -566,13 +566,39 @@ def _codecs(ds: Dataset) -> list[str]:
     6`` or a term pydicom does not know (:func:`_decode_value` reads it as ASCII)."""
     own = ds.get("SpecificCharacterSet")
     if own:
-        return list(convert_encodings(own))
+        return list(convert_encodings(_spelled_terms(own)))
     inherited = getattr(ds, "_character_set", None)  # pydicom: the item's parent encoding, as codecs
     if isinstance(inherited, str) and inherited:
         return [inherited]
     if isinstance(inherited, (list, tuple)) and inherited:
         return [str(codec) for codec in inherited]
     return list(convert_encodings("ISO_IR 6"))
+
+
+#: A defined term written without the space between its prefix and number (``ISO_IR100``,
+#: ``ISO_IR192``, ``ISO 2022 IR100``): pydicom corrects ``ISO-IR 100`` and ``ISO IR 100``, but not
+#: these, and reads them as ASCII, so a Latin-1 ``Müller`` under ``ISO_IR100`` and the same id under
+#: ``ISO_IR 100`` became two entities.
+_UNSPACED_TERM = re.compile(r"(ISO[ _-]?IR|ISO 2022 IR)[ _-]?(\d+)", re.IGNORECASE)
+
+
+def _spelled_terms(value: Any) -> Any:
+    """(0008,0005)'s values with each term pydicom does not know but that is a defined term less
+    the space before its number (:data:`_UNSPACED_TERM`) written as that term; every other value as
+    it stands (an unknown term is still read as ASCII)."""
+    terms = list(value) if isinstance(value, MultiValue | list | tuple) else [value]
+
+    def spelled(term: Any) -> Any:
+        text = str(term or "").strip()
+        match = _UNSPACED_TERM.fullmatch(text)
+        if text in python_encoding or match is None:
+            return term
+        prefix = "ISO 2022 IR" if "2022" in match.group(1) else "ISO_IR"
+        fixed = f"{prefix} {int(match.group(2))}"
+        return fixed if fixed in python_encoding else term
+
+    fixed = [spelled(term) for term in terms]
+    return fixed if isinstance(value, MultiValue | list | tuple) else fixed[0]
 
 
 def _texts(value: Any) -> list[str]:
