@@ -1405,3 +1405,50 @@ def test_an_rle_file_with_fewer_frames_than_it_declares_says_so_not_end_marker(t
     assert "it holds 1 frame(s) where (0028,0008) Number of Frames declares 2" in found.message, found.message
     assert "end marker" not in found.message and "StopIteration" not in found.message
     assert "copy it again" in found.message and "fix the header" in found.message
+
+
+@pytest.mark.parametrize(("keyword", "value", "why"), [
+    ("ImagePositionPatient", b"0\\NaN\\0\\4 ", "it holds 4 value(s), not 3"),
+    ("ImagePositionPatient", b"0\\NaN\\4 ", "value 2 'NaN' is no number"),
+    ("ImagePositionPatient", b"0\\0 ", "it holds 2 value(s), not 3"),
+    ("ImageOrientationPatient", b"1\\0\\0\\0\\1\\0\\0 ", "it holds 7 value(s), not 6"),
+    ("ImageOrientationPatient", b"1\\0\\0\\0\\1\\inf ", "value 6 'inf' is no number"),
+], ids=["nan-of-four", "nan-of-three", "two", "seven-cosines", "inf-cosine"])
+def test_a_placed_image_position_or_orientation_with_a_bad_entry_is_unreadable_never_shifted(
+        tmp_path: Path, keyword: str, value: bytes, why: str) -> None:
+    """A DS entry that is no number was dropped and the rest shifted into its place: a slice whose
+    Image Position read "0\\NaN\\0\\4" (four values, VM 3) was stacked at (0, 0, 4). Every entry and
+    the value count are checked: the series job's header probe refuses the file (holding back its
+    series), naming the element, quoting the value and saying the fix."""
+    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=[1, 0, 0, 0, 1, 0])
+    raw_element(ds, keyword, "DS", value)
+    path = save(ds, tmp_path / "slice.dcm")
+    placed = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True)
+    assert isinstance(placed, MemberIssue)
+    message = issue_of(placed.issue, "unreadable", "read").message
+    tag = "(0020,0032) Image Position (Patient)" if keyword == "ImagePositionPatient" else \
+        "(0020,0037) Image Orientation (Patient)"
+    assert f"{tag} '{value.decode().strip()}' is malformed: {why}" in message
+    assert "fix the value in the file's header" in message and "copy the file again" not in message
+
+
+def test_floats_never_drop_one_entry_and_shift_the_rest() -> None:
+    """``floats`` is all or nothing: "NaN\\0.5\\0.7" is no value, not the Pixel Spacing 0.5 x 0.7."""
+    from pydicom.valuerep import DSfloat
+
+    from packer.read.dicom_attrs import floats
+
+    assert floats([DSfloat("NaN"), DSfloat("0.5"), DSfloat("0.7")]) == ()
+    assert floats(["0", "4,5"]) == ()
+    assert floats([DSfloat("0.5"), DSfloat("0.7")]) == (0.5, 0.7)
+
+
+def test_a_pixel_spacing_with_a_bad_entry_is_recorded_as_null_with_a_warning_not_shifted(tmp_path: Path) -> None:
+    """A job that does not resample records Pixel Spacing "NaN\\0.5\\0.7" as null, saying why: it
+    was recorded as [0.5, 0.7], the first entry dropped and the others shifted into its place."""
+    ds = ct_dataset()
+    raw_element(ds, "PixelSpacing", "DS", b"NaN\\0.5\\0.7 ")
+    (sample,) = read(save(ds, tmp_path / "spacing.dcm"), window(40.0, 400.0))
+    assert sample.metadata["pixel_spacing"] is None
+    assert any("(0028,0030) Pixel Spacing 'NaN\\0.5\\0.7' is malformed: it holds 3 value(s), not 2" in w
+               for w in sample.metadata["warnings"])

@@ -50,6 +50,7 @@ from packer.read import at_boundary
 from packer.read.annotations import AnnotationRefs, annotation_modality, annotation_refs
 from packer.read.dicom_attrs import (
     DamagedElement,
+    MalformedValue,
     convert_faithfully,
     convert_remembered,
     element,
@@ -173,7 +174,9 @@ def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
 
 
 def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
-    return _issue(ref, "read", "unreadable", f"{err}; the header is corrupt, copy the file again")
+    # a malformed value is as its exporter wrote it (its message says the fix): a copy is no cure
+    fix = "" if isinstance(err, MalformedValue) else "; the header is corrupt, copy the file again"
+    return _issue(ref, "read", "unreadable", f"{err}{fix}")
 
 
 def _cannot_open(ref: SampleRef, err: OSError) -> Issue:

@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 from pydicom import config as pydicom_config
 from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, default_encoding, python_encoding
-from pydicom.datadict import dictionary_VR, tag_for_keyword
+from pydicom.datadict import dictionary_description, dictionary_VR, tag_for_keyword
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
@@ -150,7 +150,10 @@ def _frame_count(ds: Dataset, otherwise: int) -> int:
 
 
 def floats(value: Any) -> tuple[float, ...]:
-    """A DS/FD value of VM 1-n as a tuple of floats; empty or unparsable entries are dropped."""
+    """A DS/FD value of VM 1-n as a tuple of floats; ``()`` where it is empty or where any entry is
+    no finite number. An entry is never dropped alone: the rest shifted into its place would be
+    read as other values ("NaN\\0.5\\0.7" as a Pixel Spacing of 0.5 x 0.7). What packer places
+    images by reads through :func:`decimals`, which refuses such a value instead."""
     if value is None or value == "":
         return ()
     iterable = hasattr(value, "__iter__") and not isinstance(value, str | bytes)
@@ -160,9 +163,54 @@ def floats(value: Any) -> tuple[float, ...]:
         try:
             number = float(item)
         except (TypeError, ValueError):
-            continue
-        if np.isfinite(number):
-            out.append(number)
+            return ()
+        if not np.isfinite(number):
+            return ()
+        out.append(number)
+    return tuple(out)
+
+
+class MalformedValue(DamagedElement):
+    """An element that decodes, but whose value is not what packer needs it to be (a decimal
+    comma, a ``NaN``, a count other than its VM): its message names the element, quotes the value
+    as written and says the fix."""
+
+
+def _written(items: list[Any]) -> str:
+    return "\\".join(str(item).strip() for item in items)
+
+
+def decimals(source: Dataset, keyword: str, count: int, *, positive: bool = False) -> tuple[float, ...] | None:
+    """The DS value ``keyword`` of ``source`` as exactly ``count`` finite numbers (each above 0
+    where ``positive``); ``None`` where the element is absent or empty.
+
+    Raises :class:`MalformedValue` where it is present but holds another count of values, or an
+    entry that is no such number: a geometry value read as absent would place the image by a
+    fallback (no position, no resample, the Slice Thickness), and one read without its bad entry
+    would shift the rest into its place (Image Position "0\\NaN\\0\\4" at (0, 0, 4)).
+    """
+    raw = element(source, keyword)
+    iterable = hasattr(raw, "__iter__") and not isinstance(raw, str | bytes)
+    items = list(raw) if iterable else [] if raw is None or str(raw).strip() == "" else [raw]
+    if not items:
+        return None
+    out: list[float] = []
+    problem = "" if len(items) == count else f"it holds {len(items)} value(s), not {count}"
+    for n, item in enumerate(items, 1):
+        try:
+            number = float(item)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not problem and (not np.isfinite(number) or (positive and number <= 0)):
+            comma = " (a decimal comma: DS writes a period)" if "," in str(item) else ""
+            problem = f"value {n} '{str(item).strip()}' is no {'positive ' if positive else ''}number{comma}"
+        out.append(number)
+    if problem:
+        tag = tag_for_keyword(keyword) or 0
+        raise MalformedValue(f"{Tag(tag)} {dictionary_description(tag) if tag else keyword} '{_written(items)}' is "
+                             f"malformed: {problem}; it must be {count} {'positive ' if positive else ''}decimal "
+                             f"number(s){' separated by backslashes' if count > 1 else ''}, with a period as the "
+                             "decimal point: fix the value in the file's header (or the exporter that wrote it)")
     return tuple(out)
 
 
@@ -389,13 +437,26 @@ def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) 
 
 
 def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
-    """(row, column) spacing in mm from Pixel Measures (Enhanced) or top-level Pixel Spacing."""
+    """(row, column) spacing in mm from Pixel Measures (Enhanced) or top-level Pixel Spacing;
+    ``None`` where it is absent or malformed (what a sample records; where the job resamples or
+    places the image by it, :func:`checked_pixel_spacing` refuses a malformed one)."""
     item = functional_item(ds, frame, "PixelMeasuresSequence")
     source = item if item is not None and "PixelSpacing" in item else ds
     values = floats(element(source, "PixelSpacing"))
     if len(values) != 2 or min(values) <= 0:
         return None
     return (values[0], values[1])
+
+
+def checked_pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
+    """:func:`pixel_spacing`, ``None`` only where the file has none: a Pixel Spacing that is there
+    but is not two positive numbers raises :class:`MalformedValue`. A file without one is resized
+    only (README); a malformed one read as absent would pack a sample at another scale than the
+    job asked for, saying only that it had no Pixel Spacing."""
+    item = functional_item(ds, frame, "PixelMeasuresSequence")
+    source = item if item is not None and "PixelSpacing" in item else ds
+    values = decimals(source, "PixelSpacing", 2, positive=True)
+    return None if values is None else (values[0], values[1])
 
 
 def pixel_measure(ds: Dataset, frame: int, keyword: str) -> float | None:

@@ -9,7 +9,7 @@ metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +23,8 @@ from packer.keys import frame_key
 from packer.read.dicom_attrs import (
     NO_FILE_VOI,
     DamagedElement,
+    MalformedValue,
+    checked_pixel_spacing,
     file_voi,
     modality_transform,
     pixel_spacing,
@@ -435,6 +437,17 @@ def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: D
     return None
 
 
+def _malformed_spacing(ds: Dataset, frames: Iterable[int]) -> str | None:
+    """What is wrong with the first of ``frames``' Pixel Spacing that is there but malformed
+    (:func:`~packer.read.dicom_attrs.checked_pixel_spacing`), ``None`` where none is."""
+    for frame in frames:
+        try:
+            checked_pixel_spacing(ds, frame)
+        except MalformedValue as err:
+            return str(err)
+    return None
+
+
 def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig, *,
                    photometric: str, color_bits: int, base_metadata: dict[str, Any],
                    max_pixels: int | None = None) -> list[Sample] | Issue:
@@ -478,6 +491,10 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
                               f"frame {frame}'s Pixel Spacing {list(other)} mm is not frame 0's {list(spacing0)} mm "
                               "(Pixel Measures per frame): frames of two scales cannot be the channels of one "
                               "sample (frames: stack); set frames: split, which resamples each frame by its own")
+    malformed = _malformed_spacing(ds, range(1 if stack else frames)) if cfg.spacing is None else None
+    if malformed is not None:  # only recorded, as null: what it should have been is for the user to fix
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()),
+                                                       f"{malformed}; metadata.pixel_spacing is null"]}
     if cfg.spacing is not None and any(pixel_spacing(ds, frame) is None for frame in range(1 if stack else frames)):
         # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (

@@ -21,6 +21,7 @@ from pydicom.multival import MultiValue
 
 from packer.read.dicom_attrs import (
     DamagedElement,
+    decimals,
     element,
     first_float,
     floats,
@@ -113,13 +114,18 @@ class SliceGeometry:
 
 
 def _position(source: Dataset | None) -> tuple[float, float, float] | None:
-    values = floats(element(source, "ImagePositionPatient")) if source is not None else ()
-    return (values[0], values[1], values[2]) if len(values) == 3 else None
+    """Image Position (Patient): ``None`` where absent; raises
+    :class:`~packer.read.dicom_attrs.MalformedValue` where it is not three numbers (a slice placed
+    by what is left of it would be stacked elsewhere; one read as absent is refused as having
+    none, which sends the user looking for a missing tag)."""
+    values = decimals(source, "ImagePositionPatient", 3) if source is not None else None
+    return (values[0], values[1], values[2]) if values is not None else None
 
 
 def _orientation(source: Dataset | None) -> tuple[float, ...] | None:
-    values = floats(element(source, "ImageOrientationPatient")) if source is not None else ()
-    return values if len(values) == 6 else None
+    """Image Orientation (Patient): ``None`` where absent; raises
+    :class:`~packer.read.dicom_attrs.MalformedValue` where it is not six numbers."""
+    return decimals(source, "ImageOrientationPatient", 6) if source is not None else None
 
 
 def slice_geometry(ds: Dataset) -> SliceGeometry:
