@@ -1452,3 +1452,26 @@ def test_a_pixel_spacing_with_a_bad_entry_is_recorded_as_null_with_a_warning_not
     assert sample.metadata["pixel_spacing"] is None
     assert any("(0028,0030) Pixel Spacing 'NaN\\0.5\\0.7' is malformed: it holds 3 value(s), not 2" in w
                for w in sample.metadata["warnings"])
+
+
+@pytest.mark.parametrize(("keyword", "value", "tag"), [
+    ("ImagePositionPatient", b"0\\0\\4,5 ", "(0020,0032) Image Position (Patient)"),
+    ("ImageOrientationPatient", b"1,0\\0\\0\\0\\1\\0 ", "(0020,0037) Image Orientation (Patient)"),
+    ("PixelSpacing", b"0,5\\0,5 ", "(0028,0030) Pixel Spacing"),
+], ids=["position", "orientation", "pixel-spacing"])
+def test_a_placed_geometry_value_with_a_decimal_comma_is_malformed_not_absent(
+        tmp_path: Path, keyword: str, value: bytes, tag: str) -> None:
+    """A series refused a slice whose Image Position read "0\\0\\4,5" as one that "has no Image
+    Position (Patient)", and a volume whose Pixel Spacing read "0,5\\0,5" as one whose slices "give
+    no Pixel Spacing": the user went looking for a missing tag. The element is there: its file is
+    unreadable, the message quotes it and names the decimal comma."""
+    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=[1, 0, 0, 0, 1, 0])
+    raw_element(ds, keyword, "DS", value)
+    path = save(ds, tmp_path / "slice.dcm")
+    placed = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True)
+    assert isinstance(placed, MemberIssue)
+    message = issue_of(placed.issue, "unreadable", "read").message
+    bad = value.decode().strip().split("\\")
+    n = next(i for i, entry in enumerate(bad, 1) if "," in entry)
+    assert f"{tag} '{value.decode().strip()}' is malformed: value {n} '{bad[n - 1]}' is no" in message
+    assert "(a decimal comma: DS writes a period)" in message and "has no" not in message

@@ -21,13 +21,13 @@ from pydicom.multival import MultiValue
 
 from packer.read.dicom_attrs import (
     DamagedElement,
+    checked_pixel_spacing,
     decimals,
     element,
     first_float,
     floats,
     functional_item,
     pixel_measure,
-    pixel_spacing,
     sequence_items,
     slice_thickness,
 )
@@ -152,11 +152,11 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         orientation=orientation,
         rows=int(element(ds, "Rows") or 0),
         columns=int(element(ds, "Columns") or 0),
-        spacing=pixel_spacing(ds, 0),
+        spacing=checked_pixel_spacing(ds, 0),
         image_type=image_type,
         sop_uid=str(element(ds, "SOPInstanceUID") or ""),
         frame_orientations=frame_orientations,
-        frame_spacings=tuple(pixel_spacing(ds, frame) for frame in range(1, frames)) if frames > 1 else (),
+        frame_spacings=tuple(checked_pixel_spacing(ds, frame) for frame in range(1, frames)) if frames > 1 else (),
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
         depth=_depth(ds),
         unplaced=unplaced,
