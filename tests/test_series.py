@@ -179,6 +179,40 @@ def test_a_one_slice_series_steps_by_its_headers_depth_not_an_invented_millimetr
     assert several.step == pytest.approx((0.0, 0.0, 2.0)) and not several.depth_assumed  # positions win
 
 
+@pytest.mark.parametrize(("keyword", "value", "why"), [
+    ("SpacingBetweenSlices", b"2,5 ", "value 1 '2,5' is no positive number (a decimal comma"),
+    ("SpacingBetweenSlices", b"NaN ", "value 1 'NaN' is no positive number"),
+    ("SpacingBetweenSlices", b"-2.5", "value 1 '-2.5' is no positive number"),
+    ("SliceThickness", b"5\\5 ", "it holds 2 value(s), not 1"),
+], ids=["decimal-comma", "nan", "negative", "thickness-two-values"])
+def test_a_one_slice_series_whose_header_depth_is_damaged_is_refused_not_given_the_next_one(
+        keyword: str, value: bytes, why: str) -> None:
+    """A one-slice series takes its depth from Spacing Between Slices, else Slice Thickness. A
+    damaged Spacing Between Slices ("2,5", "NaN", "-2.5") was read as absent, and the 5 mm Slice
+    Thickness taken in its place: a volume of the wrong depth, silently. The series is refused
+    naming the element and quoting it; a series of several slices, placed by its positions, is not."""
+    from pydicom.datadict import tag_for_keyword
+    from pydicom.dataelem import RawDataElement
+    from pydicom.tag import Tag
+
+    from packer.read.dicom_series import slice_geometry
+
+    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=list(AXIAL), SpacingBetweenSlices=2.5)
+    ds.SliceThickness = 5.0
+    if keyword == "SliceThickness":  # the fallback, where there is no Spacing Between Slices, no less
+        del ds.SpacingBetweenSlices
+    tag = Tag(tag_for_keyword(keyword) or 0)
+    ds._dict[tag] = RawDataElement(tag, "DS", len(value), value, 0, False, True)
+    geometry = slice_geometry(ds)
+    assert geometry.depth is None
+    (issue,) = assemble([(_ref(0), geometry)], replace(CFG, min_slices=1)).issues
+    assert issue.reason == "series_geometry"
+    name = "(0018,0088) Spacing Between Slices" if keyword == "SpacingBetweenSlices" else "(0018,0050) Slice Thickness"
+    assert f"{name} '{value.decode().strip()}' is malformed: {why}" in issue.message
+    several = [(_ref(i), replace(geometry, positions=((0.0, 0.0, 2.0 * i),))) for i in range(3)]
+    assert len(assemble(several, CFG).series) == 1
+
+
 @pytest.mark.parametrize(("header", "spacing", "slices", "warned"), [
     ({"SliceThickness": 5.0}, None, 1, False),
     ({"SliceThickness": 5.0, "SpacingBetweenSlices": 4.0}, None, 1, False),

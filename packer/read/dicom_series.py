@@ -13,7 +13,6 @@ a missing value is ``None`` and assembly decides.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
@@ -21,15 +20,14 @@ from pydicom.multival import MultiValue
 
 from packer.read.dicom_attrs import (
     DamagedElement,
+    MalformedValue,
     checked_pixel_spacing,
     decimals,
     element,
     first_float,
     floats,
     functional_item,
-    pixel_measure,
     sequence_items,
-    slice_thickness,
 )
 
 
@@ -93,6 +91,10 @@ class SliceGeometry:
     #: Frame 0's Spacing Between Slices, else its Slice Thickness (mm; ``None`` where neither is a
     #: positive number): the depth step of a series of this one slice, which has no second position
     depth: float | None = None
+    #: What is wrong with the Spacing Between Slices or Slice Thickness that ``depth`` would be
+    #: read from, where that value is there but malformed ("" where none is): only a series of
+    #: this one slice uses the depth, and is refused with this (others are placed by positions)
+    depth_problem: str = ""
     #: Where a multi-frame file's frames have no position, what the file lacks to place them ("" to
     #: say the enhanced objects' way: Per-frame Functional Groups): an RT Dose without its Grid
     #: Frame Offset Vector, an NM tomogram without its Spacing Between Slices
@@ -144,6 +146,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
     frame_orientations = tuple(_orientation(functional_item(ds, frame, "PlaneOrientationSequence"))
                                for frame in range(1, frames)) if frames > 1 else ()
     image_type = tuple(str(v).strip().upper() for v in (element(ds, "ImageType") or ()))
+    depth, depth_problem = _depth(ds)
     return SliceGeometry(
         study_uid=str(element(ds, "StudyInstanceUID") or ""),
         series_uid=str(element(ds, "SeriesInstanceUID") or ""),
@@ -158,7 +161,8 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         frame_orientations=frame_orientations,
         frame_spacings=tuple(checked_pixel_spacing(ds, frame) for frame in range(1, frames)) if frames > 1 else (),
         acquisition=str(element(ds, "AcquisitionNumber") or "").strip(),
-        depth=_depth(ds),
+        depth=depth,
+        depth_problem=depth_problem,
         unplaced=unplaced,
         kernel=_text(ds, "ConvolutionKernel"),
         identity=tuple(_text(ds, keyword) for keyword in IMAGE_IDENTITY),
@@ -290,10 +294,19 @@ def _text(ds: Dataset, keyword: str) -> str:
     return "\\".join(str(v).strip() for v in values if str(v).strip())
 
 
-def _depth(ds: Dataset) -> float | None:
+def _depth(ds: Dataset) -> tuple[float | None, str]:
     """Frame 0's Spacing Between Slices (Pixel Measures, else top level), else its Slice
-    Thickness: positive mm, or ``None``."""
-    for value in (pixel_measure(ds, 0, "SpacingBetweenSlices"), slice_thickness(ds, 0)):
-        if value is not None and math.isfinite(value) and value > 0:
-            return value
-    return None
+    Thickness: positive mm, or ``None`` where neither is there; and, where the one it would be
+    read from is there but is no positive number ("2,5", "NaN", "-2.5"), ``None`` and what is
+    wrong with it. Such a value is never passed over for the next: a damaged Spacing Between
+    Slices read as absent made a one-slice volume as deep as its Slice Thickness, silently."""
+    item = functional_item(ds, 0, "PixelMeasuresSequence")
+    for keyword in ("SpacingBetweenSlices", "SliceThickness"):
+        source = item if item is not None and keyword in item else ds
+        try:
+            value = decimals(source, keyword, 1, positive=True)
+        except MalformedValue as err:
+            return None, str(err)
+        if value is not None:
+            return value[0], ""
+    return None, ""

@@ -491,6 +491,9 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
     first_pos = np.asarray(members[slices[0][1]][1].positions[slices[0][2]], dtype=np.float64)
     last_pos = np.asarray(members[slices[-1][1]][1].positions[slices[-1][2]], dtype=np.float64)
     depth = members[slices[0][1]][1].depth
+    if len(slices) == 1 and members[slices[0][1]][1].depth_problem:  # its only depth is damaged: no fallback
+        return _fail(refs, "series_geometry", f"a series of one slice takes its depth from the header, and "
+                                              f"{members[slices[0][1]][1].depth_problem}", uid_key, part)
     if len(slices) > 1:
         step = (last_pos - first_pos) / (len(slices) - 1)
     else:  # one slice: no second position, so the header's depth (else 1 mm, said in its warnings)
