@@ -380,6 +380,28 @@ def test_a_file_without_pixel_spacing_is_only_resized_and_says_so(tmp_path: Path
     assert "warnings" not in read(shipped("CT_small.dcm"), window(40, 400), spacing=(1.0, 1.0))[0].metadata
 
 
+@pytest.mark.parametrize(("written", "why"), [
+    (b"0,5\\0,5 ", "value 1 '0,5' is no positive number (a decimal comma: DS writes a period)"),
+    (b"NaN\\0.5\\0.7 ", "it holds 3 value(s), not 2"),
+    (b"0.5\\-0.5", "value 2 '-0.5' is no positive number"),
+], ids=["decimal-comma", "nan-of-three", "negative"])
+def test_a_malformed_pixel_spacing_under_spacing_is_unreadable_not_only_resized(tmp_path: Path, written: bytes,
+                                                                               why: str) -> None:
+    """Pixel Spacing "0,5\\0,5" (a German-locale exporter) was read as if the file had none: under
+    ``spacing`` it packed unresampled, at another scale than every other sample, with pixel_spacing
+    null and a "no usable Pixel Spacing" warning. Only a file without one is resized alone; a
+    malformed one is unreadable, as a damaged Rescale Intercept is, quoting the value."""
+    from pydicom.dataelem import RawDataElement
+    from pydicom.tag import Tag
+
+    ds = ct_dataset()
+    ds._dict[Tag(0x00280030)] = RawDataElement(Tag(0x00280030), "DS", len(written), written, 0, False, True)
+    path = save(ds, tmp_path / "ct.dcm")
+    found = read_dicom(make_ref(path), config(window(40, 400), spacing=(0.25, 0.25), size=(32, 32)))
+    assert isinstance(found, Issue) and found.reason == "unreadable", found
+    assert f"(0028,0030) Pixel Spacing '{written.decode().strip()}' is malformed: {why}" in found.message
+
+
 # ---------------------------------------------------------------- frames
 
 

@@ -458,6 +458,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     Spacing resampling uses each frame's Pixel Spacing (``split``) or frame 0's (``stack``, whose
     frames must share it: ``bad_shape`` otherwise); when
     a resampled frame would exceed ``max_pixels`` the file is ``too_large`` before any rendering.
+    Where the job resamples, a Pixel Spacing that is there but malformed raises
+    :class:`~packer.read.dicom_attrs.MalformedValue` (the file is ``unreadable``): only a file
+    without one is resized alone; where it does not, the sample records null and says why.
 
     A file whose every pixel is equal is ``constant_image``, except a slice of a series
     (``cfg.by_series``: neighbour stacks, volumes), where an all-air or all-padding slice at the
@@ -476,6 +479,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
     blank = _constant_frames(pixels, mask, cfg, photometric) if why is None and frames > 1 and not stack else {}
+    if cfg.spacing is not None:  # resampled by it: a malformed one raises (unreadable), never read as absent
+        for frame in range(1 if stack else frames):
+            checked_pixel_spacing(ds, frame)
     if max_pixels is not None:
         too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)
         if too_big is not None:
@@ -496,7 +502,8 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()),
                                                        f"{malformed}; metadata.pixel_spacing is null"]}
     if cfg.spacing is not None and any(pixel_spacing(ds, frame) is None for frame in range(1 if stack else frames)):
-        # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm
+        # a radiograph with only Imager Pixel Spacing (0018,1164), a screenshot: nothing says its mm (a
+        # malformed one was refused above)
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), (
             f"no usable (0028,0030) Pixel Spacing: not resampled to transform.dicom.spacing {list(cfg.spacing)} mm, "
             "only resized; its pixels' size in mm is not the other samples'")]}
