@@ -402,6 +402,20 @@ def test_a_malformed_pixel_spacing_under_spacing_is_unreadable_not_only_resized(
     assert f"(0028,0030) Pixel Spacing '{written.decode().strip()}' is malformed: {why}" in found.message
 
 
+def test_a_pixel_spacing_that_resamples_under_two_pixels_is_bad_geometry_not_a_constant_image(
+        tmp_path: Path) -> None:
+    """Pixel Spacing written in metres ("0.0005" for 0.5 mm) at spacing 0.25 mm resampled a 32×32
+    image to 1×1, which ``size`` scaled back to a 32×32 image of one level, packed silently. The
+    file is bad_geometry, naming the Pixel Spacing and the grid it would give; 0.5 mm packs."""
+    path = save(ct_dataset(ct_pixels((32, 32)), PixelSpacing=[0.0005, 0.0005]), tmp_path / "metres.dcm")
+    found = read_dicom(make_ref(path), config(window(40, 400), spacing=(0.25, 0.25), size=(32, 32)))
+    assert isinstance(found, Issue) and found.reason == "bad_geometry", found
+    assert ("(0028,0030) Pixel Spacing [0.0005, 0.0005] mm resampled to transform.dicom.spacing [0.25, 0.25] mm "
+            "turns its 32×32 pixels into 1×1" in found.message)
+    fine = save(ct_dataset(ct_pixels((32, 32)), PixelSpacing=[0.5, 0.5]), tmp_path / "mm.dcm")
+    assert read(fine, window(40, 400), spacing=(0.25, 0.25), size=(32, 32))[0].image.shape == (1, 32, 32)
+
+
 # ---------------------------------------------------------------- frames
 
 

@@ -266,6 +266,28 @@ def test_a_one_slice_volumes_assumed_depth_warning_names_the_affine_column_that_
     assert np.linalg.norm(np.array(volume["affine"])[:3, axis]) == pytest.approx(mm)
     assert volume["spacing"][axis] == pytest.approx(mm)
 
+@pytest.mark.parametrize(("spacing", "volume_spacing", "shrinks"), [
+    ((0.0005, 0.0005), (2.0, 0.25, 0.25), "Pixel Spacing [0.0005, 0.0005] mm resampled to "
+                                          "sample.volume.spacing [2.0, 0.25, 0.25] mm turns its 4×16×16 voxels "
+                                          "into 4×1×1: under 2 along axis h"),
+    ((0.5, 0.5), (2000.0, 0.25, 0.25), "step of 2 mm along the normal (Image Position (Patient)) resampled to "
+                                       "sample.volume.spacing [2000.0, 0.25, 0.25] mm turns its 4×16×16 voxels into "
+                                       "1×32×32: under 2 along axis d"),
+    ((0.5, 0.5), (2.0, 0.25, 0.25), None),
+], ids=["pixel-spacing-in-metres", "depth", "fine"])
+def test_a_volume_resampled_under_two_voxels_along_an_axis_names_the_value_and_the_grid(
+        spacing: tuple[float, float], volume_spacing: tuple[float, float, float], shrinks: str | None) -> None:
+    """A Pixel Spacing written in metres (0.0005 for 0.5 mm) resampled the volume to one voxel
+    across, which ``size`` scaled back up as a volume of one level, packed silently. The series is
+    refused (bad_geometry) naming the value and the grid it would give."""
+    from packer.config import DicomTransformConfig
+    from packer.read.series import volume_shrinks
+
+    series = _one([(_ref(i), _geometry(2.0 * i, spacing=spacing)) for i in range(4)])
+    said = volume_shrinks(series, DicomTransformConfig(windows=(), sample="volume", volume_spacing=volume_spacing))
+    assert said is None if shrinks is None else shrinks in (said or "")
+
+
 def test_a_series_without_positions_names_the_file_and_what_it_lacks() -> None:
     """A multi-frame object has its orientation but no per-frame positions: say that, not
     "no Image Position or Image Orientation"."""

@@ -54,6 +54,7 @@ from packer.read.series import (
     stack_neighbors,
     stack_volume,
     volume_resamples,
+    volume_shrinks,
     volume_size,
 )
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
@@ -418,6 +419,12 @@ class DicomSeries(Grouping):
                     f"labels ({', '.join(repr(label) for label in labels[:4])}{', ...' if len(labels) > 4 else ''}), "
                     "and a volume is one sample with one label; label every file of the series alike, or pack "
                     "slices (sample: slice or {neighbors: k}), which keep each slice's")) for ref in series.refs)
+                continue
+            shrinks = volume_shrinks(series, job.dicom) if job.dicom.sample == "volume" else None
+            if shrinks is not None:
+                refused.extend(Issue.of(ref, stage="validate", reason="bad_geometry", message=(
+                    f"{ref.path}: series {series.uid_key} ({len(series.refs)} files): {shrinks}"))
+                    for ref in series.refs)
                 continue
             shape = (len(series.slices), series.rows, series.columns)
             resampled = volume_size(series, job.dicom)

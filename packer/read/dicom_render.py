@@ -437,6 +437,28 @@ def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: D
     return None
 
 
+def _check_shrunk(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,
+                  stack: bool) -> Issue | None:
+    """A Pixel Spacing written in metres (0.0005 for 0.5 mm) resampled to ``transform.dicom.spacing``
+    leaves under one pixel, which ``size`` then scaled back up as an image of one level, packed
+    silently. A frame the resample would leave under 2 pixels along an axis it had 2 or more along
+    is ``bad_geometry``, naming the Pixel Spacing and the grid it would give."""
+    if cfg.spacing is None:
+        return None
+    for frame in range(1 if stack else shape[0]):
+        spacing = pixel_spacing(ds, frame)
+        if spacing is None:
+            continue
+        height, width = spacing_size(shape[1], shape[2], spacing, cfg.spacing)
+        if (height < 2 <= shape[1]) or (width < 2 <= shape[2]):
+            return _issue(ref, "validate", "bad_geometry",
+                          f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
+                          f"transform.dicom.spacing {list(cfg.spacing)} mm turns its {shape[1]}×{shape[2]} pixels "
+                          f"into {height}×{width}: the image ({shape[1] * spacing[0]:g} × {shape[2] * spacing[1]:g} "
+                          "mm) would be gone; a Pixel Spacing written in metres or cm, not mm? fix the header")
+    return None
+
+
 def _malformed_spacing(ds: Dataset, frames: Iterable[int]) -> str | None:
     """What is wrong with the first of ``frames``' Pixel Spacing that is there but malformed
     (:func:`~packer.read.dicom_attrs.checked_pixel_spacing`), ``None`` where none is."""
@@ -482,6 +504,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     if cfg.spacing is not None:  # resampled by it: a malformed one raises (unreadable), never read as absent
         for frame in range(1 if stack else frames):
             checked_pixel_spacing(ds, frame)
+    shrunk = _check_shrunk(ref, ds, pixels.shape, cfg, stack)
+    if shrunk is not None:
+        return shrunk
     if max_pixels is not None:
         too_big = _check_resampled(ref, ds, pixels.shape, cfg, stack, max_pixels)
         if too_big is not None:

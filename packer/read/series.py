@@ -581,6 +581,30 @@ def volume_size(series: Series, cfg: DicomTransformConfig) -> tuple[int, int, in
     return resampled_shape((len(series.slices), series.rows, series.columns), series.affine(), cfg.volume_spacing)
 
 
+def volume_shrinks(series: Series, cfg: DicomTransformConfig) -> str | None:
+    """What is wrong where ``volume.spacing`` would leave the volume of ``series`` under 2 voxels
+    along an axis it stacks 2 or more along (``None`` where it does not): a Pixel Spacing written
+    in metres (0.0005 for 0.5 mm) shrinks a slice to one voxel, which ``size`` scales back up as
+    an image of one level, packed silently. Names the header value that sets that axis' mm."""
+    if cfg.volume_spacing is None:
+        return None
+    shape = (len(series.slices), series.rows, series.columns)
+    stacked = resampled_shape(shape, series.affine(), None)
+    resampled = volume_size(series, cfg)
+    order = canonical_order(series.affine())
+    for axis, (before, after) in enumerate(zip(stacked, resampled, strict=True)):
+        if after < 2 <= before:
+            source = order[axis]
+            step = float(np.linalg.norm(series.affine()[:3, source]))
+            what = (f"its slices' step of {step:g} mm along the normal (Image Position (Patient))" if source == 0
+                    else f"its slices' (0028,0030) Pixel Spacing {list(series.pixel_spacing or ())} mm")
+            return (f"{what} resampled to sample.volume.spacing {list(cfg.volume_spacing)} mm turns its "
+                    f"{'×'.join(map(str, stacked))} voxels into {'×'.join(map(str, resampled))}: under 2 along "
+                    f"axis {'dhw'[axis]}, the image ({before} × {step:g} mm) would be gone; a value written in "
+                    "metres or cm, not mm? fix the header")
+    return None
+
+
 def volume_resamples(series: Series, cfg: DicomTransformConfig) -> bool:
     """Whether the volume ``series`` makes under ``cfg`` is resampled: its slices lie off the
     uniform grid (:func:`off_grid`), or ``volume.spacing`` changes a size. Its slices are then
