@@ -151,7 +151,11 @@ class CachedChunk:
 #: volume is interpolated from unrounded values and rounded once; RT Dose and NM tomogram frames are placed;
 #: each bad slice of a series keeps its own record; localizers leave a reformat, two kernels refuse a
 #: series, a SOP UID shared by different images is no copy; SEG frame-of-reference and one-plane rules.
-CACHE_FORMAT = 51
+#: 52: native Pixel Data longer than its header says is ``bad_shape``; a LUT longer than its descriptor is
+#: refused; a DT time must be whole DT syntax; a malformed geometry value (Image Position, Orientation, Pixel
+#: Spacing, Spacing Between Slices) is refused, never read as absent or shifted; a resample under 2 pixels
+#: is ``bad_geometry``; ``ISO_IR100`` reads as ``ISO_IR 100``; numeric JSON cells true/[3] are no numbers.
+CACHE_FORMAT = 52
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
