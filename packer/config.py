@@ -886,7 +886,8 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
 
 #: A folder name that looks like a patient's: a DICOM person name's ``^`` (kept as ``_`` in a
 #: source name, so the raw ``^`` is looked for in the root), or a calendar date (19xx/20xx):
-#: eight digits as YYYYMMDD, DDMMYYYY or MMDDYYYY (``19600131``, ``31011960``, ``01311960``), or
+#: eight digits as YYYYMMDD, DDMMYYYY or MMDDYYYY (``19600131``, ``31011960``, ``01311960``), a
+#: YYYYMMDD starting a longer run of digits as a DICOM DT writes it (``20230504101112``), or
 #: year, month and day with one separator (``-``, ``_``, ``.``, space) year first, or day or month
 #: first (``1960-01-01``, ``01.01.1960``, ``1960_01_01``, ``12-31-1960``), or with the month
 #: spelled in English, whole or cut short, in any case, with or without separators (``31-Dec-1960``,
@@ -900,14 +901,15 @@ _MONTH_NAME = (r"(?i:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|
 _SPELLED_SEP = r"(?:,? ?|[-_.])"  # none, one of - _ . or space, or a comma (``Dec 31, 1960``)
 _PERSONAL_NAME = re.compile(
     r"\^|(?<!\d)(?:"
-    rf"{_YEAR}{_MM}{_DD}|{_DD}{_MM}{_YEAR}|{_MM}{_DD}{_YEAR}"
+    rf"{_YEAR}{_MM}{_DD}"  # more digits may follow: a DT's time (``20230504101112``) is a date all the same
+    rf"|(?:{_DD}{_MM}{_YEAR}|{_MM}{_DD}{_YEAR}"
     rf"|{_YEAR}([-_. ]){_MONTH}\1{_DAY}"
     rf"|{_DAY}([-_. ]){_MONTH}\2{_YEAR}"
     rf"|{_MONTH}([-_. ]){_DAY}\3{_YEAR}"
     rf"|{_YEAR}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_DAY}"
     rf"|{_DAY}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
     rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY}{_SPELLED_SEP}{_YEAR}"
-    r")(?!\d)")
+    r")(?!\d))")
 
 
 def _root_segment(root: Path | str) -> str:

@@ -257,6 +257,9 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     ("Doe_John_31-Dec-1960", True), ("Doe_John_1960-Dec-31", True), ("Doe_John_31Dec1960", True),
     ("Doe_John_december_31_1960", True), ("Doe_John_31_JAN_1960", True), ("Doe_John_31121960", True),
     ("Doe_John_12311960", True),
+    # a YYYYMMDD that starts a longer run of digits, as a DICOM DT (date and time) writes it
+    ("20230504101112", True), ("Study20230504101112", True), ("20230504101112.123456", True),
+    ("batch_2024130100", False),
     ("ct", False), ("CheXpert-v1.0-small", False), ("CT_1960-01", False), ("series_2024-13-01", False),
     ("Task02_Heart", False), ("images_001", False), ("stage_2_train_images", False),
     ("ISIC_2019_Training_Input", False), ("mimic-cxr-jpg-2.0.0", False), ("Decathlon_Mar_2018", False),
