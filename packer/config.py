@@ -891,13 +891,15 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
 #: year, month and day with one separator (``-``, ``_``, ``.``, space) year first, or day or month
 #: first (``1960-01-01``, ``01.01.1960``, ``1960_01_01``, ``12-31-1960``), or with the month
 #: spelled in English, whole or cut short, in any case, with or without separators (``31-Dec-1960``,
-#: ``1960_dec_31``, ``31Dec1960``, ``December 31, 1960``). Eight digits whose last four are no
+#: ``1960_dec_31``, ``31Dec1960``, ``December 31, 1960``), the day then ordinal or not
+#: (``4th_May_2023``, ``May 4th, 2023``). Eight digits whose last four are no
 #: 19xx/20xx year and whose first four no month and day (``12345678``), or a year alone
 #: (``ISIC_2019``, ``CT_1960-01``), are not dates.
 _DAY, _MONTH, _YEAR = r"(?:0?[1-9]|[12]\d|3[01])", r"(?:0?[1-9]|1[0-2])", r"(?:19|20)\d{2}"
 _DD, _MM = r"(?:0[1-9]|[12]\d|3[01])", r"(?:0[1-9]|1[0-2])"
 _MONTH_NAME = (r"(?i:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
                r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
+_DAY_TH = rf"{_DAY}(?i:st|nd|rd|th)?"  # a day next to a spelled month may be ordinal (``4th May 2023``)
 _SPELLED_SEP = r"(?:,? ?|[-_.])"  # none, one of - _ . or space, or a comma (``Dec 31, 1960``)
 _PERSONAL_NAME = re.compile(
     r"\^|(?<!\d)(?:"
@@ -906,9 +908,9 @@ _PERSONAL_NAME = re.compile(
     rf"|{_YEAR}([-_. ]){_MONTH}\1{_DAY}"
     rf"|{_DAY}([-_. ]){_MONTH}\2{_YEAR}"
     rf"|{_MONTH}([-_. ]){_DAY}\3{_YEAR}"
-    rf"|{_YEAR}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_DAY}"
-    rf"|{_DAY}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
-    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY}{_SPELLED_SEP}{_YEAR}"
+    rf"|{_YEAR}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}"
+    rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
+    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}{_SPELLED_SEP}{_YEAR}"
     r")(?!\d))")
 
 

@@ -260,6 +260,9 @@ def test_the_own_entity_warning_names_a_patient_folder_by_its_place_not_its_id(t
     # a YYYYMMDD that starts a longer run of digits, as a DICOM DT (date and time) writes it
     ("20230504101112", True), ("Study20230504101112", True), ("20230504101112.123456", True),
     ("batch_2024130100", False),
+    # a spelled month with an ordinal day, in any order
+    ("Exam_4th_May_2023", True), ("4th_May_2023", True), ("May 4th, 2023", True), ("2023_may_1ST", True),
+    ("Dec_22nd_1960", True), ("Task_1st_round", False),
     ("ct", False), ("CheXpert-v1.0-small", False), ("CT_1960-01", False), ("series_2024-13-01", False),
     ("Task02_Heart", False), ("images_001", False), ("stage_2_train_images", False),
     ("ISIC_2019_Training_Input", False), ("mimic-cxr-jpg-2.0.0", False), ("Decathlon_Mar_2018", False),
