@@ -826,6 +826,16 @@ class JobConfig:
             "phi": self.phi.to_json(),
         }
 
+    def manifest_config(self) -> dict[str, Any]:
+        """:meth:`identity` as the manifest records it and ``config_hash`` hashes it: under ``phi:
+        pseudonymize`` each segment of a job path (a source's root, labels or table file, a split
+        list, the pinned table) that the root-name check refuses (:data:`_PERSONAL_NAME`, as in
+        ``DOE^JOHN_19280101``) shown as ``<id>``, as the manifest is shared and the job's ``name:``
+        keeps such a folder out of the sample keys only; a job whose paths hold none records them as
+        written and keeps its config_hash."""
+        identity = self.identity()
+        return _redacted_paths(identity) if self.phi.mode == "pseudonymize" else identity
+
 
 def parse_window(raw: Any, where: str) -> WindowSpec:
     from packer.transform.window import PRESETS  # the preset table lives with the window maths
@@ -912,6 +922,49 @@ _PERSONAL_NAME = re.compile(
     rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
     rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}{_SPELLED_SEP}{_YEAR}"
     r")(?!\d))")
+
+
+def redacted_path(spec: str) -> str:
+    """A job path as written with each of its segments that may identify a patient (one the
+    root-name check refuses: :data:`_PERSONAL_NAME`) shown as ``<id>``
+    (``../DOE^JOHN_19280101/ct`` → ``../<id>/ct``); a path without one as it is."""
+    return "".join("<id>" if part not in ("/", "\\") and _PERSONAL_NAME.search(part) else part
+                   for part in re.split(r"([/\\])", spec))
+
+
+def _redacted_table(table: Any) -> Any:
+    """A source's recorded ``labels``/``table`` (a file, or an object with ``file``, ``path_base``
+    and each ``join``'s ``file``) with its paths as :func:`redacted_path` shows them."""
+    if isinstance(table, str):
+        return redacted_path(table)
+    if not isinstance(table, dict):
+        return table
+    out = dict(table)
+    for key in ("file", "path_base"):
+        if isinstance(out.get(key), str):
+            out[key] = redacted_path(out[key])
+    if isinstance(out.get("join"), list):
+        out["join"] = [{**j, "file": redacted_path(j["file"])} if isinstance(j.get("file"), str) else j
+                       for j in out["join"]]
+    return out
+
+
+def _redacted_paths(identity: dict[str, Any]) -> dict[str, Any]:
+    """A job's :meth:`JobConfig.identity` with every job path in it as :func:`redacted_path` shows it."""
+    sources = []
+    for source in identity["sources"]:
+        source = {**source, "root": redacted_path(source["root"])}
+        for key in ("labels", "table"):
+            if key in source:
+                source[key] = _redacted_table(source[key])
+        sources.append(source)
+    split = dict(identity["split"])
+    if isinstance(split.get("pinned"), str):
+        split["pinned"] = redacted_path(split["pinned"])
+    if isinstance(split.get("lists"), dict):
+        split["lists"] = {name: {**entry, "file": redacted_path(entry["file"])}
+                          for name, entry in split["lists"].items()}
+    return {**identity, "sources": sources, "split": split}
 
 
 def _root_segment(root: Path | str) -> str:

@@ -295,6 +295,53 @@ def test_a_source_named_after_a_root_folder_that_may_name_a_patient_is_refused_u
     load_job(job)
 
 
+def test_a_patient_named_folder_in_a_job_path_is_recorded_as_id_in_the_manifest_under_pseudonymize(
+        tmp_path: Path) -> None:
+    """The refusal of a root `DOE^JOHN_19280101/` says phi: pseudonymize never writes such a name,
+    yet once the source had its `name: ct` the manifest (shared, copied to the registry) still
+    recorded the root, its parent folder and the label table's path as written."""
+    from packer.config import load_job
+
+    raw = tmp_path / "DOE^JOHN_19280101" / "Doe_John_1928-01-01"
+    rows = ["path,label,entity"]
+    for i in range(4):
+        (raw / f"a{i}.png").parent.mkdir(parents=True, exist_ok=True)
+        (raw / f"a{i}.png").write_bytes(encode_photo(render_photo(np.random.default_rng(i), "circle"), ".png"))
+        rows.append(f"a{i}.png,{'cat' if i % 2 else 'dog'},p{i}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    job, _ = _unlabelled_photo_job(tmp_path, raw, "own", "pseudonymize")
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0].pop("label")
+    doc["sources"][0].update(name="ct", table=str(raw / "labels.csv"))
+    job.write_text(yaml.safe_dump(doc))
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work"), "PACKER_PHI_KEY": KEY}
+    first = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"], env=env)
+    assert first.exit_code == 0, first.output
+    (manifest,) = (tmp_path / "out").rglob("manifest.json")
+    text = manifest.read_text()
+    assert "DOE^JOHN" not in text and "19280101" not in text and "1928-01-01" not in text
+    recorded = json.loads(text)["config"]["sources"][0]
+    assert recorded["root"] == str(tmp_path / "<id>" / "<id>")
+    assert recorded["table"] == str(tmp_path / "<id>" / "<id>" / "labels.csv")
+    # the recorded config still serves: a rebuild from the cache, inspect and diff read it
+    (raw / "a4.png").write_bytes(encode_photo(render_photo(np.random.default_rng(4), "square"), ".png"))
+    (raw / "labels.csv").write_text("\n".join([*rows, "a4.png,dog,p4"]) + "\n")
+    second = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"], env=env)
+    assert second.exit_code == 0, second.output
+    (new,) = {p.parent for p in (tmp_path / "out").rglob("manifest.json")} - {manifest.parent}
+    inspect = CliRunner().invoke(main, ["inspect", str(new)], env=env)
+    assert inspect.exit_code == 0 and "<id>" in inspect.output, inspect.output
+    diff = CliRunner().invoke(main, ["diff", str(manifest.parent), str(new)], env=env)
+    assert diff.exit_code == 0 and "DOE^JOHN" not in diff.output, diff.output
+    # a job whose paths name no patient records them as written: its config_hash is as it was
+    plain = load_job(job).sources[0]
+    assert plain.root_spec == str(raw)
+    doc["sources"][0].update(root=str(tmp_path / "ct"), table=str(tmp_path / "ct" / "labels.csv"))
+    (tmp_path / "ct").mkdir()
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).manifest_config() == load_job(job).identity()
+
+
 @pytest.mark.parametrize(("layout", "warned"), [
     # BraTS: a case folder that names its files after itself, in no patient-like spelling
     ({"BraTS20_Training_006": ["BraTS20_Training_006_t1", "BraTS20_Training_006_flair"],

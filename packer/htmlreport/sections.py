@@ -79,7 +79,9 @@ def config_shown(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's job config as the report shows it: as recorded, except that a pseudonymized
     dataset's report names no job path (a source's ``root``, ``labels``, ``table``, a split list's
     file, the pinned table, the PHI key file), as those can name a patient's folder; each is shown as
-    ``<root of source 'NAME'>`` and the like. The manifest keeps them: they are the dataset's identity."""
+    ``<root of source 'NAME'>`` and the like. The manifest keeps them (but for their names that may
+    identify a patient, recorded as ``<id>``: :meth:`~packer.config.JobConfig.manifest_config`):
+    they are the dataset's identity."""
     config = manifest.get("config") or {}
     if (manifest.get("phi") or {}).get("mode") != "pseudonymize" or not isinstance(config, dict):
         return config

@@ -380,7 +380,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     if remote is not None:  # an unknown protocol or a storage option the store does not take: before any decoding
         check_output_store(remote, options.storage_options)
-    identity = job.identity()
+    identity = job.manifest_config()
     cfg_hash = config_hash(identity)
     dataset_root = output / job.name
     check_scheduler(options.scheduler)  # a mistyped address first: the cache's advice is for a real cluster
