@@ -13,9 +13,11 @@ path too, a quoted value (``could not convert string to float: 'DOE^JOHN'``, as 
 quote a header value they cannot use) is shown as ``'<value>'`` unless it names code (a builtin
 type, a DICOM keyword, a lowercase identifier), and the names the job met in its data (each
 folder and file name under a source root, each raw entity id: :func:`note_names`) are shown as
-``<id>`` wherever a message puts them, in a :class:`~packer.errors.PackerError`'s message too
-(:func:`redact_names`). Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would,
-on a machine where the raw paths may be seen.
+``<id>`` wherever a message puts them as a whole word or a path's part, in a
+:class:`~packer.errors.PackerError`'s message too (:func:`redact_names`); one spelled as a plain
+lowercase word (the ``left`` of ``left.dcm``) only quoted or in a path, never as the message's
+word. Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would, on a machine where
+the raw paths may be seen.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ _QUOTED = re.compile(r"(?<!\w)'(?P<qs>[^'\n]*)'(?!\w)|(?<!\w)\"(?P<qd>[^\"\n]*)\
 _CODE_WORD = re.compile(r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*")
 #: What a message is cut into to look each piece up in the noted names.
 _TOKEN = re.compile(r"[^\s'\"()\[\]{},;=]+")
+#: A noted name spelled as the words of packer's messages are (lowercase letters, words apart: the
+#: ``left`` of ``left.dcm``): shown as ``<id>`` only where it stands as a name, quoted or a part of a
+#: path, never where it is a word of the message ("all files are left out on purpose").
+_PLAIN_WORDS = re.compile(r"[a-z]+(?: [a-z]+)*")
 
 
 def note_job(job: JobConfig) -> None:
@@ -135,17 +141,23 @@ def redact_names(text: str) -> str:
     if not _NAMES:
         return text
 
+    def quoted(match: re.Match[str]) -> bool:
+        before, after = text[match.start() - 1:match.start()], text[match.end():match.end() + 1]
+        return before in ("'", '"') and after == before
+
     def shown(match: re.Match[str]) -> str:
         word = match.group(0)
-        if word in _NAMES or word.rstrip(".:") in _NAMES:
-            return "<id>" + word[len(word.rstrip(".:")):]
+        bare = word.rstrip(".:")
+        if bare in _NAMES and (_PLAIN_WORDS.fullmatch(bare) is None or quoted(match)):
+            return "<id>" + word[len(bare):]
         parts = re.split(r"([/\\])", word)
         return "".join("<id>" if part in _NAMES else part for part in parts) if len(parts) > 1 else word
 
-    text = _TOKEN.sub(shown, text)
     for name in (n for n in _NAMES if _TOKEN.fullmatch(n) is None):  # a name holding a space: "Doe John"
-        text = text.replace(name, "<id>")
-    return text
+        # a whole name, not a part of a word; one spelled as the message's words only quoted or in a path
+        edge = r"['\"/\\]" if _PLAIN_WORDS.fullmatch(name) else r"\W"
+        text = re.sub(rf"(?:(?<={edge})|^){re.escape(name)}(?=$|{edge})", "<id>", text, flags=re.MULTILINE)
+    return _TOKEN.sub(shown, text)
 
 
 def redact_text(text: str) -> str:

@@ -88,3 +88,17 @@ def test_names_noted_from_the_data_are_hidden_wherever_a_message_puts_them(roots
     assert redact.redact_names(said) == said
     redact.forget_jobs()
     assert redact.redact_text("slice IM0001") == "slice IM0001"  # a later command starts afresh
+
+
+def test_a_noted_name_spelled_as_a_word_of_the_message_is_hidden_only_where_it_stands_as_a_name(
+        roots: None) -> None:
+    """A laterality-named export (left.dcm, right.dcm) noted `left`: every "left" of a message became
+    <id> ("all 1 files of the job are <id> out on purpose"), and a name holding a space was replaced
+    inside longer words too. Such a name is hidden quoted, as a path's part or a file name, never as
+    the message's own word."""
+    redact.note_names(["left", "left.dcm", "right side", "Doe John"])
+    assert (redact.redact_names("all 1 files of the job are left out on purpose, on the right side")
+            == "all 1 files of the job are left out on purpose, on the right side")
+    assert (redact.redact_names("file 'left' in raw/left/ and left.dcm: \"right side\", scans/right side/a.dcm")
+            == "file '<id>' in raw/<id>/ and <id>: \"<id>\", scans/<id>/a.dcm")
+    assert redact.redact_names("patient Doe John, not Doe Johnson") == "patient <id>, not Doe Johnson"
