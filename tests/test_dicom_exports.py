@@ -348,6 +348,73 @@ def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_
     assert CliRunner().invoke(main, ["build", str(sliced), "--scheduler", "sync"]).exit_code == 0
 
 
+def _multiframe_xray(path: Path, *, sop_class: str, modality: str, study: str, placed: bool, frames: int = 4) -> None:
+    """A multi-frame object with Shared and Per-frame Functional Groups: with ``placed``, a Plane
+    Position (Patient) per frame and a Plane Orientation (a Breast Tomosynthesis reconstruction);
+    without, Pixel Measures, Frame Content and X-Ray Geometry only (a projection run)."""
+    ds = image_dataset(np.random.default_rng(0).integers(0, 4000, (frames, 16, 16), dtype=np.uint16),
+                       modality=modality, sop_class=sop_class, PatientID="P1", StudyInstanceUID=study)
+    ds.NumberOfFrames = frames
+    for keyword in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "SliceThickness"):
+        if keyword in ds:
+            delattr(ds, keyword)
+    shared = Dataset()
+    measures = Dataset()
+    measures.PixelSpacing, measures.SliceThickness = [0.1, 0.1], 1.0
+    shared.PixelMeasuresSequence = DicomSequence([measures])
+    if placed:
+        plane = Dataset()
+        plane.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        shared.PlaneOrientationSequence = DicomSequence([plane])
+    ds.SharedFunctionalGroupsSequence = DicomSequence([shared])
+    per_frame = []
+    for frame in range(frames):
+        group, content = Dataset(), Dataset()
+        content.FrameAcquisitionNumber = frame + 1
+        group.FrameContentSequence = DicomSequence([content])
+        if placed:
+            position = Dataset()
+            position.ImagePositionPatient = [0.0, 0.0, float(frame)]
+            group.PlanePositionSequence = DicomSequence([position])
+        else:
+            geometry = Dataset()
+            geometry.DistanceSourceToIsocenter, geometry.DistanceSourceToDetector = 600.0, 650.0
+            group.XRayGeometrySequence = DicomSequence([geometry])
+        per_frame.append(group)
+    ds.PerFrameFunctionalGroupsSequence = DicomSequence(per_frame)
+    save(ds, path)
+
+
+def test_in_a_series_job_multiframe_projections_with_functional_groups_but_no_plane_position_are_left_out(
+        tmp_path: Path) -> None:
+    """A breast tomosynthesis export ships Breast Projection X-Ray objects (MG, multi-frame, Shared
+    and Per-frame Functional Groups, but no Plane Position (Patient)) beside the reconstruction.
+    Any functional-group sequence counted as a place in patient space, so in a volume job each
+    projection was a series_no_position bad sample and the build failed (exit 3). Functional
+    groups without a Plane Position (Patient) are no place: the projections, like an Enhanced XA
+    run, are left out as not_requested, as a 2-D radiograph is; the reconstruction is packed."""
+    raw, study = tmp_path / "raw", generate_uid()
+    _multiframe_xray(raw / "recon.dcm", sop_class="1.2.840.10008.5.1.4.1.1.13.1.3", modality="MG", study=study,
+                     placed=True)
+    _multiframe_xray(raw / "projections.dcm", sop_class="1.2.840.10008.5.1.4.1.1.13.1.4", modality="MG", study=study,
+                     placed=False)
+    _multiframe_xray(raw / "for-processing.dcm", sop_class="1.2.840.10008.5.1.4.1.1.13.1.5", modality="MG",
+                     study=study, placed=False)
+    _multiframe_xray(raw / "angio.dcm", sop_class="1.2.840.10008.5.1.4.1.1.12.1.1", modality="XA", study=study,
+                     placed=False)
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"windows": ["mediastinum"], "sample": "volume"}})
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"])
+    assert run.exit_code == 0, run.output
+    version = next((tmp_path / "out" / "targets").glob("*/manifest.json")).parent
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["bad_samples"]["total"] == 0 and manifest["inputs"]["samples"] == 1  # the reconstruction
+    records = {Path(r["path"]).name: r for r in read_excluded(version / EXCLUDED_FILE)}
+    assert sorted(records) == ["angio.dcm", "for-processing.dcm", "projections.dcm"]
+    assert {r["why"] for r in records.values()} == {"not_requested"}
+    assert all("Plane Position (Patient)" in r["detail"] and "sample: slice" in r["detail"] for r in records.values())
+
+
 def test_a_dicom_entity_from_the_path_keeps_a_patients_views_together_when_patient_id_names_a_view(
         tmp_path: Path) -> None:
     """CBIS-DDSM writes each view's folder name as its PatientID (Mass-Training_P_00001_LEFT_CC),

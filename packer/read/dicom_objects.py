@@ -15,9 +15,10 @@ that holds for the file: ``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`
 ``SOPClassUID`` for a secondary capture (its Modality is often that of the images it shows),
 ``ImageType: LOCALIZER`` for a localizer. Series jobs leave localizers to the series rule
 (``transform.dicom.series.drop_localizers``); there, a projection or other 2-D image with no
-place in patient space (a CR, DX, MG or US file without Image Position (Patient),
-:data:`PROJECTION_MODALITIES`) is ``not_requested`` instead (``Modality`` asks for it, and then
-the series rule refuses it as ``series_no_position``), since it is no broken slice.
+place in patient space (a CR, DX, MG or US file without Image Position (Patient), nor a Plane
+Position (Patient) in its functional groups, :data:`PROJECTION_MODALITIES`) is ``not_requested``
+instead (``Modality`` asks for it, and then the series rule refuses it as ``series_no_position``),
+since it is no broken slice.
 
 The source's ``where:`` header conditions (:func:`header_failure`) are tested first, from the
 header alone: a file they leave out is ``filtered``, whatever its class; but only a header that
@@ -38,7 +39,7 @@ from pydicom.multival import MultiValue
 from pydicom.uid import UID_dictionary
 
 from packer.errors import ConfigError
-from packer.read.dicom_attrs import person_name, sop_class_name
+from packer.read.dicom_attrs import DamagedElement, person_name, sequence_items, sop_class_name
 from packer.where import Condition, failed
 
 #: RT Dose Storage (PS3.4 B.5): a dose grid, Gy after Dose Grid Scaling, not HU.
@@ -79,7 +80,26 @@ def _planar(ds: Dataset, modality: str) -> bool:
     return modality in PROJECTION_MODALITIES
 
 
-_PLACE_KEYWORDS = ("ImagePositionPatient", "PerFrameFunctionalGroupsSequence", "SharedFunctionalGroupsSequence")
+_FUNCTIONAL_GROUPS = ("SharedFunctionalGroupsSequence", "PerFrameFunctionalGroupsSequence")
+
+
+def _placed(ds: Dataset) -> bool:
+    """Whether ``ds`` has a place in patient space: a top-level Image Position (Patient), or a Plane
+    Position (Patient) Sequence in its shared or any frame's functional groups (Enhanced CT/MR/PET,
+    Breast Tomosynthesis). Functional groups alone are no place: a Breast Projection X-Ray, an
+    Enhanced XA/XRF run or a multi-frame DX holds them (Pixel Measures, Frame Content, X-Ray
+    Geometry) for 2-D frames that no series can stack. A group that cannot be decoded counts as a
+    place, so that the series rule, which reads the positions, says what is damaged."""
+    if "ImagePositionPatient" in ds:
+        return True
+    for keyword in _FUNCTIONAL_GROUPS:
+        try:
+            groups = sequence_items(ds, keyword)
+        except DamagedElement:
+            return True
+        if any("PlanePositionSequence" in group for group in groups):
+            return True
+    return False
 
 
 @functools.cache
@@ -257,11 +277,12 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}}")
-    elif not slices and _planar(ds, modality) and not any(k in ds for k in _PLACE_KEYWORDS):
+    elif not slices and _planar(ds, modality) and not _placed(ds):
         if not _asked(conditions, ("Modality",), ds):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a projection or 2-D image with no place in patient space (no Image "
-                               "Position (Patient)), not a slice of a series; a series job (sample: {neighbors: k} "
+                               "Position (Patient), nor Plane Position (Patient) in functional groups), not a slice "
+                               "of a series; a series job (sample: {neighbors: k} "
                                "or volume) stacks cross-sectional slices (CT, MR, PT, ...): pack such images in a "
                                "job with sample: slice, or leave them out with the source's where: {Modality: "
                                "[CT, MR]}")
