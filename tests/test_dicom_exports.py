@@ -348,12 +348,15 @@ def test_in_a_series_job_radiographs_and_ultrasound_are_left_out_not_refused_as_
     assert CliRunner().invoke(main, ["build", str(sliced), "--scheduler", "sync"]).exit_code == 0
 
 
-def _multiframe_xray(path: Path, *, sop_class: str, modality: str, study: str, placed: bool, frames: int = 4) -> None:
+def _multiframe_xray(path: Path, *, sop_class: str, modality: str, study: str, placed: bool, frames: int = 4,
+                     patient: str = "P1", laterality: str | list[str] = "") -> None:
     """A multi-frame object with Shared and Per-frame Functional Groups: with ``placed``, a Plane
     Position (Patient) per frame and a Plane Orientation (a Breast Tomosynthesis reconstruction);
-    without, Pixel Measures, Frame Content and X-Ray Geometry only (a projection run)."""
+    without, Pixel Measures, Frame Content and X-Ray Geometry only (a projection run).
+    ``laterality``: a Frame Anatomy FrameLaterality, in the shared group (one value) or in each
+    frame's (a list), and no top-level ImageLaterality, as Breast Tomosynthesis writes it."""
     ds = image_dataset(np.random.default_rng(0).integers(0, 4000, (frames, 16, 16), dtype=np.uint16),
-                       modality=modality, sop_class=sop_class, PatientID="P1", StudyInstanceUID=study)
+                       modality=modality, sop_class=sop_class, PatientID=patient, StudyInstanceUID=study)
     ds.NumberOfFrames = frames
     for keyword in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "SliceThickness"):
         if keyword in ds:
@@ -366,12 +369,16 @@ def _multiframe_xray(path: Path, *, sop_class: str, modality: str, study: str, p
         plane = Dataset()
         plane.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
         shared.PlaneOrientationSequence = DicomSequence([plane])
+    if isinstance(laterality, str) and laterality:
+        shared.FrameAnatomySequence = DicomSequence([_frame_anatomy(laterality)])
     ds.SharedFunctionalGroupsSequence = DicomSequence([shared])
     per_frame = []
     for frame in range(frames):
         group, content = Dataset(), Dataset()
         content.FrameAcquisitionNumber = frame + 1
         group.FrameContentSequence = DicomSequence([content])
+        if isinstance(laterality, list):
+            group.FrameAnatomySequence = DicomSequence([_frame_anatomy(laterality[frame])])
         if placed:
             position = Dataset()
             position.ImagePositionPatient = [0.0, 0.0, float(frame)]
@@ -383,6 +390,52 @@ def _multiframe_xray(path: Path, *, sop_class: str, modality: str, study: str, p
         per_frame.append(group)
     ds.PerFrameFunctionalGroupsSequence = DicomSequence(per_frame)
     save(ds, path)
+
+
+def _frame_anatomy(laterality: str) -> Dataset:
+    """A Frame Anatomy macro item (PS3.3 C.7.6.16.2.8): the breast, and its FrameLaterality."""
+    anatomy, region = Dataset(), Dataset()
+    region.CodeValue, region.CodingSchemeDesignator, region.CodeMeaning = "T-04000", "SRT", "Breast"
+    anatomy.AnatomicRegionSequence = DicomSequence([region])
+    anatomy.FrameLaterality = laterality
+    return anatomy
+
+
+def test_where_and_label_read_laterality_from_the_frame_anatomy_functional_group(tmp_path: Path) -> None:
+    """Breast Tomosynthesis writes laterality in each frame's (or the shared) Frame Anatomy
+    functional group as FrameLaterality, with no top-level ImageLaterality. where: and label:
+    read top-level keywords only, so where: {FrameLaterality: {not: [R]}} packed both breasts,
+    where: {FrameLaterality: L} left every file out, and label: {attribute: ImageLaterality} was
+    missing_label for every file. They now read a keyword absent at the top level from the shared
+    group, else from the per-frame groups where all frames agree, ImageLaterality as
+    FrameLaterality; a file whose frames disagree has no one value: filtered, or missing_label."""
+    raw, bto = tmp_path / "raw", "1.2.840.10008.5.1.4.1.1.13.1.3"
+    for name, laterality in [("left", ["L"] * 4), ("right", ["R"] * 4), ("shared-left", "L"),
+                             ("both", ["L", "L", "R", "R"])]:
+        _multiframe_xray(raw / f"{name}.dcm", sop_class=bto, modality="MG", study=generate_uid(), placed=True,
+                         patient=name, laterality=laterality)
+    dicom = {"windows": ["mediastinum"], "size": [16, 16], "frames": "split"}
+
+    kept = _build(_job(tmp_path / "where", [{"kind": "dicom", "root": str(raw), "label": "none",
+                                             "where": {"FrameLaterality": {"not": ["R"]}}}],
+                       transform={"dicom": dicom}))
+    assert kept.manifest["inputs"]["samples"] == 8  # left and shared-left, 4 frames each
+    records = {Path(r["path"]).name: r for r in read_excluded(kept.manifest_path.parent / EXCLUDED_FILE)}
+    assert sorted(records) == ["both.dcm", "right.dcm"] and {r["why"] for r in records.values()} == {"filtered"}
+    assert records["right.dcm"]["detail"] == "FrameLaterality is R, where: FrameLaterality is not R"
+    assert records["both.dcm"]["detail"].startswith("FrameLaterality differs between the file's frames (L, R)")
+    left = _build(_job(tmp_path / "left", [{"kind": "dicom", "root": str(raw), "label": "none",
+                                            "where": {"ImageLaterality": "L"}}], transform={"dicom": dicom}))
+    assert left.manifest["inputs"]["samples"] == 8
+
+    labelled = _build(_job(tmp_path / "label", [{"kind": "dicom", "root": str(raw),
+                                                 "label": {"attribute": "ImageLaterality"}}],
+                           transform={"dicom": dicom}, validate={"max_bad_fraction": 0.5}))
+    assert labelled.manifest["label_map"] == {"L": 0, "R": 1}
+    assert labelled.manifest["inputs"]["samples"] == 12
+    (bad,) = read_bad_samples(labelled.manifest_path.parent / "bad_samples.jsonl")
+    assert bad["reason"] == "missing_label" and Path(bad["path"]).name == "both.dcm"
+    assert "FrameLaterality differs between the file's frames (L, R)" in bad["message"]
 
 
 def test_in_a_series_job_multiframe_projections_with_functional_groups_but_no_plane_position_are_left_out(

@@ -50,10 +50,12 @@ from packer.read import at_boundary
 from packer.read.annotations import AnnotationRefs, annotation_modality, annotation_refs
 from packer.read.dicom_attrs import (
     DamagedElement,
+    FramesDisagree,
     MalformedValue,
     convert_faithfully,
     convert_remembered,
     element,
+    file_text,
     first_float,
     pixel_spacing,
     record_time,
@@ -171,6 +173,25 @@ class _Geometry:
 
 def _issue(ref: SampleRef, stage: str, reason: str, message: str) -> Issue:
     return Issue.of(ref, stage=stage, reason=reason, message=f"{ref.relpath or ref.path}: {message}")
+
+
+def label_value(ref: SampleRef, ds: Dataset, keyword: str | None) -> str | Issue | None:
+    """The file's value of the source's label attribute ``keyword`` (``label: {attribute: ...}``):
+    its top-level value, else its functional groups' (:func:`~packer.read.dicom_attrs.file_text`:
+    ImageLaterality of a Breast Tomosynthesis file is its frames' FrameLaterality); None where it
+    has none (discovery calls that ``missing_label``). The file's ``missing_label`` Issue where its
+    frames hold different values, since a label is the whole file's; ``unreadable`` where a
+    functional group cannot be decoded."""
+    if not keyword:
+        return None
+    try:
+        return file_text(ds, keyword)
+    except FramesDisagree as err:
+        return _issue(ref, "discover", "missing_label",
+                      f"{err}, so the file has no one {keyword} to label it with (a label is the whole file's); "
+                      "split its frames into files of one value, or leave it out with the source's where:")
+    except DamagedElement as err:
+        return _damaged(ref, err)
 
 
 def _damaged(ref: SampleRef, err: DamagedElement) -> Issue:
@@ -823,6 +844,9 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         pixels = pixel_data_problem(ds, stop, before.st_size, ref.path)
         placed = replace(placed, fingerprint=HeaderFingerprint(size=before.st_size, mtime_ns=before.st_mtime_ns,
                                                                elements=len(ds), pixels=pixels))
+    label = label_value(ref, ds, label_keyword)
+    if isinstance(label, Issue):
+        return label
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
         time=record_time(ds, tuple(time_keywords)),
@@ -834,7 +858,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         photometric_interpretation=geometry.photometric,
         pixel_spacing=spacing,
         dataset=ds if keep_pixels else None,
-        label_value=text_value(ds, label_keyword) if label_keyword else None,
+        label_value=label,
         geometry=placed,
     )
 

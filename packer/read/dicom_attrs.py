@@ -140,6 +140,67 @@ def functional_item(ds: Dataset, frame: int, sequence: str) -> Dataset | None:
     return None
 
 
+class FramesDisagree(ValueError):
+    """An attribute a multi-frame file holds per frame, with values that differ between its frames:
+    a reading of the whole file (a source's ``where:``, ``label: {attribute: ...}``) has no one value."""
+
+
+#: Attributes that, where a file has none, read as their frame-level counterpart: Frame Anatomy's
+#: Frame Laterality (PS3.3 C.7.6.16.2.8) is what Image Laterality is for a single-frame image, and
+#: enhanced objects (Breast Tomosynthesis, Enhanced MG) write laterality only there.
+FRAME_COUNTERPARTS: dict[str, str] = {"ImageLaterality": "FrameLaterality"}
+
+
+def file_level(ds: Dataset, keyword: str) -> tuple[Dataset, str] | None:
+    """Where the whole file's value of ``keyword`` is, as ``(data set, keyword)``: ``ds`` where it
+    has the attribute with a value at the top level; else the item of a Shared Functional Groups
+    macro (a sequence of one item, e.g. Frame Anatomy) that holds it; else frame 1's such item of
+    the Per-frame Functional Groups, where every frame holds the same value. An attribute of
+    :data:`FRAME_COUNTERPARTS` found nowhere is its counterpart's, looked for the same way. None
+    where the file holds neither. Raises :class:`FramesDisagree`, naming the values, where the
+    frames' values differ (or some frames have none), and :class:`DamagedElement` where a
+    functional group cannot be decoded."""
+    for name in (keyword, *((FRAME_COUNTERPARTS[keyword],) if keyword in FRAME_COUNTERPARTS else ())):
+        if name in ds and text_value(ds, name) is not None:
+            return ds, name
+        shared = next((item for group in sequence_items(ds, "SharedFunctionalGroupsSequence")[:1]
+                       if (item := _macro_item(group, name)) is not None), None)
+        if shared is not None:
+            return shared, name
+        frames = [_macro_item(group, name) for group in sequence_items(ds, "PerFrameFunctionalGroupsSequence")]
+        if any(item is not None for item in frames):
+            values = {text_value(item, name) if item is not None else None for item in frames}
+            if len(values) > 1:
+                shown = ", ".join(sorted(value or "none" for value in values))
+                raise FramesDisagree(f"{name} differs between the file's frames ({shown})")
+            return next(item for item in frames if item is not None), name
+    return None
+
+
+def _macro_item(group: Dataset, keyword: str) -> Dataset | None:
+    """The item of a functional group macro of ``group`` (one functional groups item) that holds
+    ``keyword`` with a value, or ``group`` itself where it holds it directly; None otherwise."""
+    if keyword in group and text_value(group, keyword) is not None:
+        return group
+    try:
+        macros = [elem.keyword for elem in group if elem.VR == "SQ" and elem.keyword]  # a private one: no keyword
+    except ELEMENT_ERRORS as err:
+        raise DamagedElement(f"a functional groups item cannot be decoded ({type(err).__name__}: {err})") from err
+    for macro in macros:
+        for item in sequence_items(group, macro)[:1]:
+            if keyword in item and text_value(item, keyword) is not None:
+                return item
+    return None
+
+
+def file_text(ds: Dataset, keyword: str) -> str | None:
+    """:func:`text_value` of ``keyword`` for the whole file (:func:`file_level`: the top level, else
+    the functional groups), ``None`` where the file holds none. Raises :class:`FramesDisagree` and
+    :class:`DamagedElement` as :func:`file_level` does."""
+    held = file_level(ds, keyword)
+    return text_value(*held) if held is not None else None
+
+
 def _frame_count(ds: Dataset, otherwise: int) -> int:
     """Number of Frames as an integer, ``otherwise`` where it is absent or not one (the frame
     count's own checks name that defect)."""

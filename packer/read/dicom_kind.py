@@ -238,7 +238,7 @@ class DicomKind(SourceKind):
 
     def _probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
                placement: bool, placed: Any = None) -> Probed | Issue | MemberIssue | Excluded:
-        from packer.read.dicom import probe_dicom, reread_placed
+        from packer.read.dicom import label_value, probe_dicom, reread_placed
 
         if keep and isinstance(placed, HeaderFingerprint):
             changed = _changed_since(ref, placed)
@@ -249,10 +249,11 @@ class DicomKind(SourceKind):
                     "the build again"))
             ds = reread_placed(ref, placed)
             if ds is not None:
-                attribute = source.target.attribute
+                label = label_value(ref, ds, source.target.attribute)
+                if isinstance(label, Issue):
+                    return label
                 return Probed(ref=replace(ref, entity=_entity(ref, source, text_value(ds, source.entity)),
-                                          time=record_time(ds, tuple(source.time))), state=ds,
-                              attribute=text_value(ds, attribute) if attribute else None)
+                                          time=record_time(ds, tuple(source.time))), state=ds, attribute=label)
 
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,

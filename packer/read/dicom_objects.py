@@ -39,7 +39,14 @@ from pydicom.multival import MultiValue
 from pydicom.uid import UID_dictionary
 
 from packer.errors import ConfigError
-from packer.read.dicom_attrs import DamagedElement, person_name, sequence_items, sop_class_name
+from packer.read.dicom_attrs import (
+    DamagedElement,
+    FramesDisagree,
+    file_level,
+    person_name,
+    sequence_items,
+    sop_class_name,
+)
 from packer.where import Condition, failed
 
 #: RT Dose Storage (PS3.4 B.5): a dose grid, Gy after Dose Grid Scaling, not HU.
@@ -170,7 +177,17 @@ def header_values(ds: Dataset, keyword: str) -> list[str]:
     """The values of ``keyword`` in ``ds`` as text, every value of a multi-valued attribute
     (ImageType: ``ORIGINAL``, ``PRIMARY``, ``LOCALIZER``); the SOP Class UID also by its name,
     so that ``match`` can find ``Secondary Capture``; a person name (PN) as :func:`person_name`
-    spells it, as the entity and the label attribute read it. Empty when absent or undecodable."""
+    spells it, as the entity and the label attribute read it. An attribute absent at the top
+    level is read from the functional groups (:func:`~packer.read.dicom_attrs.file_level`:
+    FrameLaterality, and ImageLaterality as it, of a Breast Tomosynthesis file). Empty when
+    absent or undecodable, or where the frames disagree (:func:`header_failure` says so)."""
+    try:
+        held = file_level(ds, keyword)
+    except (FramesDisagree, DamagedElement):
+        return []
+    if held is None:
+        return []
+    ds, keyword = held
     try:
         value = ds.get(keyword)
         spelled = person_name if keyword in ds and ds[keyword].VR == "PN" else str
@@ -186,7 +203,16 @@ def header_values(ds: Dataset, keyword: str) -> list[str]:
 
 def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
     """Why ``ds`` fails the source's header ``conditions`` (``Modality is RTDOSE, where: Modality
-    = CT``), None when it meets them all."""
+    = CT``), None when it meets them all. A condition on an attribute whose frames hold different
+    values (FrameLaterality L in some, R in others) fails: a ``where:`` keeps or leaves out a whole
+    file, and neither value is the file's."""
+    for asked in conditions:
+        try:
+            file_level(ds, asked.key)
+        except FramesDisagree as err:
+            return f"{err}, so the file has no one value, where: {asked.describe()}"
+        except DamagedElement:
+            continue  # read as absent, as an undecodable top-level value is
     lookup = {c.key: header_values(ds, c.key) for c in conditions}
     condition = failed(conditions, lookup)
     if condition is None:
