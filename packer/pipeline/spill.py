@@ -155,7 +155,9 @@ class CachedChunk:
 #: refused; a DT time must be whole DT syntax; a malformed geometry value (Image Position, Orientation, Pixel
 #: Spacing, Spacing Between Slices) is refused, never read as absent or shifted; a resample under 2 pixels
 #: is ``bad_geometry``; ``ISO_IR100`` reads as ``ISO_IR 100``; numeric JSON cells true/[3] are no numbers.
-CACHE_FORMAT = 52
+#: 53: a multi-frame projection without Plane Position is ``not_requested`` in a series job; ``where:`` and
+#: ``label: {attribute:}`` read a keyword absent at the top level from the functional groups.
+CACHE_FORMAT = 53
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
