@@ -9,7 +9,7 @@ metadata. Defects become one :class:`~packer.records.Issue` for the whole file.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -417,21 +417,28 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
     return finish(np.stack(channels, axis=-1), blacks), meta
 
 
+def _resampled_grids(ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig, stack: bool
+                     ) -> Iterator[tuple[int, tuple[float, float], tuple[int, int]]]:
+    """(frame, its Pixel Spacing, the H×W it is resampled to) of each frame ``transform.dicom.spacing``
+    resamples (frame 0 alone for a stack); none where the job does not resample, or for a frame
+    without Pixel Spacing (only resized)."""
+    if cfg.spacing is None:
+        return
+    for frame in range(1 if stack else shape[0]):
+        spacing = pixel_spacing(ds, frame)
+        if spacing is not None:
+            yield frame, spacing, spacing_size(shape[1], shape[2], spacing, cfg.spacing)
+
+
 def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: DicomTransformConfig,
                      stack: bool, max_pixels: int) -> Issue | None:
     """A Pixel Spacing of 1000 mm resampled to 0.5 mm would ask for a 2000× larger image: check the
     size every frame will be resampled to (before rendering any) against ``max_pixels``."""
-    if cfg.spacing is None:
-        return None
-    for frame in range(1 if stack else shape[0]):
-        spacing = pixel_spacing(ds, frame)
-        if spacing is None:
-            continue
-        height, width = spacing_size(shape[1], shape[2], spacing, cfg.spacing)
+    for frame, spacing, (height, width) in _resampled_grids(ds, shape, cfg, stack):
         if height * width > max_pixels:
             return _issue(ref, "read", "too_large",
                           f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
-                          f"transform.dicom.spacing {list(cfg.spacing)} mm gives {height}×{width} = {height * width} "
+                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm gives {height}×{width} = {height * width} "
                           f"pixels, over limits.max_pixels {max_pixels}; fix the header, or raise limits.max_pixels "
                           "in the job file if the file is genuine")
     return None
@@ -443,17 +450,11 @@ def _check_shrunk(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: Dico
     leaves under one pixel, which ``size`` then scaled back up as an image of one level, packed
     silently. A frame the resample would leave under 2 pixels along an axis it had 2 or more along
     is ``bad_geometry``, naming the Pixel Spacing and the grid it would give."""
-    if cfg.spacing is None:
-        return None
-    for frame in range(1 if stack else shape[0]):
-        spacing = pixel_spacing(ds, frame)
-        if spacing is None:
-            continue
-        height, width = spacing_size(shape[1], shape[2], spacing, cfg.spacing)
+    for frame, spacing, (height, width) in _resampled_grids(ds, shape, cfg, stack):
         if (height < 2 <= shape[1]) or (width < 2 <= shape[2]):
             return _issue(ref, "validate", "bad_geometry",
                           f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
-                          f"transform.dicom.spacing {list(cfg.spacing)} mm turns its {shape[1]}×{shape[2]} pixels "
+                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm turns its {shape[1]}×{shape[2]} pixels "
                           f"into {height}×{width}: the image ({shape[1] * spacing[0]:g} × {shape[2] * spacing[1]:g} "
                           "mm) would be gone; a Pixel Spacing written in metres or cm, not mm? fix the header")
     return None
