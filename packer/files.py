@@ -10,11 +10,13 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -229,17 +231,21 @@ def file_sha256(path: Path) -> tuple[int, str]:
 
 
 def parse_byte_size(value: int | str, where: str = "pack.max_bytes") -> int:
-    """``256MiB`` → 268435456; integers pass through. Raises ConfigError naming ``where`` on junk."""
+    """``256MiB`` → 268435456; integers pass through. Raises ConfigError naming ``where`` on junk.
+
+    The decimal is read exactly (``Fraction``, not float: ``float("2.01") * 1000`` is
+    2009.999…, which ``int`` truncated to 2009), and a fraction of a byte left over is
+    rounded half up (``"1.5B"`` → 2); a size under one byte (``"0.5B"``) is refused."""
     if isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
     if not match:
         raise ConfigError(f"{where}: cannot read {value!r} as a size; write e.g. 256MiB or 1GB")
     number, unit = match.groups()
-    size = int(float(number) * _UNITS[(unit or "B").upper()])
-    if size < 1:  # "0.1B" rounds to no byte at all: no limit a shard or a cache can keep
+    exact = Fraction(number) * _UNITS[(unit or "B").upper()]
+    if exact < 1:  # "0.1B" is no byte at all: no limit a shard or a cache can keep
         raise ConfigError(f"{where}: {value!r} is less than one byte; write a size of at least 1B, e.g. 256MiB")
-    return size
+    return math.floor(exact + Fraction(1, 2))
 
 
 #: fallocate(2) mode: free the range's blocks and keep the file's size (Linux's

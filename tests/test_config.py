@@ -412,6 +412,16 @@ def test_byte_sizes(text: str | int, value: int) -> None:
     assert parse_byte_size(text) == value
 
 
+@pytest.mark.parametrize(("text", "value"), [("2.01KB", 2010), ("4.02KB", 4020), ("8.04MB", 8_040_000),
+                                            ("0.1KiB", 102), ("1.5B", 2), ("1.25B", 1)])
+def test_decimal_byte_sizes_are_read_exactly_and_a_fraction_of_a_byte_rounds_half_up(
+        tmp_path: Path, text: str, value: int) -> None:
+    """"2.01KB" was 2009 bytes: float 2.01 * 1000 is 2009.999..., which int() truncated."""
+    assert parse_byte_size(text) == value
+    job = load_job(write_job(tmp_path, {**MINIMAL, "pack": {"format": "webdataset", "max_bytes": text}}))
+    assert job.pack.max_bytes == value
+
+
 def test_source_urls_stay_as_written_and_file_urls_become_paths(tmp_path: Path) -> None:
     doc = {**MINIMAL, "sources": [
         {"kind": "image", "root": "s3://bucket/raw/photos/", "table": "s3://bucket/raw/photos.csv"},
