@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
@@ -324,6 +325,34 @@ def test_time_split_cutoffs_are_drawn_on_the_timeline(built: BuildResult) -> Non
     assert "2024-07-02T11:00:00 → 2024-11-28T11:41:14" in parsed.all_text
     assert parsed.tags["svg"] == parse(render_html_report(built.version_dir)).tags["svg"] + (
         0 if built.manifest["audit"]["time_ranges"] else 1)
+
+
+@pytest.mark.skipif(not hasattr(time, "tzset"), reason="time.tzset is POSIX-only")
+def test_the_timeline_is_the_same_whatever_the_building_process_time_zone(
+        built: BuildResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeline read its naive UTC times in the process's local zone (timestamp()): under
+    TZ=America/St_Johns the marks moved and, across a DST change, a tick read 2024-12-29."""
+    planted = copy.deepcopy(built.manifest)
+    planted["config"]["split"] = {**planted["config"]["split"], "by": "time",
+                                  "cutoffs": {"valid": "2024-07-01", "test": "2024-12-01"}}
+    planted["audit"]["time_ranges"] = {"train": ["2024-07-01T00:00:00", "2024-08-15T00:00:00"],
+                                       "valid": ["2024-10-01T00:00:00", "2024-10-01T00:00:00"],
+                                       "test": ["2024-12-15T00:00:00", "2025-06-30T00:00:00"]}
+
+    def timeline_in(zone: str) -> str:
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        html = render_html_report(built.version_dir, manifest=planted)
+        return re.findall(r"<svg(?:(?!</svg>).)*test ≥(?:(?!</svg>).)*</svg>", html, re.S)[0]
+
+    try:
+        in_utc, in_st_johns = timeline_in("UTC"), timeline_in("America/St_Johns")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert in_st_johns == in_utc
+    assert re.findall(r'font-size="10">(\d{4}-\d\d-\d\d)<', in_utc) == [
+        "2024-07-01", "2024-09-30", "2024-12-30", "2025-03-31", "2025-06-30"]
 
 
 def test_the_time_order_table_names_the_records_and_the_cutoff_when_dates_are_withheld(built: BuildResult) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from html import escape
 
 FONT = 'font-family="inherit" font-size="12"'
@@ -173,26 +173,30 @@ def histogram_chart(series: Sequence[tuple[str, Sequence[int], str]], *, label: 
 def timeline_chart(ranges: Sequence[tuple[str, datetime, datetime, str]], cutoffs: Sequence[tuple[str, datetime]],
                    *, label: str, width: int = 760, label_width: int = 110, row_height: int = 18,
                    gap: int = 12) -> str:
-    """Per-row time spans (name, start, end, colour) on one date axis, cutoffs as dashed lines."""
+    """Per-row time spans (name, start, end, colour) on one date axis, cutoffs as dashed lines.
+
+    Positions and tick dates are offsets from the earliest moment (``t - lo``), never
+    ``timestamp()``/``fromtimestamp``: those read a naive datetime (the report's times are
+    naive UTC) in the building process's local zone, so ``TZ`` moved the marks and, across a
+    DST change, labelled a tick with another day."""
     moments = [t for _, a, b, _ in ranges for t in (a, b)] + [t for _, t in cutoffs]
     if not moments:
         return ""
     lo, hi = min(moments), max(moments)
     span_s = max((hi - lo).total_seconds(), 86400.0)
     pad = span_s * 0.03
-    t0 = lo.timestamp() - pad
     scale = (width - label_width - 20) / (span_s + 2 * pad)
     axis_top = 20 if cutoffs else 6
     height = axis_top + len(ranges) * (row_height + gap) + 22
 
     def x_of(t: datetime) -> float:
-        return label_width + (t.timestamp() - t0) * scale
+        return label_width + ((t - lo).total_seconds() + pad) * scale
 
     parts = [_open(width, height, label)]
     axis_y = height - 20
     parts.append(f'<line x1="{label_width}" y1="{axis_y}" x2="{width - 20}" y2="{axis_y}" stroke="{MUTED}"/>')
     for k in range(5):
-        t = datetime.fromtimestamp(lo.timestamp() + span_s * k / 4, tz=lo.tzinfo)
+        t = lo + timedelta(seconds=span_s * k / 4)
         x = x_of(t)
         parts.append(f'<line x1="{_f(x)}" y1="{axis_y}" x2="{_f(x)}" y2="{axis_y + 4}" stroke="{MUTED}"/>'
                      f'<text x="{_f(x)}" y="{axis_y + 15}" text-anchor="middle" fill="{MUTED}" font-size="10">'
