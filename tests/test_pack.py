@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import tarfile
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from packer.config import SPLITS, PackConfig
 from packer.files import canonical_json
-from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, plan_shards
+from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, plan_shards, sample_budget
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
 from packer.shards.encode import EncodedSample
@@ -150,14 +151,37 @@ def _spilled(index: int, nbytes: int) -> SpilledSample:
                          shape=(1, 1, nbytes), dtype="uint8", sha256=f"{index:064x}")
 
 
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+@pytest.mark.parametrize("max_bytes", [16 * 1024, 40 * 1024, 100_000])
+def test_a_shard_of_two_or_more_samples_is_written_within_max_bytes_its_own_bytes_included(
+        tmp_path: Path, fmt: str, max_bytes: int) -> None:
+    """At 16KiB two 32x32 RGB samples made a 20,480-byte tar: the plan counted the samples and
+    not the tar's end blocks and padding to a 10,240-byte record (Parquet: not its footer)."""
+    rng = np.random.default_rng(0)
+    packed = [EncodedSample(key=f"src-{i:03d}", split="train", label=i % 2, label_name=f"c{i % 2}",
+                            entity_id=f"E{i}", source="src", shape=(3, 32, 32), dtype="uint8",
+                            pixels=rng.integers(0, 256, 3 * 32 * 32, dtype=np.uint8).tobytes(),
+                            info={"key": f"src-{i:03d}", "n": i}) for i in range(30)]
+    table = SampleTable.of([dataclasses.replace(_spilled(i, len(s.pixels)), meta_bytes=len(canonical_json(s.info)))
+                            for i, s in enumerate(packed)])
+    plans = plan_shards(table, {s.key: "train" for s in packed},
+                        PackConfig(format=fmt, max_samples=1000, max_bytes=max_bytes))
+    write = write_tar_shard if fmt == "webdataset" else write_parquet_shard
+    sizes = [(len(p.rows), write(tmp_path / p.file, [packed[int(r)] for r in p.rows]).bytes) for p in plans]
+    assert sum(n for n, _ in sizes) == 30
+    assert [(n, size) for n, size in sizes if n > 1 and size > max_bytes] == []
+    assert max_bytes < 20_000 or max(n for n, _ in sizes) > 1  # limits that hold several samples pack several
+
+
 @given(st.lists(st.tuples(st.integers(1, 5000), st.sampled_from(SPLITS)), max_size=80),
-       st.integers(1, 10), st.integers(1000, 20_000))
+       st.integers(1, 10), st.integers(1000, 30_000))
 @settings(max_examples=80, deadline=None)
 def test_the_build_plan_respects_limits_and_keeps_split_and_key_order(
         rows: list[tuple[int, str]], max_samples: int, max_bytes: int) -> None:
     table = SampleTable.of([_spilled(i, nbytes) for i, (nbytes, _) in enumerate(rows)])
     split_of = {f"src-{i:03d}": split for i, (_, split) in enumerate(rows)}
     plans = plan_shards(table, split_of, PackConfig(format="parquet", max_samples=max_samples, max_bytes=max_bytes))
+    max_bytes = sample_budget("parquet", max_bytes)  # what the file's footer leaves to the samples
     planned = [int(r) for p in plans for r in p.rows]
     by_split = [i for split in SPLITS for i, (_, s) in enumerate(rows) if s == split]
     assert planned == by_split                                           # every row once: train, valid, test, key order

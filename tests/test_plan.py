@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.config import SPLITS, PackConfig
-from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, SplitOf, cut_hashes, plan_shards, shard_bounds
+from packer.pipeline.plan import (
+    PARQUET_SHARD_OVERHEAD,
+    PER_SAMPLE_OVERHEAD,
+    SplitOf,
+    cut_hashes,
+    plan_shards,
+    shard_bounds,
+)
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
 
@@ -23,7 +30,9 @@ def rule_as_written(keys: list[str], sizes: list[int], *, max_samples: int, max_
     when it fits; otherwise the shard closes, among the ends that keep it within both limits and
     make it at least 75% full by one of them, after the sample whose key has the smallest
     blake2b cut hash (the earliest on a tie); with no such end, after the last sample that fits;
-    a sample over ``max_bytes`` alone."""
+    a sample over ``max_bytes`` alone. The bytes are the samples' within what a Parquet file's
+    footer leaves of ``max_bytes``."""
+    max_bytes -= PARQUET_SHARD_OVERHEAD
     size = [n + OVERHEAD for n in sizes]
     cut = [hashlib.blake2b(k.encode(), digest_size=8, person=b"packer-shard").digest() for k in keys]
     bounds, start = [], 0
@@ -53,12 +62,12 @@ def _check_limits(bounds: list[tuple[int, int]], sizes: list[int], max_samples: 
     assert not sizes or (bounds[0][0], bounds[-1][1]) == (0, len(sizes))   # every sample once
     for start, stop in bounds:
         assert 0 < stop - start <= max_samples
-        assert stop - start == 1 or sum(n + OVERHEAD for n in sizes[start:stop]) <= max_bytes
+        assert stop - start == 1 or sum(n + OVERHEAD for n in sizes[start:stop]) + PARQUET_SHARD_OVERHEAD <= max_bytes
 
 
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(0, 30_000)), max_size=120,
                 unique_by=lambda row: row[0]),
-       st.integers(1, 12), st.integers(1_000, 20_000))
+       st.integers(1, 12), st.integers(1_000, 30_000))
 @settings(max_examples=150, deadline=None)
 def test_limits_are_hard_and_ends_follow_the_rule(rows: list[tuple[str, int]], max_samples: int,
                                                   max_bytes: int) -> None:
@@ -93,7 +102,8 @@ def test_a_shard_ignores_samples_beyond_its_reach() -> None:
     for max_samples, max_bytes in ((40, 10**9), (1_000, 2_000_000)):
         def reaches_p(start: int, max_samples: int = max_samples, max_bytes: int = max_bytes) -> bool:
             # it reads up to max_samples + 1 samples, and up to the first that overflows max_bytes
-            return start + max_samples >= p and sum(n + OVERHEAD for n in sizes[start:p]) <= max_bytes
+            return (start + max_samples >= p
+                    and sum(n + OVERHEAD for n in sizes[start:p]) + PARQUET_SHARD_OVERHEAD <= max_bytes)
 
         before = shard_bounds(keys, sizes, fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
         after = shard_bounds(keys2, sizes2, fmt="parquet", max_samples=max_samples, max_bytes=max_bytes)
@@ -116,7 +126,7 @@ def test_an_inserted_or_removed_sample_rewrites_one_shard_almost_always() -> Non
     every shard after it (about 15 here on average)."""
     keys, sizes = _split(3, 3_000)
     rng = np.random.default_rng(4)
-    limits = {"max_samples": 10_000, "max_bytes": 4_000_000}
+    limits = {"max_samples": 10_000, "max_bytes": 4_000_000 + PARQUET_SHARD_OVERHEAD}  # 4 MB for the samples
     changed = []
     for edit in range(200):
         if edit % 2 == 0:

@@ -18,10 +18,16 @@ import numpy as np
 from packer.config import SPLITS, PackConfig
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SpilledSample
+from packer.shards.tar import BLOCK, RECORD
 
 #: Bytes a sample adds beyond its pixels and metadata: three tar headers with padding, or
 #: Parquet's per-row share of page and column overhead.
 PER_SAMPLE_OVERHEAD = {"webdataset": 3 * 512 + 3 * 511 + 64, "parquet": 64}
+#: Bytes a Parquet shard adds once, whatever its samples: the footer (schema, column chunk
+#: metadata and statistics) and each column's page headers. An estimate: 3.2 KB measured for
+#: the 11 columns of a shard without masks or targets; 8 KiB leaves room for those columns.
+#: A tar's fixed bytes are exact instead (:func:`sample_budget`).
+PARQUET_SHARD_OVERHEAD = 8 * 1024
 EXTENSIONS = {"webdataset": "tar", "parquet": "parquet"}
 
 #: A shard may close once it is this full, in percent of ``max_bytes`` or of ``max_samples``
@@ -80,10 +86,12 @@ def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_sam
                  max_bytes: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each shard over samples with these ``keys`` and ``sizes`` in bytes
     (one split, already in its final order), counting each sample's bytes plus the format's
-    per-sample overhead.
+    per-sample overhead, and the file's own fixed bytes (:func:`sample_budget`).
 
-    Hard limits: a shard never holds more than ``max_samples`` samples or ``max_bytes`` bytes,
-    except that a sample larger than ``max_bytes`` on its own gets a shard to itself.
+    Hard limits: a shard never holds more than ``max_samples`` samples or ``max_bytes`` bytes
+    (its tar end blocks and record padding included; Parquet's footer estimated), except that a
+    sample that cannot fit with them on its own gets a shard to itself. "Full" and "fits" below
+    are of the bytes the samples may take, :func:`sample_budget`.
 
     Content-defined ends: from a shard's start, the samples after which it may close are those
     where it is at least :data:`MIN_FILL_PERCENT` full (of ``max_bytes`` or of
@@ -102,23 +110,35 @@ def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_sam
     return _bounds(cut_hashes(keys), sizes, fmt=fmt, max_samples=max_samples, max_bytes=max_bytes)
 
 
+def sample_budget(fmt: str, max_bytes: int) -> int:
+    """The bytes a shard's samples (each with :data:`PER_SAMPLE_OVERHEAD`) may take so that the
+    file stays within ``max_bytes``: a tar ends with two zero blocks and is padded to a whole
+    10,240-byte record (so it is never larger than the records ``max_bytes`` holds whole), a
+    Parquet file adds its footer (:data:`PARQUET_SHARD_OVERHEAD`). Zero or less where even one
+    sample cannot fit (a tar under ``max_bytes`` < 10,240): every shard then holds one sample."""
+    if fmt == "webdataset":
+        return max_bytes // RECORD * RECORD - 2 * BLOCK
+    return max_bytes - PARQUET_SHARD_OVERHEAD
+
+
 def _bounds(cuts: np.ndarray, sizes: Sequence[int] | np.ndarray, *, fmt: str, max_samples: int,
             max_bytes: int) -> list[tuple[int, int]]:
     """:func:`shard_bounds` of samples whose keys' cut hashes are ``cuts``."""
     count = len(cuts)
     ends = np.zeros(count + 1, dtype=np.int64)  # ends[i]: bytes of samples [0, i)
     np.cumsum(np.asarray(sizes, dtype=np.int64) + PER_SAMPLE_OVERHEAD[fmt], out=ends[1:])
+    budget = sample_budget(fmt, max_bytes)  # the file's own fixed bytes count against max_bytes too
     min_samples = -(-max_samples * MIN_FILL_PERCENT // 100)
-    min_bytes = -(-max_bytes * MIN_FILL_PERCENT // 100)
+    min_bytes = -(-budget * MIN_FILL_PERCENT // 100)
     bounds: list[tuple[int, int]] = []
     start = 0
     while start < count:
         base = int(ends[start])
-        if count - start <= max_samples and int(ends[count]) - base <= max_bytes:
+        if count - start <= max_samples and int(ends[count]) - base <= budget:
             bounds.append((start, count))
             break
         # stop: the most samples that fit (at least one); first: the fewest that reach the minimum
-        stop = max(start + 1, min(start + max_samples, int(np.searchsorted(ends, base + max_bytes, "right")) - 1))
+        stop = max(start + 1, min(start + max_samples, int(np.searchsorted(ends, base + budget, "right")) - 1))
         first = max(start + 1, min(start + min_samples, int(np.searchsorted(ends, base + min_bytes, "left"))))
         if first <= stop:
             stop = first + int(np.argmin(cuts[first - 1:stop]))
