@@ -438,9 +438,9 @@ def _check_resampled(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: D
         if height * width > max_pixels:
             return _issue(ref, "read", "too_large",
                           f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
-                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm gives {height}×{width} = {height * width} "
-                          f"pixels, over limits.max_pixels {max_pixels}; fix the header, or raise limits.max_pixels "
-                          "in the job file if the file is genuine")
+                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm gives {height}×{width} = "
+                          f"{height * width} pixels, over limits.max_pixels {max_pixels}; fix the header, or raise "
+                          "limits.max_pixels in the job file if the file is genuine")
     return None
 
 
@@ -454,9 +454,10 @@ def _check_shrunk(ref: SampleRef, ds: Dataset, shape: tuple[int, ...], cfg: Dico
         if (height < 2 <= shape[1]) or (width < 2 <= shape[2]):
             return _issue(ref, "validate", "bad_geometry",
                           f"frame {frame}: (0028,0030) Pixel Spacing {list(spacing)} mm resampled to "
-                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm turns its {shape[1]}×{shape[2]} pixels "
-                          f"into {height}×{width}: the image ({shape[1] * spacing[0]:g} × {shape[2] * spacing[1]:g} "
-                          "mm) would be gone; a Pixel Spacing written in metres or cm, not mm? fix the header")
+                          f"transform.dicom.spacing {list(cfg.spacing or ())} mm turns its {shape[1]}×{shape[2]} "
+                          f"pixels into {height}×{width}: the image ({shape[1] * spacing[0]:g} × "
+                          f"{shape[2] * spacing[1]:g} mm) would be gone; a Pixel Spacing written in metres or cm, "
+                          "not mm? fix the header")
     return None
 
 
