@@ -213,6 +213,19 @@ def test_a_one_slice_series_whose_header_depth_is_damaged_is_refused_not_given_t
     assert len(assemble(several, CFG).series) == 1
 
 
+def test_a_spacing_between_slices_of_zero_is_no_step_and_the_slice_thickness_gives_the_depth() -> None:
+    """0 is well-formed DS and says no step (exporters write it for a lone 2-D slice), unlike a
+    damaged or negative value: a one-slice series takes its Slice Thickness, as it always did."""
+    from packer.read.dicom_series import slice_geometry
+
+    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=list(AXIAL), SpacingBetweenSlices=0)
+    ds.SliceThickness = 5.0
+    geometry = slice_geometry(ds)
+    assert geometry.depth == 5.0
+    (series,) = assemble([(_ref(0), geometry)], replace(CFG, min_slices=1)).series
+    assert series.step == pytest.approx((0.0, 0.0, 5.0))
+
+
 @pytest.mark.parametrize(("header", "spacing", "slices", "warned"), [
     ({"SliceThickness": 5.0}, None, 1, False),
     ({"SliceThickness": 5.0, "SpacingBetweenSlices": 4.0}, None, 1, False),

@@ -297,16 +297,28 @@ def _text(ds: Dataset, keyword: str) -> str:
 def _depth(ds: Dataset) -> tuple[float | None, str]:
     """Frame 0's Spacing Between Slices (Pixel Measures, else top level), else its Slice
     Thickness: positive mm, or ``None`` where neither is there; and, where the one it would be
-    read from is there but is no positive number ("2,5", "NaN", "-2.5"), ``None`` and what is
-    wrong with it. Such a value is never passed over for the next: a damaged Spacing Between
-    Slices read as absent made a one-slice volume as deep as its Slice Thickness, silently."""
+    read from is there but is no number or negative ("2,5", "NaN", "-2.5"), ``None`` and what
+    is wrong with it. Such a value is never passed over for the next: a damaged Spacing Between
+    Slices read as absent made a one-slice volume as deep as its Slice Thickness, silently. A 0
+    is well-formed and says no step (exporters write it for a lone 2-D slice, which has no
+    neighbour to measure to): read as absent, as before, and the next one taken."""
     item = functional_item(ds, 0, "PixelMeasuresSequence")
     for keyword in ("SpacingBetweenSlices", "SliceThickness"):
         source = item if item is not None and keyword in item else ds
         try:
             value = decimals(source, keyword, 1, positive=True)
         except MalformedValue as err:
+            if _zero(source, keyword):
+                continue
             return None, str(err)
         if value is not None:
             return value[0], ""
     return None, ""
+
+
+def _zero(source: Dataset, keyword: str) -> bool:
+    """Whether ``keyword`` of ``source`` is one well-formed 0 (no step, not a damaged value)."""
+    try:
+        return decimals(source, keyword, 1) == (0.0,)
+    except MalformedValue:
+        return False
