@@ -476,6 +476,14 @@ def test_native_pixel_data_longer_than_its_header_says_is_bad_shape_not_a_sheare
     odd.Rows, odd.Columns, odd.BitsAllocated, odd.BitsStored, odd.HighBit = 3, 3, 8, 8, 7
     odd.PixelData = bytes(range(9)) + b"\0"  # 9 bytes and the pad byte that makes them even
     assert isinstance(read(save(odd, tmp_path / "odd.dcm"), window(4, 8)), list)
+    # zeros past the image are the excess padding PS3.5 8.1.1's Note says to accept (pydicom's
+    # MR_small_padded.dcm): read, the padding dropped, and the sample says so
+    padded = ct_dataset(ct_pixels((32, 32)))
+    image = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32)
+    padded.PixelData = image.tobytes() + bytes(128)
+    (sample,) = read(save(padded, tmp_path / "padded.dcm"), window(512, 1024))
+    (note,) = sample.metadata["warnings"]
+    assert "128 zero byte(s) past the 2048" in note and "dropped" in note
 
 
 def _native_pixel_data_of_undefined_length(path: Path, syntax: str, delimiter: bool) -> Path:

@@ -1013,7 +1013,7 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
              _dark_palette_note(ds) if geometry.photometric == PALETTE else None,
              _wide_palette_note(ds) if geometry.photometric == PALETTE else None,
-             _codestream_planar_note(ds, geometry)]
+             _codestream_planar_note(ds, geometry), _excess_padding_note(ds, geometry)]
     if any(note is not None for note in notes):
         metadata["warnings"] = [note for note in notes if note is not None]
     try:
@@ -1240,18 +1240,19 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
                           f"({keyword}) holds {have} bytes, {want} expected for Rows {geometry.rows} × Columns "
                           f"{geometry.columns} × Frames {geometry.frames} × Samples {geometry.samples} × "
                           f"{geometry.bits_allocated} bits; the file was cut short, copy it again")
-        if have > want + want % 2:
-            # PS3.5 8.1.1/7.1: native data is exactly that long, plus one pad byte where it is odd. More
-            # is no padding: pydicom would read the first ``want`` bytes, and a Columns one short of the
-            # stored width would pack sheared (each row starting one pixel later than the one above)
+        if have > want + want % 2 and _excess_is_data(ds[keyword].value, want):
+            # PS3.5 8.1.1/7.1: native data is that long, plus one pad byte where it is odd; older writers
+            # padded further with zeros, which its Note says to accept (_excess_padding_note). Excess that
+            # is not zeros is no padding: pydicom would read the first ``want`` bytes, and a Columns one
+            # short of the stored width would pack sheared (each row starting one pixel later)
             return _issue(ref, "validate", "bad_shape",
                           f"({keyword}) holds {have} bytes, where Rows {geometry.rows} × Columns {geometry.columns} "
                           f"× Number of Frames {geometry.frames} × Samples per Pixel {geometry.samples} × Bits "
                           f"Allocated {geometry.bits_allocated} give {want}"
-                          f"{f' ({want + 1} with its pad byte)' if want % 2 else ''}: the header does not describe "
-                          "the stored image; check (0028,0010) Rows, (0028,0011) Columns, (0028,0008) Number of "
-                          "Frames, (0028,0002) Samples per Pixel and (0028,0100) Bits Allocated against the "
-                          "image, fix the wrong one, or re-export the file")
+                          f"{f' ({want + 1} with its pad byte)' if want % 2 else ''}, and the bytes past them are not "
+                          "zero padding: the header does not describe the stored image; check (0028,0010) Rows, "
+                          "(0028,0011) Columns, (0028,0008) Number of Frames, (0028,0002) Samples per Pixel and "
+                          "(0028,0100) Bits Allocated against the image, fix the wrong one, or re-export the file")
     else:
         value = ds[keyword].value or b""
         if len(value) >= 4 and value[:4] != _ITEM_TAG:
@@ -1352,6 +1353,30 @@ def _base_metadata(ds: Dataset, geometry: _Geometry) -> dict[str, Any]:
     if geometry.photometric == PALETTE:
         meta["palette_bits"] = _palette_bits(ds)
     return meta
+
+
+def _excess_is_data(value: bytes | None, want: int) -> bool:
+    """Whether native Pixel Data ``value`` holds anything but zero bytes past the ``want`` its
+    header describes (and the one pad byte of an odd length)."""
+    excess = (value or b"")[want + want % 2:]
+    return bool(excess) and excess.count(0) != len(excess)
+
+
+def _excess_padding_note(ds: Dataset, geometry: _Geometry) -> str | None:
+    """The warning for native Pixel Data padded with zeros past the image its header describes
+    (pydicom's ``MR_small_padded.dcm``: 128 bytes past a 64×64 image); None otherwise. PS3.5
+    8.1.1's Note: older applications sent such excess padding, which was not prohibited, and
+    readers should accept it and may delete it; so the image is read and the padding dropped,
+    and the sample says so (a header one column short over a black border would look the same)."""
+    if geometry.transfer_syntax not in _NATIVE or "PixelData" not in ds:
+        return None
+    value = ds.PixelData or b""
+    want = _expected_native_bytes(geometry)
+    if len(value) <= want + want % 2 or _excess_is_data(value, want):
+        return None
+    return (f"(7FE0,0010) Pixel Data holds {len(value) - want} zero byte(s) past the {want} its Rows, Columns, "
+            "Number of Frames, Samples per Pixel and Bits Allocated describe: read as padding (PS3.5 8.1.1) and "
+            "dropped; if the image looks sheared, a Rows or Columns value is wrong: fix the header")
 
 
 def _codestream_planar_note(ds: Dataset, geometry: _Geometry) -> str | None:
