@@ -55,8 +55,9 @@ def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple
         keywords = ", ".join(header[1])
         return Issue.of(ref, stage="discover", reason="missing_time",
                         message=f"{ref.path}: no readable time, but the job splits by time; its header's {keywords} "
-                                "(the source's time:) hold no valid DICOM date (DA YYYYMMDD, or a DT): set the "
-                                "source's time: to attributes this file fills (SeriesDate, AcquisitionDateTime)")
+                                "(the source's time:) hold no valid DICOM date (DA YYYYMMDD, or a DT to at least the "
+                                "day): set the source's time: to attributes this file fills (SeriesDate, "
+                                "AcquisitionDateTime)")
     if needs_time and ref.time is None:
         return Issue.of(ref, stage="discover", reason="missing_time",
                         message=f"{ref.path}: no readable time, but the job splits by time; its time cell is "
