@@ -1415,6 +1415,17 @@ def test_an_rle_file_with_fewer_frames_than_it_declares_says_so_not_end_marker(t
     assert "copy it again" in found.message and "fix the header" in found.message
 
 
+def _placed_slice_refusal(tmp_path: Path, keyword: str, value: bytes) -> str:
+    """The message of the ``unreadable`` record a series job's header probe gives a CT slice
+    whose ``keyword`` (DS) holds the raw bytes ``value``."""
+    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=[1, 0, 0, 0, 1, 0])
+    raw_element(ds, keyword, "DS", value)
+    path = save(ds, tmp_path / "slice.dcm")
+    placed = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True)
+    assert isinstance(placed, MemberIssue)
+    return issue_of(placed.issue, "unreadable", "read").message
+
+
 @pytest.mark.parametrize(("keyword", "value", "why"), [
     ("ImagePositionPatient", b"0\\NaN\\0\\4 ", "it holds 4 value(s), not 3"),
     ("ImagePositionPatient", b"0\\NaN\\4 ", "value 2 'NaN' is no number"),
@@ -1428,12 +1439,7 @@ def test_a_placed_image_position_or_orientation_with_a_bad_entry_is_unreadable_n
     Image Position read "0\\NaN\\0\\4" (four values, VM 3) was stacked at (0, 0, 4). Every entry and
     the value count are checked: the series job's header probe refuses the file (holding back its
     series), naming the element, quoting the value and saying the fix."""
-    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=[1, 0, 0, 0, 1, 0])
-    raw_element(ds, keyword, "DS", value)
-    path = save(ds, tmp_path / "slice.dcm")
-    placed = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True)
-    assert isinstance(placed, MemberIssue)
-    message = issue_of(placed.issue, "unreadable", "read").message
+    message = _placed_slice_refusal(tmp_path, keyword, value)
     tag = "(0020,0032) Image Position (Patient)" if keyword == "ImagePositionPatient" else \
         "(0020,0037) Image Orientation (Patient)"
     assert f"{tag} '{value.decode().strip()}' is malformed: {why}" in message
@@ -1473,12 +1479,7 @@ def test_a_placed_geometry_value_with_a_decimal_comma_is_malformed_not_absent(
     Position (Patient)", and a volume whose Pixel Spacing read "0,5\\0,5" as one whose slices "give
     no Pixel Spacing": the user went looking for a missing tag. The element is there: its file is
     unreadable, the message quotes it and names the decimal comma."""
-    ds = ct_dataset(ImagePositionPatient=[0, 0, 0], ImageOrientationPatient=[1, 0, 0, 0, 1, 0])
-    raw_element(ds, keyword, "DS", value)
-    path = save(ds, tmp_path / "slice.dcm")
-    placed = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME, placement=True)
-    assert isinstance(placed, MemberIssue)
-    message = issue_of(placed.issue, "unreadable", "read").message
+    message = _placed_slice_refusal(tmp_path, keyword, value)
     bad = value.decode().strip().split("\\")
     n = next(i for i, entry in enumerate(bad, 1) if "," in entry)
     assert f"{tag} '{value.decode().strip()}' is malformed: value {n} '{bad[n - 1]}' is no" in message
