@@ -182,9 +182,15 @@ def header_values(ds: Dataset, keyword: str) -> list[str]:
     FrameLaterality, and ImageLaterality as it, of a Breast Tomosynthesis file). Empty when
     absent or undecodable, or where the frames disagree (:func:`header_failure` says so)."""
     try:
-        held = file_level(ds, keyword)
+        return _held_values(ds, keyword)
     except (FramesDisagree, DamagedElement):
         return []
+
+
+def _held_values(ds: Dataset, keyword: str) -> list[str]:
+    """:func:`header_values`, raising :class:`~packer.read.dicom_attrs.FramesDisagree` and
+    :class:`~packer.read.dicom_attrs.DamagedElement` as :func:`file_level` does."""
+    held = file_level(ds, keyword)
     if held is None:
         return []
     ds, keyword = held
@@ -206,14 +212,14 @@ def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
     = CT``), None when it meets them all. A condition on an attribute whose frames hold different
     values (FrameLaterality L in some, R in others) fails: a ``where:`` keeps or leaves out a whole
     file, and neither value is the file's."""
-    for asked in conditions:
+    lookup: dict[str, list[str]] = {}
+    for asked in conditions:  # each attribute looked up once (the per-frame groups walked once)
         try:
-            file_level(ds, asked.key)
+            lookup[asked.key] = _held_values(ds, asked.key)
         except FramesDisagree as err:
             return f"{err}, so the file has no one value, where: {asked.describe()}"
         except DamagedElement:
-            continue  # read as absent, as an undecodable top-level value is
-    lookup = {c.key: header_values(ds, c.key) for c in conditions}
+            lookup[asked.key] = []  # read as absent, as an undecodable top-level value is
     condition = failed(conditions, lookup)
     if condition is None:
         return None
