@@ -1397,11 +1397,12 @@ def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[s
     folders group them spreads each patient over the splits. None where nothing looks so."""
     if not source_kind(source.kind).identity_in_header or source.entity_path is not None or len(refs) < 2:
         return None
-    cells = [dict(row.extra) for row in rows.values()]
     hints = []
-    for column in columns:
+    patient_columns = [column for column in columns if _PATIENT_COLUMN.search(column)]
+    cells = [dict(row.extra) for row in rows.values()] if patient_columns else []  # the rows read only for them
+    for column in patient_columns:
         values = [c[column] for c in cells if c.get(column, "").strip()]
-        if _PATIENT_COLUMN.search(column) and len(set(values)) < len(values):  # it groups the files
+        if len(set(values)) < len(values):  # it groups the files
             hints.append(f"column {column!r}")
     place, _, read = (_path_part_hint(refs, hide_ids=hide_ids) or "").partition(" (")
     named = " and ".join([*hints[:1], *([place] if place else [])])
