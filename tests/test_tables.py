@@ -1465,6 +1465,31 @@ def test_a_file_with_a_row_of_its_own_is_a_sample_though_another_row_names_it_as
     assert sorted(r.relpath for r in found.refs) == ["a.png", "b.png"] and not found.issues
 
 
+def test_the_mask_of_a_row_where_or_a_join_leaves_out_is_left_out_with_its_row(tmp_path: Path) -> None:
+    """README: a file whose row where: leaves out (or a join's missing: drop) is filtered, never a
+    bad sample. Its row's mask was taken for an image without a row: a mask_missing bad sample
+    ("the table has no row for it", which it has), counted against max_bad_fraction. It belongs
+    to its row and is left out with it; a row a join leaves unmatched keeps its mask too."""
+    _files(tmp_path / "raw", ["i0.png", "i0_m.png", "i1.png", "i1_m.png", "i2.png", "i2_m.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,mask,entity,quality",
+         ["i0.png,i0_m.png,e0,good", "i1.png,i1_m.png,e1,poor", "i2.png,i2_m.png,e2,good"])
+    _csv(tmp_path / "raw" / "sites.csv", "entity,site", ["e0,A", "e1,A"])  # no row for e2
+    job = _job(tmp_path, {"root": "raw", "label": "none", "mask": {"column": "mask"}, "where": {"quality": "good"},
+                          "table": {"file": "raw/t.csv",
+                                    "join": [{"file": "raw/sites.csv", "on": ["entity"], "missing": "drop"}]}})
+    found = discover(load_job(job))
+    assert [r.relpath for r in found.refs] == ["i0.png"] and found.issues == []
+    assert sorted((Path(e.path).name, e.why) for e in found.excluded) == [("i1.png", "filtered"),
+                                                                          ("i2.png", "filtered")]
+    doc = yaml.safe_load(job.read_text())
+    del doc["sources"][0]["table"]["join"][0]["missing"]  # missing: bad, the default
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert [r.relpath for r in found.refs] == ["i0.png"]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("i2.png", "join_unmatched")]
+    assert [(Path(e.path).name, e.why) for e in found.excluded] == [("i1.png", "filtered")]
+
+
 def test_a_time_split_takes_each_files_time_from_its_path_without_a_table(tmp_path: Path) -> None:
     """README: time may come from the path like entity. A source with `time: {component: 0}` and
     no table was refused under by: time ('needs each file's time, from a table')."""

@@ -152,8 +152,9 @@ class Placed:
     refused: dict[str, Refused] = field(default_factory=dict)
     filtered: dict[str, str] = field(default_factory=dict)
     rows_filtered: int = 0
-    #: The files every placed row's file columns name (masks, a case's other files), as table
-    #: paths are normalized: they belong to a row's sample, also where its file's rows disagree
+    #: The files every row's file columns name (masks, a case's other files), as table paths are
+    #: normalized (:meth:`_RowReader.file_path`): they belong to a row's sample, also where its file's
+    #: rows disagree, and are left out with a row that where: or a join's missing: drop leaves out
     named: set[str] = field(default_factory=set)
 
 
@@ -1108,6 +1109,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     _real_folder.cache_clear()  # folders resolved as they are now, not as an earlier job found them
     names = NameIndex(listed) if table.find == "name" else None
     listed_set = set(listed)
+    reader = _RowReader(source, records, known, hide_paths=hide_paths)
     placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
@@ -1138,6 +1140,9 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             raise ConfigError(f"{records.path}: row {number}, column {table.path!r} is empty; give the file's "
                               "path relative to the root")
         cells.append(cell)
+        # a row's mask (or a case's other file) belongs to its row whatever becomes of the row: kept,
+        # refused, or left out by where: or a join's missing: drop (then it is left out with it)
+        placed.named.update(reader.named_files(record))
         if names is not None:
             found = names.find(cell)
             if len(found) > 1:
@@ -1173,7 +1178,6 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
         by_file[rel].append((number, record))
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
         raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
-    reader = _RowReader(source, records, known, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
         for rel, rows in by_file.items():
             reader.place(rel, rows, placed)
@@ -1239,10 +1243,6 @@ class _RowReader:
                               "keep one row per file, or set repeated: same (rows that agree, one per box) or "
                               "union (a multi-label target holding every row's labels)")
         made = [self.row(number, record, rel) for number, record in kept]
-        if self.file_columns:  # normalized as table paths are (a mask named like its row's file)
-            for row in made:
-                placed.named.update(posixpath.normpath(v.strip()) for k, v in row.extra
-                                    if k in self.file_columns and v.strip())
         if len(made) == 1:
             placed.rows[rel] = made[0]
             return
@@ -1251,6 +1251,15 @@ class _RowReader:
             placed.refused[rel] = merged
         else:
             placed.rows[rel] = merged
+
+    def file_path(self, cell: str) -> str:
+        """The relative path a file column's (non-empty) cell names, read as the path column's
+        cells are: from the same base (a mask named like its row's file), normalized."""
+        return _rebase(cell, self.table, self.source.root)
+
+    def named_files(self, record: Record) -> set[str]:
+        """The relative paths the file columns of ``record`` name (:meth:`file_path`)."""
+        return {self.file_path(v) for k, v in record.items() if k in self.file_columns and v and v.strip()}
 
     def merge(self, rel: str, rows: list[TableRow]) -> TableRow | Refused:
         """One row for a file named by several: the first, when they agree on target, entity and
@@ -1307,7 +1316,7 @@ class _RowReader:
             if k in self.fixed:
                 continue
             if k in self.file_columns and v.strip():
-                v = _rebase(v, self.table, self.source.root)  # a mask named like the row's file, from the same base
+                v = self.file_path(v)
             extra.append((k, v or ""))
         for f in self.source.fields:
             extra.append((f.name, f.value(rel) or ""))
