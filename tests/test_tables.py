@@ -1490,6 +1490,26 @@ def test_the_mask_of_a_row_where_or_a_join_leaves_out_is_left_out_with_its_row(t
     assert [(Path(e.path).name, e.why) for e in found.excluded] == [("i1.png", "filtered")]
 
 
+def test_a_mask_cell_spelled_in_another_unicode_form_names_its_file(tmp_path: Path) -> None:
+    """README: a cell spelled in another Unicode form than its file's name names that file, and
+    mask columns are read as the path column is. The table is NFC text, the files were named on
+    macOS (NFD): the image was found, its mask was mask_missing, and the mask file a second bad
+    sample with no row. A mask the source does not list (a .npy of class ids) is found too."""
+    nfd = {name: unicodedata.normalize("NFD", name) for name in ("Zoë/café.png", "Zoë/café_m.png", "Zoë/crème.png",
+                                                                 "Zoë/crème_m.npy")}
+    _files(tmp_path / "raw", list(nfd.values()))
+    _csv(tmp_path / "raw" / "t.csv", "path,mask,entity",
+         [unicodedata.normalize("NFC", "Zoë/café.png,Zoë/café_m.png,e0"),
+          unicodedata.normalize("NFC", "Zoë/crème.png,Zoë/crème_m.npy,e1")])
+    job = load_job(_job(tmp_path, {"root": "raw", "table": "raw/t.csv", "label": "none", "mask": {"column": "mask"}}))
+    found = discover(job)
+    assert found.issues == [] and found.excluded == []
+    source = job.sources[0]
+    assert {r.relpath: source.mask_file(r.extra) for r in found.refs} == {
+        nfd["Zoë/café.png"]: str(tmp_path / "raw" / nfd["Zoë/café_m.png"]),
+        nfd["Zoë/crème.png"]: str(tmp_path / "raw" / nfd["Zoë/crème_m.npy"])}
+
+
 def test_a_time_split_takes_each_files_time_from_its_path_without_a_table(tmp_path: Path) -> None:
     """README: time may come from the path like entity. A source with `time: {component: 0}` and
     no table was refused under by: time ('needs each file's time, from a table')."""

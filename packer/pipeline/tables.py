@@ -153,7 +153,7 @@ class Placed:
     filtered: dict[str, str] = field(default_factory=dict)
     rows_filtered: int = 0
     #: The files every row's file columns name (masks, a case's other files), as table paths are
-    #: normalized (:meth:`_RowReader.file_path`): they belong to a row's sample, also where its file's
+    #: read (:meth:`_RowReader.file_path`): they belong to a row's sample, also where its file's
     #: rows disagree, and are left out with a row that where: or a join's missing: drop leaves out
     named: set[str] = field(default_factory=set)
 
@@ -891,6 +891,34 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
     return rel
 
 
+@functools.lru_cache(maxsize=256)
+def _folder_names(folder: str) -> tuple[str, ...]:
+    """The names in ``folder``, none where it cannot be listed. Cached for the rows of one table
+    (:func:`place_rows` clears it)."""
+    try:
+        return tuple(os.listdir(folder))
+    except OSError:
+        return ()
+
+
+def _spelled_on_disk(top: str, rel: str) -> str:
+    """``rel`` (under the local root ``top``) as the disk spells it, where a name on its way
+    differs from the disk's only in Unicode form and no other name there does too (never a
+    guess); else ``rel``. For the files a table's file columns name that the listing lacks."""
+    if escapes_root(rel) or os.path.lexists(os.path.join(top, rel)):
+        return rel
+    done: list[str] = []
+    for part in rel.split("/"):
+        folder = os.path.join(top, *done)
+        if not part.isascii() and not os.path.lexists(os.path.join(folder, part)):
+            same = [name for name in _folder_names(folder) if _nfc(name) == _nfc(part)]
+            if len(same) != 1:
+                return rel
+            part = same[0]
+        done.append(part)
+    return "/".join(done)
+
+
 def _through_links(path: str, top: str, rel: str) -> str:
     """``path`` relative to the (resolved) root ``top`` with the links on its folder's way
     resolved, where that lands it under the root; else ``rel``, what it was relative to it."""
@@ -1107,14 +1135,15 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     table = source.table_map
     assert table is not None
     _real_folder.cache_clear()  # folders resolved as they are now, not as an earlier job found them
+    _folder_names.cache_clear()
     names = NameIndex(listed) if table.find == "name" else None
     listed_set = set(listed)
-    reader = _RowReader(source, records, known, hide_paths=hide_paths)
+    spelled = UnicodeSpelling(listed)
+    reader = _RowReader(source, records, known, listed_set, spelled, hide_paths=hide_paths)
     placed = Placed()
     unplaced: list[tuple[str, int, str, str]] = []
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
-    spelled = UnicodeSpelling(listed)
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
                           f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
@@ -1205,10 +1234,11 @@ class _RowReader:
     """Reads the rows of one source's table into TableRows, with what every row shares (its
     columns' roles, the source kind) worked out once rather than per row."""
 
-    def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...], *,
-                 hide_paths: bool = False) -> None:
+    def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...], listed: set[str],
+                 spelled: UnicodeSpelling, *, hide_paths: bool = False) -> None:
         assert source.table_map is not None
         self.source, self.table, self.path, self.known = source, source.table_map, records.path, known
+        self.listed, self.spelled = listed, spelled
         self.records = records
         self.hide_paths = hide_paths
         header = source_kind(source.kind).identity_in_header
@@ -1254,8 +1284,15 @@ class _RowReader:
 
     def file_path(self, cell: str) -> str:
         """The relative path a file column's (non-empty) cell names, read as the path column's
-        cells are: from the same base (a mask named like its row's file), normalized."""
-        return _rebase(cell, self.table, self.source.root)
+        cells are: from the same base (a mask named like its row's file), normalized, and spelled
+        as the listing spells it where the two differ only in Unicode form (:class:`UnicodeSpelling`)."""
+        rel = _rebase(cell, self.table, self.source.root)
+        if rel in self.listed or rel.isascii():
+            return rel
+        spelled = self.spelled(rel)
+        if spelled != rel or isinstance(self.source.root, str):
+            return spelled
+        return _spelled_on_disk(os.fspath(self.source.root), rel)  # a file the kind does not list (a .npy mask)
 
     def named_files(self, record: Record) -> set[str]:
         """The relative paths the file columns of ``record`` name (:meth:`file_path`)."""
