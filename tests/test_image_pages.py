@@ -767,7 +767,7 @@ def test_lzw_lengths_equal_an_lzw_decoder_s(data: bytes) -> None:
     widens the codes to 12 bits)."""
     import imagecodecs
 
-    from packer.read.image_structure import _lzw_decoded
+    from packer.transform.tiff_strips import _lzw_decoded
 
     raw = imagecodecs.lzw_encode(data)
     assert _lzw_decoded(raw, len(data)) == (len(data), "")

@@ -554,3 +554,48 @@ def test_a_10_to_14_bit_tiff_masks_ids_are_its_stored_ids(tmp_path: Path, bits: 
     ids = np.array([[0, 1, 2, 3], [300, 2, 1, 0]], dtype=np.uint16)
     tifffile.imwrite(tmp_path / "m.tif", ids, photometric="minisblack", bitspersample=bits)
     assert np.array_equal(decode_mask((tmp_path / "m.tif").read_bytes(), "m.tif"), ids)
+
+
+def _damaged_tiff(path: Path, mask: np.ndarray, compression: str, damage: str, pages: int = 1) -> bytes:
+    """``mask`` written ``pages`` times as a strip TIFF (8 rows a strip) with ``compression``,
+    then the last page's last strip cut to half its StripByteCounts (``short``) or 10 of its
+    bytes zeroed (``broken``): what libtiff decodes anyway, padding the lost rows with zeros."""
+    import tifffile
+
+    with tifffile.TiffWriter(path) as writer:
+        for _ in range(pages):
+            writer.write(mask, compression=compression, rowsperstrip=8, photometric="minisblack")
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[-1]
+        counts = page.tags["StripByteCounts"]
+        offset, count = page.dataoffsets[-1], page.databytecounts[-1]
+        width = 2 if counts.dtype == 3 else 4
+        at = counts.valueoffset + (len(page.databytecounts) - 1) * width
+    data = bytearray(path.read_bytes())
+    if damage == "short":
+        struct.pack_into("<H" if width == 2 else "<I", data, at, count // 2)
+    else:
+        data[offset + 2:offset + 12] = bytes(10)
+    return bytes(data)
+
+
+@pytest.mark.parametrize(("compression", "damage"), [("zlib", "short"), ("zlib", "broken"), ("lzw", "short"),
+                                                     ("packbits", "short")])
+@pytest.mark.parametrize("pages", [1, 2])
+def test_a_tiff_mask_whose_compressed_strip_is_cut_short_or_broken_is_unreadable(
+        tmp_path: Path, compression: str, damage: str, pages: int) -> None:
+    """libtiff (under OpenCV) fills the rows of a Deflate, LZW or PackBits strip that runs out
+    with zeros and returns the page: a mask holding only ids 1 and 2 packed those rows as
+    background (id 0) that no one drew. It is mask_unreadable, as the same damage in an image is
+    decode_failed, naming the file, the page and the fix."""
+    mask = np.random.default_rng(3).integers(1, 3, (40, 48)).astype(np.uint8)
+    data = _damaged_tiff(tmp_path / "m.tif", mask, compression, damage, pages)
+    codec = {"zlib": "Deflate", "lzw": "LZW", "packbits": "PackBits"}[compression]
+    with raises("mask_unreadable", "m.tif", f"page {pages - 1}", f"{codec} strip 4", "re-export the mask"):
+        decode_mask(data, "m.tif")
+    import tifffile
+
+    whole = tmp_path / "whole.tif"
+    tifffile.imwrite(whole, np.stack([mask] * pages) if pages > 1 else mask, compression=compression,
+                     rowsperstrip=8, photometric="minisblack")
+    assert np.array_equal(decode_mask(whole.read_bytes(), "whole.tif"), np.stack([mask] * pages) if pages > 1 else mask)

@@ -44,8 +44,6 @@ from packer.keys import make_key, page_key
 from packer.read import ReadProgress, at_boundary
 from packer.read.image_structure import (
     FORMATS,
-    TIFF_CHECKED_ALWAYS,
-    TIFF_CHECKED_ON_ZERO,
     TIFF_ORIENTATION,
     TIFF_ROWS_PER_STRIP,
     TIFF_TILE_LENGTH,
@@ -81,6 +79,7 @@ from packer.transform.image import (
     oriented_size,
     transform_image,
 )
+from packer.transform.tiff_strips import TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO
 
 # OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize);
 # the same environment variables raise its limits.

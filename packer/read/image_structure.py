@@ -11,7 +11,6 @@ remote file. Defects raise :class:`Defect`, which carries the Issue reason code.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import numpy as np
 from packer.config import LimitsConfig
 from packer.read.limits import limit_problem
 from packer.transform.image import opencv_misreads_planar_tiff
+from packer.transform.tiff_strips import strip_problem
 
 FORMATS = ("png", "jpeg", "tiff", "bmp")
 
@@ -423,140 +423,6 @@ def _check_tiff_data(tags: _Tags, size: int, index: int) -> None:
                                        f"{size} bytes; the file was cut short, copy or export it again")
 
 
-def _data_chunks(tags: _Tags) -> list[tuple[int, int, int]]:
-    """(offset, stored bytes, decoded bytes) of each strip or tile of one IFD, as libtiff sizes
-    its decode buffer: a strip holds RowsPerStrip rows (the last one the rest), a tile TileLength
-    rows of TileWidth pixels; one sample a pixel when the planes are separate
-    (PlanarConfiguration 2), else SamplesPerPixel."""
-    if _TIFF_WIDTH not in tags or _TIFF_LENGTH not in tags:
-        return []
-    width, height = tags[_TIFF_WIDTH][0], tags[_TIFF_LENGTH][0]
-    samples = 1 if tags.get(_TIFF_PLANAR, (1,))[0] == 2 else tags.get(_TIFF_SAMPLES, (1,))[0]
-    bits = tags.get(_TIFF_BITS, (1,))[0] * samples
-    if TIFF_TILE_WIDTH in tags and TIFF_TILE_LENGTH in tags:
-        offsets, counts = tags.get(324, ()), tags.get(325, ())
-        per = [(tags[TIFF_TILE_WIDTH][0] * bits + 7) // 8 * tags[TIFF_TILE_LENGTH][0]] * len(offsets)
-    else:
-        offsets, counts = tags.get(273, ()), tags.get(279, ())
-        rows = max(1, min(tags.get(TIFF_ROWS_PER_STRIP, (height,))[0], height))
-        strips = -(-height // rows)
-        # a separate-planes file repeats the strips of one plane for each sample
-        per = [(width * bits + 7) // 8 * min(rows, height - (i % strips) * rows) for i in range(len(offsets))]
-    return list(zip(offsets, counts, per, strict=False))
-
-
-def _inflated(raw: bytes, wanted: int) -> tuple[int, str]:
-    """Bytes a Deflate stream gives, up to ``wanted`` (a bomb stops there), and what is wrong
-    with it ("" where nothing is)."""
-    try:
-        return len(zlib.decompressobj().decompress(raw, wanted)), ""
-    except zlib.error as err:
-        return 0, f"is not a valid Deflate stream ({err})"
-
-
-#: code k of a run between Clears is read with this many bits (k = 0, 1, ...): TIFF LZW widens
-#: its codes one code early, when the table (258 entries, then one more a code) reaches 511,
-#: 1023 and 2047; after 4096 entries (3838 codes) it stops growing, at 12 bits
-_LZW_WIDTHS = np.concatenate([np.full(254, 9), np.full(512, 10), np.full(1024, 11), np.full(2048, 12)]).astype(np.int64)
-_LZW_FULL = np.full(4096, 12, np.int64)  # codes of a run past a full table
-
-
-def _lzw_run(padded: np.ndarray, start: int, total_bits: int) -> tuple[np.ndarray, int]:
-    """The codes of one run from bit ``start``, up to and with the first Clear (256) or End of
-    Information (257), or to the end of the data; and the bit after the last one read."""
-    taken: list[np.ndarray] = []
-    first = 0  # the run's next code
-    while True:
-        widths = _LZW_WIDTHS[first:] if first < len(_LZW_WIDTHS) else _LZW_FULL
-        ends = start + np.cumsum(widths)
-        fit = int(np.searchsorted(ends, total_bits, side="right"))  # the codes that end in the data
-        if fit == 0:
-            return (np.concatenate(taken) if taken else np.zeros(0, np.int64)), start
-        complete = fit == len(widths)
-        widths, ends = widths[:fit], ends[:fit]
-        begins = ends - widths
-        byte = begins >> 3
-        window = (padded[byte].astype(np.int64) << 16) | (padded[byte + 1].astype(np.int64) << 8) | padded[byte + 2]
-        codes = (window >> (24 - (begins & 7) - widths)) & ((1 << widths) - 1)
-        stop = np.flatnonzero((codes == 256) | (codes == 257))
-        if stop.size:
-            taken.append(codes[:stop[0] + 1])
-            return np.concatenate(taken), int(ends[stop[0]])
-        taken.append(codes)
-        first, start = first + fit, int(ends[-1])
-        if not complete:
-            return np.concatenate(taken), start
-
-
-def _string_lengths(parent: np.ndarray) -> np.ndarray:
-    """Each code's string length, where ``parent[i]`` is the earlier code whose string code i's
-    extends by one byte (−1: a literal, one byte): list ranking by pointer jumping, about
-    log2(4096) = 12 rounds."""
-    length = np.ones(parent.size, np.int64)
-    pointer = parent.copy()
-    while True:  # each code's string is length[i] bytes plus the string of pointer[i]
-        live = np.flatnonzero(pointer >= 0)
-        if live.size == 0:
-            return length
-        ahead = pointer[live]
-        length[live] += length[ahead]
-        pointer[live] = pointer[ahead]
-
-
-def _lzw_decoded(raw: bytes, wanted: int) -> tuple[int, str]:
-    """Bytes a TIFF LZW stream (MSB-first codes of 9-12 bits, as libtiff's ``LZWDecode`` reads
-    them) gives, up to about ``wanted``. Only the lengths of the strings are found, in numpy:
-    run by run between Clear codes, code i after a Clear is one byte (a literal) or one byte more
-    than code e's string, where e (i − 1 at most) is the table entry it names. A stream in the
-    old LSB-first LZW (it starts 00 01) is not checked: it counts as whole."""
-    if raw[:2] == b"\x00\x01":
-        return wanted, ""
-    padded = np.frombuffer(raw + bytes(3), np.uint8)
-    total_bits, at, got = 8 * len(raw), 0, 0
-    while got < wanted and at + 9 <= total_bits:
-        codes, at = _lzw_run(padded, at, total_bits)
-        end = int(codes[-1]) if codes.size else -1
-        body = codes[:-1] if end in (256, 257) else codes
-        if body.size:
-            if body[0] > 255:
-                return got, f"is not a valid LZW stream (code {int(body[0])} right after a Clear)"
-            parent = np.where(body >= 258, body - 258, -1)
-            named = np.minimum(np.arange(body.size) - 1, 4095 - 258)  # the last entry code i may name
-            wrong = np.flatnonzero(parent > named)
-            if wrong.size:
-                return got, f"is not a valid LZW stream (code {int(body[wrong[0]])} before the table holds it)"
-            got += int(_string_lengths(parent).sum())
-        if end != 256:  # End of Information, or the data ran out
-            break
-    return got, ""
-
-
-def _packbits_decoded(raw: bytes, wanted: int) -> tuple[int, str]:
-    """Bytes a PackBits stream gives, up to ``wanted``."""
-    got, at, size = 0, 0, len(raw)
-    while got < wanted and at < size:
-        n = raw[at]
-        at += 1
-        if n < 128:  # n + 1 literal bytes
-            take = min(n + 1, size - at)
-            got, at = got + take, at + take
-        elif n > 128 and at < size:  # the next byte 257 - n times
-            got, at = got + 257 - n, at + 1
-        elif n > 128:
-            break
-    return got, ""
-
-
-#: Compressions whose strips are inflated before every decode (zlib is fast), and those checked
-#: only when a decoded page holds a zero sample (packer's decoders of their lengths are slower
-#: than libtiff's: LZW's 10 MB/s in numpy): libtiff pads a strip of any of them that runs out
-#: with zero rows
-TIFF_CHECKED_ALWAYS = frozenset({8, 32946})
-TIFF_CHECKED_ON_ZERO = frozenset({5, 32773})
-_DECODED_BY = {8: _inflated, 32946: _inflated, 5: _lzw_decoded, 32773: _packbits_decoded}
-_CODEC_NAMES = {8: "Deflate", 32946: "Deflate", 5: "LZW", 32773: "PackBits"}
-
-
 def tiff_compressions(chain: list[Ifd]) -> set[int]:
     """The Compression value of each IFD of ``chain`` (1, none, where it has no tag)."""
     return {ifd.tags.get(_TIFF_COMPRESSION, (1,))[0] for ifd in chain}
@@ -601,26 +467,16 @@ def tiff_photometrics(chain: list[Ifd]) -> set[int]:
 
 def check_strip_data(data: bytes, chain: list[Ifd], compressions: frozenset[int]) -> None:
     """Raise Defect("decode_failed") where a strip or tile of an IFD of ``chain`` compressed with
-    one of ``compressions`` (Deflate, LZW, PackBits) does not decode to the bytes its rows need:
-    a stored stream cut short (a StripByteCounts smaller than the stream: the file's own length
-    is right, so :func:`tiff_chain` passes it) or damaged. libtiff (through OpenCV) pads such a
-    strip with zero rows and returns the image, which would pack black rows as if they were
-    data; Pillow and tifffile refuse it. Decodes at most the size of each strip."""
+    one of ``compressions`` (Deflate, LZW, PackBits) does not decode to the bytes its rows need
+    (:func:`~packer.transform.tiff_strips.strip_problem`): a stored stream cut short (a
+    StripByteCounts smaller than the stream: the file's own length is right, so
+    :func:`tiff_chain` passes it) or damaged. libtiff (through OpenCV) pads such a strip with
+    zero rows and returns the image, which would pack black rows as if they were data; Pillow
+    and tifffile refuse it. Decodes at most the size of each strip."""
     for ifd in chain:
-        compression = ifd.tags.get(_TIFF_COMPRESSION, (1,))[0]
-        if compression not in compressions or compression not in _DECODED_BY:
-            continue
-        for number, (offset, count, wanted) in enumerate(_data_chunks(ifd.tags)):
-            got, problem = _DECODED_BY[compression](data[offset:offset + count], wanted)
-            if got >= wanted and not problem:
-                continue
-            problem = problem or f"decodes to {got} bytes where its rows need {wanted}"
-            chunk = "tile" if TIFF_TILE_WIDTH in ifd.tags and TIFF_TILE_LENGTH in ifd.tags else "strip"
-            of_ifd = "" if ifd.index == 0 else f" of IFD {ifd.index}"
-            raise Defect("decode_failed", f"TIFF {_CODEC_NAMES[compression]} {chunk} {number}{of_ifd} ({count} "
-                                           f"bytes at byte {offset}) {problem}: its data or its "
-                                           f"{chunk.capitalize()}ByteCounts is damaged (libtiff would fill the "
-                                           "missing rows with zeros); re-export the file")
+        problem = strip_problem(data, ifd.tags, compressions, where="" if ifd.index == 0 else f" of IFD {ifd.index}")
+        if problem:
+            raise Defect("decode_failed", f"TIFF {problem}; re-export the file")
 
 
 def tiff_header_of(tags: _Tags, where: str) -> ImageHeader:

@@ -28,6 +28,7 @@ from packer.config import ImageTransformConfig
 from packer.transform.dicom import spacing_size
 from packer.transform.image import OPENCV_SCALED_TIFF_BITS, opencv_misreads_planar_tiff, orient_image, tile_origins
 from packer.transform.resize import POLICIES, resize_image, resize_plan
+from packer.transform.tiff_strips import STRIP_TAGS, TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO, Tags, strip_problem
 
 #: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
 #: (declared) class ids, or its shape is not its image's.
@@ -43,6 +44,7 @@ _TIFF_ORIENTATION = 0x0112
 _TIFF_BITS = 0x0102  # BitsPerSample
 _TIFF_PHOTOMETRIC = 0x0106  # PhotometricInterpretation: 0 WhiteIsZero, 1 BlackIsZero, 3 Palette
 _TIFF_SAMPLES, _TIFF_PLANAR = 0x0115, 0x011C  # SamplesPerPixel; PlanarConfiguration (2: one plane per sample)
+_TIFF_INTEGERS = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the types of the strip tags
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -240,7 +242,13 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
 def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
     try:
-        unoriented, bits, photometric, separate = _unoriented_tiff(data)
+        unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
+        # the compressed strips that libtiff pads with zero rows where they run out: Deflate's
+        # before every decode; LZW's and PackBits' (slower to check) where the padding could not
+        # be told from the ids: a palette or WhiteIsZero page, whose zeros are not id 0, or a
+        # page that holds a 0 (below)
+        _check_strips(data, chain, name, TIFF_CHECKED_ALWAYS if photometric in (1, 2) else
+                      TIFF_CHECKED_ALWAYS | TIFF_CHECKED_ON_ZERO)
         if separate is not None:
             page, wide, samples = separate
             raise MaskError("mask_unreadable", (
@@ -260,6 +268,8 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
         raise MaskError("mask_unreadable", f"{name}: a {bits}-bit TIFF mask that OpenCV (packer's decoder) reads "
                                            "only at 8 bits, which changes its ids; save it as a single-channel "
                                            "(grey) TIFF or PNG, or as .npy")
+    if photometric in (1, 2) and not all(page.all() for page in pages):
+        _check_strips(data, chain, name, TIFF_CHECKED_ON_ZERO)
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
     if photometric == 0:  # WhiteIsZero: OpenCV inverts the samples for display; the ids are the stored ones
         planes = [np.iinfo(plane.dtype).max - plane if plane.dtype.kind == "u" else plane for plane in planes]
@@ -276,13 +286,14 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     return planes[0] if len(planes) == 1 else np.stack(planes)
 
 
-def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None]:
+def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None, list[Tags]]:
     """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), the first
     IFD's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
     the walk cannot tell), its PhotometricInterpretation (0x0106; -1 where the walk cannot tell),
     and (page, bits, samples) of the first IFD that stores more than one sample of more than 8
     bits as separate planes (PlanarConfiguration 2), which OpenCV 5 decodes as if they were
-    interleaved (None where none does).
+    interleaved (None where none does), and each IFD's :data:`~packer.transform.tiff_strips.STRIP_TAGS`
+    (what :func:`~packer.transform.tiff_strips.strip_problem` checks its strips with).
 
     OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
     IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
@@ -297,6 +308,7 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
     seen: set[int] = set()
     bits, photometric = 0, -1
     separate: tuple[int, int, int] | None = None
+    chain: list[Tags] = []
     while offset and offset not in seen and offset + count_size <= len(out):
         seen.add(offset)
         entries = int(struct.unpack_from(order + count_fmt, out, offset)[0])
@@ -307,8 +319,11 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
                                       for at in range(first, end, entry_size)):
             bits = 1  # BitsPerSample absent: the TIFF default, a bilevel image (as Pillow writes mode "1")
         layout = {_TIFF_BITS: 1, _TIFF_SAMPLES: 1, _TIFF_PLANAR: 1}  # this IFD's, the TIFF defaults where absent
+        strips: Tags = {}
         for at in range(first, end, entry_size):
             tag, kind = struct.unpack_from(order + "HH", out, at)
+            if tag in STRIP_TAGS and kind in _TIFF_INTEGERS:
+                strips[tag] = _values(out, order, at, kind, offset_fmt, offset_size)
             if tag in layout and kind == 3:
                 layout[tag] = _first_short(out, order, at, offset_fmt, offset_size)
             if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
@@ -322,8 +337,35 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
         if separate is None and opencv_misreads_planar_tiff(layout[_TIFF_PLANAR], layout[_TIFF_SAMPLES],
                                                             layout[_TIFF_BITS]):
             separate = (len(seen) - 1, layout[_TIFF_BITS], layout[_TIFF_SAMPLES])
+        chain.append(strips)
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
-    return bytes(out), bits, photometric, separate
+    return bytes(out), bits, photometric, separate, chain
+
+
+def _values(out: bytearray, order: str, at: int, kind: int, offset_fmt: str, offset_size: int) -> tuple[int, ...]:
+    """The values of the SHORT, LONG or LONG8 IFD entry at byte ``at``: held inline, or at the
+    offset the entry holds; none where they lie past the end of the file."""
+    item = _TIFF_INTEGERS[kind]
+    count = int(struct.unpack_from(order + offset_fmt, out, at + 4)[0])
+    size = count * struct.calcsize(item)
+    where = at + 4 + offset_size
+    if size > offset_size:
+        where = int(struct.unpack_from(order + offset_fmt, out, where)[0])
+    if where + size > len(out):
+        return ()
+    return tuple(int(v) for v in struct.unpack_from(f"{order}{count}{item}", out, where))
+
+
+def _check_strips(data: bytes, chain: list[Tags], name: str, compressions: frozenset[int]) -> None:
+    """Raise MaskError ``mask_unreadable`` where a strip or tile of a page of ``chain`` (each
+    IFD's tags, in order) compressed with one of ``compressions`` does not decode to the rows
+    it holds (:func:`~packer.transform.tiff_strips.strip_problem`): libtiff would fill the lost
+    rows with zeros, which a mask would pack as background (class 0) that no one drew."""
+    for page, tags in enumerate(chain):
+        problem = strip_problem(data, tags, compressions)
+        if problem:
+            raise MaskError("mask_unreadable", f"{name} page {page}: the TIFF mask's {problem}; re-export the mask "
+                                               "(or save it as PNG or .npy)")
 
 
 def _first_short(out: bytearray, order: str, at: int, offset_fmt: str, offset_size: int) -> int:
