@@ -599,3 +599,19 @@ def test_a_tiff_mask_whose_compressed_strip_is_cut_short_or_broken_is_unreadable
     tifffile.imwrite(whole, np.stack([mask] * pages) if pages > 1 else mask, compression=compression,
                      rowsperstrip=8, photometric="minisblack")
     assert np.array_equal(decode_mask(whole.read_bytes(), "whole.tif"), np.stack([mask] * pages) if pages > 1 else mask)
+
+
+@pytest.mark.parametrize("bits", [8, 12, 16])
+def test_a_white_is_zero_tiff_mask_of_any_depth_decodes_to_its_stored_ids(tmp_path: Path, bits: int) -> None:
+    """libtiff (under OpenCV) inverts a WhiteIsZero page only where it reads it at 8 bits or fewer;
+    a 10- to 16-bit one comes back as stored (10-14 bits scaled to 16). Inverting every page made a
+    16-bit mask's ids 0, 300, 600 read 65535, 65235, 64935 (a 12-bit one's 4095 - id)."""
+    import tifffile
+
+    ids = np.array([[0, 1, 2, 3], [200, 2, 1, 0]], dtype=np.uint8 if bits == 8 else np.uint16)
+    if bits > 8:
+        ids[1, 0] = 600
+    tifffile.imwrite(tmp_path / "m.tif", ids, photometric="miniswhite", bitspersample=bits)
+    assert np.array_equal(tifffile.imread(tmp_path / "m.tif"), ids)  # the stored values, as tifffile reads them
+    decoded = decode_mask((tmp_path / "m.tif").read_bytes(), "m.tif")
+    assert np.array_equal(decoded, ids), (bits, np.unique(decoded))

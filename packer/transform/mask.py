@@ -271,8 +271,9 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
     if photometric in (1, 2) and not all(page.all() for page in pages):
         _check_strips(data, chain, name, TIFF_CHECKED_ON_ZERO)
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
-    if photometric == 0:  # WhiteIsZero: OpenCV inverts the samples for display; the ids are the stored ones
-        planes = [np.iinfo(plane.dtype).max - plane if plane.dtype.kind == "u" else plane for plane in planes]
+    if photometric == 0:  # WhiteIsZero: the ids are the stored values, which libtiff (under OpenCV) inverts
+        # for display only where it reads a page at 8 bits or fewer; a 10- to 16-bit page comes back as stored
+        planes = [np.iinfo(plane.dtype).max - plane if plane.dtype == np.uint8 else plane for plane in planes]
     shift = OPENCV_SCALED_TIFF_BITS.get(bits, 0)
     if shift:  # OpenCV scales 10-, 12- and 14-bit samples to 16 bits: ids 1, 2 came back as 16, 32
         planes = [plane >> shift if plane.dtype == np.uint16 else plane for plane in planes]
