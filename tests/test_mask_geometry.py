@@ -37,6 +37,7 @@ from packer.transform.mask import (
     MaskError,
     check_mask,
     decode_mask,
+    decode_mask_pages,
     transform_mask_dicom,
     transform_mask_image,
 )
@@ -615,3 +616,22 @@ def test_a_white_is_zero_tiff_mask_of_any_depth_decodes_to_its_stored_ids(tmp_pa
     assert np.array_equal(tifffile.imread(tmp_path / "m.tif"), ids)  # the stored values, as tifffile reads them
     decoded = decode_mask((tmp_path / "m.tif").read_bytes(), "m.tif")
     assert np.array_equal(decoded, ids), (bits, np.unique(decoded))
+
+
+def test_a_tiff_mask_whose_pages_differ_in_size_decodes_page_by_page_only(tmp_path: Path) -> None:
+    """decode_mask gives one F×H×W array, so pages of different sizes are mask_size there;
+    decode_mask_pages gives each page at its own size, for an image whose pages differ too."""
+    import tifffile
+
+    pages = [block_ids(2, 2, 4), block_ids(1, 3, 2)]
+    with tifffile.TiffWriter(tmp_path / "m.tif") as tif:
+        for page in pages:
+            tif.write(page, photometric="minisblack")
+    data = (tmp_path / "m.tif").read_bytes()
+    with raises("mask_size", "m.tif", "8×8, 2×6"):
+        decode_mask(data, "m.tif")
+    decoded = decode_mask_pages(data, "m.tif")
+    assert [page.tolist() for page in decoded] == [page.tolist() for page in pages]
+    stack = np.stack([pages[0], pages[0] + 1])
+    np.save(tmp_path / "m.npy", stack)
+    assert [p.tolist() for p in decode_mask_pages((tmp_path / "m.npy").read_bytes(), "m.npy")] == stack.tolist()

@@ -452,3 +452,53 @@ def test_a_tiff_with_a_thumbnail_before_a_page_gives_each_full_page_its_own_mask
     assert sorted(items) == ["p00000", "p00002", "p00003"]
     for suffix, fill in (("p00000", 1), ("p00002", 2), ("p00003", 3)):
         assert np.unique(items[suffix]["mask"].numpy()).tolist() == [fill], suffix
+
+
+@pytest.mark.parametrize("size", [None, [16, 20]])
+def test_a_tiff_whose_pages_differ_in_size_checks_each_pages_mask_against_that_page(
+        tmp_path: Path, size: list[int] | None) -> None:
+    """Pages 32×40 and 16×24 (not reduced-resolution: each is a sample). Every page's mask was
+    checked against page 0's size: the per-page TIFF mask (32×40 + 16×24), the one mask that
+    labels these pages one to one, was refused; a 2×32×40 .npy passed and page 1's 32×40 grid was
+    stretched onto the 16×24 page (packed misplaced; without a resize, unexpected_error). Each
+    page's mask is checked against its own page: the TIFF mask packs aligned, the .npy is a
+    mask_size record naming page 1."""
+    import tifffile
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = ["path,mask,entity,label"]
+    for k in range(2):
+        masks = [np.zeros((32, 40), np.uint8), np.zeros((16, 24), np.uint8)]
+        masks[0][4:24, 2:30], masks[1][6:14, 10:20] = 1, 2
+        images = [np.vectorize(GREYS.get)(m).astype(np.uint8) for m in masks]
+        with tifffile.TiffWriter(raw / f"s{k}.tif") as tif:
+            for image in images:
+                tif.write(image, photometric="minisblack")
+        if k == 0:
+            with tifffile.TiffWriter(raw / "s0_m.tif") as tif:
+                for mask in masks:
+                    tif.write(mask, photometric="minisblack")
+            rows.append("s0.tif,s0_m.tif,e0,a")
+        else:
+            on_page0_grid = np.zeros((2, 32, 40), np.uint8)
+            on_page0_grid[0], on_page0_grid[1, :16, :24] = masks
+            np.save(raw / "s1_m.npy", on_page0_grid)
+            rows.append("s1.tif,s1_m.npy,e1,a")
+    (raw / "table.csv").write_text("\n".join(rows) + "\n")
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "mask": {"column": "mask", "classes": [0, 1, 2]}}
+    transform = {"image": {"color": "gray", **({"size": size} if size else {})}}
+    result = _build(_job(tmp_path, [source], transform=transform, validate={"max_bad_fraction": 0.5}))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert [(Path(b["path"]).name, b["reason"]) for b in bad] == [("s1.tif", "mask_size")], bad
+    assert "mask page 1 is 32×40 but image page 1 is 16×24" in bad[0]["message"]
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert sorted(item["key"][-6:] for item in items) == ["p00000", "p00001"]
+    seen: dict[int, set[int]] = {}
+    for item in items:
+        image, mask = item["image"].numpy(), item["mask"].numpy()
+        assert image.shape[1:] == mask.shape[1:] == ((32, 40) if item["key"].endswith("p00000") and not size
+                                                     else (16, 24) if not size else tuple(size))
+        _assert_aligned(image, mask, seen)
+    _check_seen(seen)

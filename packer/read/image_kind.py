@@ -181,6 +181,17 @@ class ImageKind(SourceKind):
     def mask_grid(self, metadata: Mapping[str, Any]) -> tuple[int, int, int]:
         return int(metadata.get("pages") or 1), int(metadata["source_height"]), int(metadata["source_width"])
 
+    def mask_frames(self, samples: Sequence[Sample]) -> list[tuple[int, int]]:
+        """Each full page's own stored size, in page order: the pages of a TIFF may differ in size
+        (a full image and a smaller one, not flagged reduced-resolution), and each page's mask
+        labels that page's grid; checking every page against page 0's packed a mask on page 0's
+        grid stretched onto a smaller page."""
+        sizes: dict[int, tuple[int, int]] = {}
+        for sample in samples:
+            sizes.setdefault(int(sample.metadata.get("page", 0)),
+                             (int(sample.metadata["source_height"]), int(sample.metadata["source_width"])))
+        return [sizes[page] for page in sorted(sizes)]
+
     def place_masks(self, samples: Sequence[Sample], mask: np.ndarray, source: SourceConfig,
                     job: JobConfig) -> list[np.ndarray]:
         """Each image sample's mask: its page's mask through the page's orientation, resize and tiles."""

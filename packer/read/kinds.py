@@ -298,6 +298,12 @@ class SourceKind:
         """(frames, height, width) a file's mask must have, from its first sample's metadata."""
         raise NotImplementedError
 
+    def mask_frames(self, samples: Sequence[Sample]) -> list[tuple[int, int]]:
+        """The stored (height, width) of each frame of the file whose ``samples`` these are, in
+        the order of the mask's frames. Default: :meth:`mask_grid`'s, every frame one size."""
+        frames, height, width = self.mask_grid(samples[0].metadata)
+        return [(height, width)] * frames
+
     def place_masks(self, samples: Sequence[Sample], mask: np.ndarray, source: SourceConfig,
                     job: JobConfig) -> list[np.ndarray]:
         """Each sample's mask, given the file's checked F×H×W ``mask``: through the geometry the

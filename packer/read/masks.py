@@ -4,7 +4,9 @@ Runs in the pixel pass, after the file's samples are made (the default of
 :meth:`packer.read.kinds.SourceKind.attach_masks`). The mask file (the source's table column
 ``mask.column``, relative to the root) is decoded and checked against the image *as stored*
 (:func:`packer.transform.mask.check_mask`, on the grid the kind's ``mask_grid`` reads from the
-first sample's metadata), then given each sample's geometry by the kind's ``place_masks``: an
+first sample's metadata; where the kind's ``mask_frames`` gives frames of different sizes, a
+multi-page TIFF's pages, each frame's mask against its own frame's size), then given each
+sample's geometry by the kind's ``place_masks``: an
 image's orientation, resize and tile (per TIFF page); a DICOM frame's pixel spacing, spacing
 resample and resize (per frame; ``frames: stack`` stacks the frames' masks). A defect is the
 file's bad-sample record: ``mask_missing``, ``mask_unreadable``, ``mask_size``,
@@ -17,10 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from packer.config import JobConfig, SourceConfig
 from packer.read.image_structure import Defect, file_header, sniff_format
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.mask import MaskError, check_mask, decode_mask
+from packer.transform.mask import MaskError, check_mask, decode_mask, decode_mask_pages
 
 if TYPE_CHECKING:
     from packer.read.kinds import SourceKind
@@ -61,6 +65,9 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
     except OSError as err:
         return _issue(ref, "mask_missing", f"{ref.path}: its mask {path} cannot be read ({err.strerror or err}); "
                                            "fix the table's mask column or add the file")
+    sizes = kind.mask_frames(samples)
+    if len(set(sizes)) > 1:
+        return _attach_per_frame(kind, samples, source, job, data, path, sizes)
     first = samples[0].metadata
     try:
         frames, height, width = kind.mask_grid(first)
@@ -76,7 +83,13 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
         return _issue(ref, "mask_empty", f"{ref.path}: mask {path} is all background (0) and the source's "
                                          "mask.empty is bad; fix the mask, or set empty: keep to pack it")
     mask = mask.astype(source.mask.dtype, copy=False)
-    out = kind.place_masks(samples, mask, source, job)
+    return _placed(samples, kind.place_masks(samples, mask, source, job))
+
+
+def _placed(samples: list[Sample], out: list[np.ndarray]) -> list[Sample] | Issue:
+    """``samples`` each with its placed mask of ``out``, or an ``unexpected_error`` record where
+    the masks do not match the samples one to one."""
+    ref = samples[0].ref
     wrong = [(s.key, m.shape, s.image.shape) for s, m in zip(samples, out, strict=False)
              if m.shape[1:] != s.image.shape[1:]]
     if len(out) != len(samples) or wrong:  # the transforms' contract: a record, never a crash, if it ever breaks
@@ -85,3 +98,47 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
                                 f"grid ({wrong[:1]}); please report this with the file")
     return [replace(sample, mask=sample_mask) for sample, sample_mask in zip(samples, out, strict=True)]
 
+
+def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceConfig, job: JobConfig, data: bytes,
+                      path: str, sizes: list[tuple[int, int]]) -> list[Sample] | Issue:
+    """:func:`attach_masks` for a file whose frames (a TIFF's pages) differ in size: the mask has
+    one frame per frame (a multi-page TIFF of those sizes, or nothing else fits), each checked
+    against its own frame's stored size and placed on that frame's samples."""
+    assert source.mask is not None
+    ref = samples[0].ref
+    listed = ", ".join(f"{height}×{width}" for height, width in sizes)
+    try:
+        _check_header_size(data, *sizes[0])
+        pages = decode_mask_pages(data, path)
+        if len(pages) != len(sizes):
+            raise MaskError("mask_size", (
+                f"the mask has {len(pages)} page{'s' if len(pages) != 1 else ''} but its image {len(sizes)} pages of "
+                f"different sizes ({listed}, height×width as stored); a mask labels each page on that page's own "
+                "grid: save one mask page per image page, each of its page's size (a multi-page TIFF)"))
+        checked = []
+        for number, (page, (height, width)) in enumerate(zip(pages, sizes, strict=True)):
+            if page.shape != (height, width):
+                raise MaskError("mask_size", (
+                    f"mask page {number} is {page.shape[0]}×{page.shape[1]} but image page {number} is "
+                    f"{height}×{width} (height×width, as stored, before orientation and resize; the image's pages "
+                    f"are {listed}); each mask page must label its own image page's pixels one to one, so save "
+                    "the mask as a multi-page TIFF whose pages have the image pages' sizes"))
+            if source.mask.classes is None and page.size and int(page.max()) > 255:
+                raise MaskError("mask_values", f"mask page {number} holds class id {int(page.max())}; ids above 255 "
+                                               "must be declared in the source's mask.classes (they make the masks "
+                                               "uint16)")
+            checked.append(check_mask(page, height=height, width=width, frames=1, classes=source.mask.classes))
+    except MaskError as err:
+        return _issue(ref, err.reason, f"{ref.path}: mask {path}: {err.message}")
+    if source.mask.empty == "bad" and not any(page.any() for page in checked):
+        return _issue(ref, "mask_empty", f"{ref.path}: mask {path} is all background (0) and the source's "
+                                         "mask.empty is bad; fix the mask, or set empty: keep to pack it")
+    # each frame's samples get that frame's mask: the kind places a one-frame mask on one frame's samples
+    frame_of = {page: number for number, page in enumerate(sorted({int(s.metadata.get("page", 0)) for s in samples}))}
+    out: list[np.ndarray | None] = [None] * len(samples)
+    for number, mask in enumerate(checked):
+        at = [i for i, s in enumerate(samples) if frame_of[int(s.metadata.get("page", 0))] == number]
+        placed = kind.place_masks([samples[i] for i in at], mask.astype(source.mask.dtype, copy=False), source, job)
+        for i, sample_mask in zip(at, placed, strict=False):
+            out[i] = sample_mask
+    return _placed(samples, [m for m in out if m is not None])

@@ -86,7 +86,12 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
         if len(data) > 25 and data[25] == 0 and data[24] < 8:  # 1-, 2- or 4-bit grey: libpng scales to 8 bits
             mask = mask // (255 // ((1 << data[24]) - 1))  # back to the stored ids (a 1-bit mask's 255 is id 1)
     elif head[:4] in _TIFF:
-        mask = _decode_tiff(data, name)
+        pages = _decode_tiff(data, name)
+        if len({page.shape for page in pages}) > 1:
+            listed = ", ".join(f"{page.shape[0]}×{page.shape[1]}" for page in pages)
+            raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes ({listed}); every "
+                                         "page labels one frame of the same image, so all must have its size")
+        mask = pages[0] if len(pages) == 1 else np.stack(pages)
     elif head.startswith(_JPEG):
         raise MaskError("mask_unreadable", f"{name}: a JPEG mask; JPEG is lossy and invents class ids along every "
                                            "edge; save masks as PNG, TIFF or .npy")
@@ -94,6 +99,18 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
         raise MaskError("mask_unreadable", f"{name}: not a PNG, TIFF or .npy file (starts with {head.hex()}); "
                                            "save masks as single-channel PNG, TIFF or .npy")
     return _class_ids(mask, name)
+
+
+def decode_mask_pages(data: bytes, name: str) -> list[np.ndarray]:
+    """The bytes of a mask file → one H×W array of class ids per frame, each of its own size: a
+    TIFF's pages (which :func:`decode_mask` refuses where their sizes differ), a 3-D ``.npy``'s
+    frames, or the one 2-D grid. For an image whose pages differ in size, each page's mask is
+    checked against its own page. Decoded and checked as :func:`decode_mask` does; raises
+    :class:`MaskError`."""
+    if bytes(data[:4]) in _TIFF:
+        return [_class_ids(page, f"{name} page {number}") for number, page in enumerate(_decode_tiff(data, name))]
+    mask = decode_mask(data, name)
+    return [mask] if mask.ndim == 2 else list(mask)
 
 
 def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
@@ -239,8 +256,8 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
                                            "re-export it") from err
 
 
-def _decode_tiff(data: bytes, name: str) -> np.ndarray:
-    """Every page of a TIFF mask, in stored order: F×H×W, or H×W for one page."""
+def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
+    """Every page of a TIFF mask, H×W each (each of its own size), in stored order."""
     try:
         unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
         # the compressed strips that libtiff pads with zero rows where they run out: Deflate's
@@ -279,12 +296,7 @@ def _decode_tiff(data: bytes, name: str) -> np.ndarray:
         planes = [plane >> shift if plane.dtype == np.uint16 else plane for plane in planes]
     if bits == 1:  # a bilevel page: OpenCV gives 0/255 for the stored 0/1
         planes = [(plane > 0).astype(np.uint8) if plane.dtype == np.uint8 else plane for plane in planes]
-    shapes = {plane.shape for plane in planes}
-    if len(shapes) > 1:
-        listed = ", ".join(f"{plane.shape[0]}×{plane.shape[1]}" for plane in planes)
-        raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes ({listed}); every page "
-                                     "labels one frame of the same image, so all must have its size")
-    return planes[0] if len(planes) == 1 else np.stack(planes)
+    return planes
 
 
 def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None, list[Tags]]:
@@ -380,8 +392,8 @@ def _first_short(out: bytearray, order: str, at: int, offset_fmt: str, offset_si
     return int(struct.unpack_from(order + "H", out, where)[0]) if where + 2 <= len(out) else 0
 
 
-def _palette_tiff_indices(data: bytes, name: str) -> np.ndarray:
-    """Every page of a palette TIFF mask as its stored indices (F×H×W, or H×W for one page): its
+def _palette_tiff_indices(data: bytes, name: str) -> list[np.ndarray]:
+    """Every page of a palette TIFF mask as its stored indices (H×W each): its
     class ids, as a palette PNG's are (:func:`_palette_indices`); a label image saved with a
     lookup table (Fiji's glasbey) was refused as a colour mask, or a grey one packed its greys."""
     from PIL import Image, ImageSequence, UnidentifiedImageError
@@ -398,10 +410,7 @@ def _palette_tiff_indices(data: bytes, name: str) -> np.ndarray:
     except (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError) as err:
         raise MaskError("mask_unreadable", f"{name}: the palette TIFF mask could not be decoded ({err}); "
                                            "re-export it") from err
-    if len({page.shape for page in pages}) > 1:
-        raise MaskError("mask_size", f"{name}: the TIFF mask's pages have different sizes; every page labels one "
-                                     "frame of the same image, so all must have its size")
-    return pages[0] if len(pages) == 1 else np.stack(pages)
+    return pages
 
 
 def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
