@@ -628,3 +628,38 @@ def test_a_dicom_source_whose_headers_make_each_file_its_own_entity_warns_naming
     result = validate_job(load_job(_mammography(kept, per_image=False, folders=folders)), quick=True,
                           scheduler="sync", quiet=True)
     assert [message for code, message in result.prepared.warnings if code == "entities"] == []
+
+
+#: The SOP classes of the Secondary Capture family (PS3.4 B.5), by UID.
+_SC_FAMILY = ("1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
+              "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4")
+
+
+def test_the_readme_recipe_for_secondary_captures_packs_every_sc_class_multi_frame_included(tmp_path: Path) -> None:
+    """README's DICOM-export table says how to pack secondary captures, "all SC classes incl.
+    multi-frame"; its recipe named the single-frame class, which left the multi-frame ones out as
+    filtered. The recipe, taken from README as written, asks for each of the five classes."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| secondary capture"))
+    recipe = re.search(r"every SC class: `where: (\{.*?\})`", row)
+    assert recipe is not None, row
+    where = yaml.safe_load(recipe.group(1))
+    raw = tmp_path / "raw"
+    shapes = {"1.2.840.10008.5.1.4.1.1.7": ((16, 16), "MONOCHROME2", np.uint8),
+              "1.2.840.10008.5.1.4.1.1.7.1": ((2, 16, 16), "MONOCHROME2", np.uint8),
+              "1.2.840.10008.5.1.4.1.1.7.2": ((2, 16, 16), "MONOCHROME2", np.uint8),
+              "1.2.840.10008.5.1.4.1.1.7.3": ((2, 16, 16), "MONOCHROME2", np.uint16),
+              "1.2.840.10008.5.1.4.1.1.7.4": ((2, 16, 16, 3), "RGB", np.uint8)}
+    files = {}
+    for k, (uid, (shape, photometric, dtype)) in enumerate(shapes.items()):
+        pixels = np.random.default_rng(k).integers(0, 200, shape).astype(dtype)
+        files[uid] = save(image_dataset(pixels, modality="OT", sop_class=uid, photometric=photometric,
+                                        PatientID=f"P{k}", BurnedInAnnotation="NO"), raw / f"sc{k}.dcm")
+    save(ct_dataset(np.zeros((16, 16), np.int16) + 40, PatientID="P9"), raw / "ct.dcm")
+    job = export_job(tmp_path, raw, where=where)
+    conditions = load_job(job).sources[0].header_where
+    for uid in _SC_FAMILY:  # each class asked for (no other exclusion), the CT slice filtered
+        found = probe_dicom(make_ref(files[uid]), entity_keyword="PatientID", time_keywords=(), where=conditions)
+        assert not isinstance(found, Excluded | Issue), (uid, found)
+    ct = probe_dicom(make_ref(raw / "ct.dcm"), entity_keyword="PatientID", time_keywords=(), where=conditions)
+    assert isinstance(ct, Excluded) and ct.why == "filtered", ct

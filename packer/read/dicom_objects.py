@@ -308,7 +308,8 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
         if not _asked(conditions, ("SOPClassUID",), ds):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
-                               f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}}")
+                               f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}} "
+                               "(every SC class, multi-frame included: {SOPClassUID: {match: Secondary Capture}})")
     elif not slices and _planar(ds, modality) and not _placed(ds):
         if not _asked(conditions, ("Modality",), ds):
             return ObjectClass(modality, name, "not_requested",
