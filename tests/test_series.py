@@ -1151,26 +1151,28 @@ def test_a_copys_record_does_not_say_its_series_is_packed_when_the_series_is_ref
 @pytest.mark.parametrize("sample", [{"neighbors": 1}, {"volume": {"size": [6, 16, 16]}}], ids=["stacks", "volume"])
 @pytest.mark.parametrize(("defect", "reason"), [({"Rows": 60000, "Columns": 60000}, "too_large"),
                                                 ({"BurnedInAnnotation": "YES"}, "burned_in_annotation")])
+@pytest.mark.parametrize(("slices", "held"), [(6, 5), (6, 2), (3, 1)], ids=["top", "middle", "middle-of-short"])
 def test_a_series_whose_slice_the_header_check_refuses_is_not_packed_without_it(
-        tmp_path: Path, sample: Any, defect: dict[str, Any], reason: str) -> None:
+        tmp_path: Path, sample: Any, defect: dict[str, Any], reason: str, slices: int, held: int) -> None:
     """A slice refused from its header alone (over limits, burned-in text) was left out of its
     series before assembly, so the series packed one slice short (a volume padded a zero slice
     in its place) with no word; a slice refused while its pixels are read made the series
-    series_incomplete. Both now do."""
+    series_incomplete. Both now do, wherever the slice lies: a held middle slice made the others
+    series_gap (or, in a short series, series_too_short), whose advice cannot help."""
     raw = tmp_path / "raw"
     _write_series(raw / "good", seed=1, patient="G")
-    cut = _write_series(raw / "cut", seed=2, patient="A", overrides={5: defect})  # the top slice
+    cut = _write_series(raw / "cut", slices=slices, seed=2, patient="A", overrides={held: defect})
     dicom = {"windows": [{"center": 1000, "width": 3000}], "sample": sample}
     result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
                          transform={"dicom": dicom if "volume" in sample else {**dicom, "size": [16, 16]}},
                          validate={"max_bad_fraction": 0.9}))
     records = {Path(r["path"]): r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
     assert set(records) == set(cut)
-    top = _reference_order(cut)[-1]
+    top = _reference_order(cut)[held]  # slice i lies at z = 3i
     assert records[top]["reason"] == reason
     for path in cut:
         if path != top:
-            assert records[path]["reason"] == "series_incomplete"
+            assert records[path]["reason"] == "series_incomplete", records[path]
             assert f"another file of its series, {top}, is bad ({reason})" in records[path]["message"]
     packed = list(ShardDataset(result.manifest_path, "train", shuffle=False))
     assert len(packed) == (1 if "volume" in sample else 6)  # the good series' alone

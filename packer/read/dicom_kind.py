@@ -337,25 +337,44 @@ class DicomKind(SourceKind):
         return DicomSeries() if job.dicom.by_series or annotated(job) else None
 
 
-def _without_held(series: Sequence[Series], images: Sequence[tuple[SampleRef, Any]], held: Sequence[MemberIssue],
-                  refused: list[Issue]) -> list[Series]:
+def _without_held(series: Sequence[Series], issues: Sequence[Issue], images: Sequence[tuple[SampleRef, Any]],
+                  held: Sequence[MemberIssue]) -> tuple[list[Series], list[Issue]]:
     """``series`` less those a file of ``held`` belongs to (same entity, Study and Series UIDs),
-    whose files go into ``refused`` as ``series_incomplete``, naming the held files and their reasons."""
+    and ``issues`` (the series rule's records), where every file of such a series is
+    ``series_incomplete``, naming the held files and their reasons. That holds whatever the
+    series rule said of the rest: without a held middle slice the others show a gap (or, short,
+    too few slices), and ``series_gap``'s advice (raise the gap tolerance) cannot help, where
+    the held file is the cause. A localizer's record stays its own (it is no slice of the
+    series; ``drop_localizers`` leaves it out on purpose)."""
     if not held:
-        return list(series)
+        return list(series), list(issues)
     missing: dict[tuple[str, ...], dict[str, str]] = {}
     for member in sorted(held, key=lambda m: m.issue.path):  # each held file of a series, by path
         missing.setdefault(member.group, {})[member.issue.path] = member.issue.reason
     geometry = {ref.sample_id: state for ref, state in images}
-    kept = []
+
+    def causes_of(ref: SampleRef) -> dict[str, str] | None:
+        state = geometry[ref.sample_id]
+        return missing.get((ref.entity or "", state.study_uid, state.series_uid))
+
+    kept: list[Series] = []
+    refused: list[Issue] = []
     for one in series:
-        first = geometry[one.refs[0].sample_id]
-        causes = missing.get((one.refs[0].entity or "", first.study_uid, first.series_uid))
+        causes = causes_of(one.refs[0])
         if causes is None:
             kept.append(one)
-            continue
-        refused.extend(series_incomplete(one.refs, causes))
-    return kept
+        else:
+            refused.extend(series_incomplete(one.refs, causes))
+    by_id = {ref.sample_id: ref for ref, _ in images}
+    for issue in issues:
+        ref = by_id.get(issue.sample_id)
+        geometric = issue.reason.startswith("series_") and issue.reason != "series_localizer"
+        causes = causes_of(ref) if ref is not None and geometric else None
+        if ref is None or causes is None:
+            refused.append(issue)
+        else:
+            refused.extend(series_incomplete([ref], causes))
+    return kept, refused
 
 
 def _over_max_voxels(stacked: tuple[int, int, int], resampled: tuple[int, int, int], job: JobConfig) -> str:
@@ -403,8 +422,8 @@ class DicomSeries(Grouping):
         if not job.dicom.by_series:  # slices packed one by one: a series only places its annotations
             settings = replace(settings, min_slices=1, gap_tolerance=float("inf"))
         assembled = assemble(images, settings)
-        refused = list(assembled.issues)
-        whole = _without_held(assembled.series, images, held, refused) if job.dicom.by_series else assembled.series
+        whole, refused = (_without_held(assembled.series, assembled.issues, images, held) if job.dicom.by_series
+                          else (list(assembled.series), list(assembled.issues)))
         fits = []
         for series in whole:
             if job.dicom.sample == "volume" and series.pixel_spacing is None:
