@@ -663,3 +663,55 @@ def test_the_readme_recipe_for_secondary_captures_packs_every_sc_class_multi_fra
         assert not isinstance(found, Excluded | Issue), (uid, found)
     ct = probe_dicom(make_ref(raw / "ct.dcm"), entity_keyword="PatientID", time_keywords=(), where=conditions)
     assert isinstance(ct, Excluded) and ct.why == "filtered", ct
+
+
+def _non_image(path: Path, sop_class: str, modality: str, **payload: Any) -> Path:
+    """A valid object of a non-image SOP class, no Image Pixel module; ``payload``: keyword → bytes."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = sop_class
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    ds.PatientID, ds.StudyDate, ds.StudyTime, ds.Modality = "P1", "20240101", "120000", modality
+    for keyword, value in payload.items():
+        setattr(ds, keyword, value)
+    return save(ds, path)
+
+
+@pytest.mark.parametrize("keep_pixels", [False, True], ids=["header", "whole"])
+def test_a_non_image_object_over_the_size_limit_is_left_out_as_not_image_without_being_read_whole(
+        tmp_path: Path, keep_pixels: bool) -> None:
+    """A Raw Data object (k-space, several GB) or an encapsulated PDF over limits.max_decoded_bytes
+    was a too_large bad sample, counting against max_bad_fraction, where the same object when small
+    is not_image: the file size was checked before the header said what the file is. The header
+    is read first, bounded (its long values unread), and only an image is held to the limit."""
+    import tracemalloc
+
+    from packer.config import LimitsConfig
+
+    limits = LimitsConfig(max_decoded_bytes=2**20)
+    big = 24 * 2**20
+    raw = _non_image(tmp_path / "kspace.dcm", "1.2.840.10008.5.1.4.1.1.66", "MR")  # Raw Data Storage
+    ds = pydicom.dcmread(raw)
+    ds.add_new(0x7FE10010, "LO", "SIEMENS CSA NON-IMAGE")
+    ds.add_new(0x7FE11010, "OB", bytes(big))
+    ds.save_as(raw, enforce_file_format=True)
+    pdf = _non_image(tmp_path / "report.dcm", "1.2.840.10008.5.1.4.1.1.104.1", "DOC",
+                     MIMETypeOfEncapsulatedDocument="application/pdf",
+                     EncapsulatedDocument=b"%PDF-1.4\n" + bytes(big) + b"\n%%EOF\n")
+    image = save(ct_dataset(np.zeros((1024, 1024), np.int16)), tmp_path / "ct.dcm")  # 2 MiB of pixels
+    for path, modality in ((raw, "MR"), (pdf, "DOC")):
+        assert path.stat().st_size > big
+        tracemalloc.start()
+        found = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=(), limits=limits,
+                            keep_pixels=keep_pixels)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert isinstance(found, Excluded) and (found.why, found.modality) == ("not_image", modality), found
+        assert peak < 4 * 2**20, f"{path.name}: {peak} bytes allocated to tell what a {big}-byte file is"
+    # an image over the limit is still too_large, from its size, before a byte of it is decoded
+    refused = probe_dicom(make_ref(image), entity_keyword="PatientID", time_keywords=(), limits=limits,
+                          keep_pixels=keep_pixels)
+    assert isinstance(refused, Issue) and refused.reason == "too_large", refused
+    assert "over limits.max_decoded_bytes 1048576" in refused.message

@@ -362,13 +362,26 @@ def _parse(ref: SampleRef, *, header_only: bool, limits: LimitsConfig) -> Datase
 _NO_STOP = (-1, b"")
 
 
+#: The longest element value the header-only read of a file over ``limits.max_decoded_bytes``
+#: reads: longer ones (raw data, an encapsulated document, a vendor's private payload) are
+#: skipped, so that what the file is can be told from its header without reading it whole.
+HEADER_ELEMENT_MAX = 1 << 20
+
+
 def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
               ) -> tuple[Dataset | Issue, tuple[int, bytes]]:
     """:func:`_parse`, and with ``header_only`` where the header stopped: its offset and the 12
     bytes there (the Pixel Data element's tag, VR and length where the file has one: pydicom
-    rewinds to its tag); else ``(-1, b"")``."""
+    rewinds to its tag); else ``(-1, b"")``.
+
+    A file over ``limits.max_decoded_bytes`` is never read whole: a whole read is ``too_large``
+    at once; a header-only read parses its header without the values longer than
+    :data:`HEADER_ELEMENT_MAX` (those elements are left out of the data set), so that the probe
+    can tell a non-image object (left out, :func:`_excluded`) from an image, which it then
+    refuses as ``too_large`` (:func:`file_too_large`)."""
     try:
-        whole = None if header_only else _read_whole(ref.path)
+        oversized = file_size_problem(os.stat(ref.path).st_size, limits)
+        whole = None if header_only or oversized is not None else _read_whole(ref.path)
     except OSError as err:
         return _cannot_open(ref, err), _NO_STOP
     problem = _check_preamble(ref, None if whole is None else whole.getvalue()[:132])
@@ -376,9 +389,9 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
         return problem, _NO_STOP
     try:
         with whole if whole is not None else BoundedFile(ref.path) as handle:
-            too_big = file_size_problem(handle.size, limits)
-            if too_big is not None:
-                return _issue(ref, "read", "too_large", too_big), _NO_STOP
+            oversized = file_size_problem(handle.size, limits)
+            if oversized is not None and not header_only:
+                return _issue(ref, "read", "too_large", oversized), _NO_STOP
             head = handle.read(1 << 16)
             mismatch = _check_body_syntax(ref, head)
             if mismatch is not None:
@@ -387,8 +400,11 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
             if inflated is not None:
                 return inflated, _NO_STOP
             handle.seek(0)
-            ds = pydicom.dcmread(handle, stop_before_pixels=header_only)
+            ds = pydicom.dcmread(handle, stop_before_pixels=header_only,
+                                 defer_size=None if oversized is None else HEADER_ELEMENT_MAX)
             stop = (handle.tell(), handle.read(12)) if header_only else _NO_STOP
+        if oversized is not None:
+            _drop_deferred(ds)
         return _convert_elements(ref, ds), stop
     except OSError as err:
         return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
@@ -408,6 +424,23 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
                                                  "deeper than a reader can follow (thousands of levels: no real "
                                                  "header nests so deep); the file is damaged or crafted, remove it"
                       ), _NO_STOP
+
+
+def _drop_deferred(ds: Dataset) -> None:
+    """Remove from ``ds`` the top-level elements whose values pydicom deferred (over
+    :data:`HEADER_ELEMENT_MAX`), unread: a later access would read them from the file."""
+    for tag in list(ds.keys()):
+        raw = ds.get_item(tag, keep_deferred=True)
+        if isinstance(raw, RawDataElement) and raw.value is None and raw.length > HEADER_ELEMENT_MAX:
+            del ds[tag]
+
+
+def file_too_large(ref: SampleRef, limits: LimitsConfig) -> Issue | None:
+    """``too_large`` where the file at ``ref.path`` is over ``limits.max_decoded_bytes`` (an image
+    is read whole before decoding), else None; None too where it cannot be stat'ed (its read says why)."""
+    found = _stat(ref.path)
+    problem = None if found is None else file_size_problem(found.st_size, limits)
+    return None if problem is None else _issue(ref, "read", "too_large", problem)
 
 
 _PIXEL_MODULE_INTS = (("0028,0010", "Rows"), ("0028,0011", "Columns"), ("0028,0002", "SamplesPerPixel"),
@@ -820,6 +853,9 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
                            where=where, slices=slices, annotations=annotations)
     if isinstance(ds, Issue):
         return _salvaged(ref, ds) if annotations and ds.reason in _SALVAGED else ds
+    too_big = file_too_large(ref, limits) if not keep_pixels else None  # a whole read checked it
+    if annotations and too_big is not None and annotation_modality(ds) is not None:
+        return too_big  # its references may lie in what the bounded read skipped
     if annotations and annotation_modality(ds) is not None:
         return _annotation_header(ref, ds, entity_keyword, time_keywords)
     if annotations and len(ds) == 0:  # the file meta alone (cut inside it): what do its bytes say?
@@ -829,6 +865,8 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     excluded = _excluded(ref, ds, where, slices=slices)
     if excluded is not None:
         return excluded
+    if too_big is not None:  # an image (only an image is read whole), over the limit: never read whole
+        return _member(too_big, ds, entity_keyword) if placement else too_big
     geometry = _check_image(ref, ds)
     if isinstance(geometry, Issue):
         return _member(geometry, ds, entity_keyword) if placement else geometry
