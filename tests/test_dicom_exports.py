@@ -715,3 +715,49 @@ def test_a_non_image_object_over_the_size_limit_is_left_out_as_not_image_without
                           keep_pixels=keep_pixels)
     assert isinstance(refused, Issue) and refused.reason == "too_large", refused
     assert "over limits.max_decoded_bytes 1048576" in refused.message
+
+
+def _slide_image(path: Path, kind: str, *, label_in_image: bool, seed: int) -> Path:
+    """A VL Whole Slide Microscopy image (2 RGB tiles of 16×16) of Image Type value 3 ``kind``;
+    Burned In Annotation NO, as scanners write it for the label's photo too."""
+    tiles = np.random.default_rng(seed).integers(0, 255, (2, 16, 16, 3)).astype(np.uint8)
+    ds = image_dataset(tiles, photometric="RGB", modality="SM", sop_class="1.2.840.10008.5.1.4.1.1.77.1.6",
+                       PatientID="SLIDE1", ImageType=["ORIGINAL", "PRIMARY", kind, "NONE"],
+                       BurnedInAnnotation="NO", SpecimenLabelInImage="YES" if label_in_image else "NO",
+                       TotalPixelMatrixRows=16, TotalPixelMatrixColumns=32, DimensionOrganizationType="TILED_FULL")
+    return save(ds, path)
+
+
+def test_a_slides_label_overview_and_thumbnail_are_left_out_unless_asked_and_a_label_in_the_pixels_is_refused(
+        tmp_path: Path) -> None:
+    """A whole-slide export holds, beside the pyramid's levels (Image Type value 3 VOLUME), the
+    photo of the slide's label (LABEL), a macro photo (OVERVIEW) that shows the label too, and a
+    THUMBNAIL; they were packed as tissue samples, the label's photo (accession, often the
+    patient's name) with them where Burned In Annotation says NO. They are left out as
+    not_requested, as localizers are, until where: {ImageType: ...} asks for them; a requested
+    image whose Specimen Label in Image is YES is refused as burned-in text."""
+    raw = tmp_path / "raw"
+    files = {kind: _slide_image(raw / f"{kind.lower()}.dcm", kind, label_in_image=kind in ("LABEL", "OVERVIEW"),
+                                seed=k) for k, kind in enumerate(("VOLUME", "LABEL", "OVERVIEW", "THUMBNAIL"))}
+    job = export_job(tmp_path, raw, windows=[{"center": 128, "width": 256}])
+    result = _build(job)
+    assert result.manifest["inputs"]["samples"] == 2  # the level's two tiles, nothing else
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    records = {r["path"]: r for r in read_excluded(result.version_dir / EXCLUDED_FILE)}
+    assert {kind: records[str(files[kind])]["why"] for kind in ("LABEL", "OVERVIEW", "THUMBNAIL")} == {
+        "LABEL": "not_requested", "OVERVIEW": "not_requested", "THUMBNAIL": "not_requested"}
+    assert "where: {ImageType: LABEL}" in records[str(files["LABEL"])]["detail"]
+    # asked for: the thumbnail packs; the label's and the overview's photos show the label: burned-in text
+    where = load_job(export_job(tmp_path / "asked", raw, where={"ImageType": ["LABEL", "OVERVIEW", "THUMBNAIL"]}))
+    conditions = where.sources[0].header_where
+    found = {kind: probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=(), where=conditions)
+             for kind, path in files.items()}
+    assert isinstance(found["VOLUME"], Excluded) and found["VOLUME"].why == "filtered"
+    assert not isinstance(found["THUMBNAIL"], Excluded | Issue), found["THUMBNAIL"]
+    for kind in ("LABEL", "OVERVIEW"):
+        refused = found[kind]
+        assert isinstance(refused, Issue) and refused.reason == "burned_in_annotation", refused
+        assert "(0048,0010) Specimen Label in Image is YES" in refused.message
+    allowed = probe_dicom(make_ref(files["LABEL"]), entity_keyword="PatientID", time_keywords=(), where=conditions,
+                          allow_burned_in=True)
+    assert not isinstance(allowed, Excluded | Issue), allowed

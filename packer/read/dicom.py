@@ -670,11 +670,25 @@ def _decoded_bytes(geometry: _Geometry) -> tuple[int, str]:
     return stored + working, f"{text}, plus {working} bytes of float64 working copies of one frame"
 
 
-def _burned_in(ds: Dataset) -> bool:
-    """(0028,0301) Burned In Annotation is YES (any value of a multi-valued element)."""
-    value = ds.get("BurnedInAnnotation")
-    values = list(value) if isinstance(value, MultiValue) else [value]
-    return any(str(v).strip().upper() == "YES" for v in values if v is not None)
+#: The elements that say the pixels show text that may identify the patient, and what each means:
+#: (0028,0301) Burned In Annotation, and (0048,0010) Specimen Label in Image, the slide label
+#: (accession number, barcode, often the patient's name) photographed in a slide image (PS3.3
+#: C.8.12.4.1.4), where a scanner may write Burned In Annotation NO (the label is no annotation).
+_TEXT_IN_PIXELS = (("BurnedInAnnotation", "(0028,0301) Burned In Annotation is YES: the pixels carry text that may "
+                                          "identify the patient"),
+                   ("SpecimenLabelInImage", "(0048,0010) Specimen Label in Image is YES: the pixels show the slide's "
+                                            "label (accession number, barcode, often the patient's name)"))
+
+
+def _burned_in(ds: Dataset) -> str | None:
+    """What says text is in the pixels (:data:`_TEXT_IN_PIXELS`: an element that is YES, any
+    value of a multi-valued one), None where nothing does."""
+    for keyword, said in _TEXT_IN_PIXELS:
+        value = ds.get(keyword)
+        values = list(value) if isinstance(value, MultiValue) else [value]
+        if any(str(v).strip().upper() == "YES" for v in values if v is not None):
+            return said
+    return None
 
 
 def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: LimitsConfig,
@@ -687,10 +701,10 @@ def _check_safety(ref: SampleRef, ds: Dataset, geometry: _Geometry, limits: Limi
         frames=geometry.frames, frames_text="(0028,0008) Number of Frames")
     if too_big is not None:
         return _issue(ref, "read", "too_large", too_big)
-    if not allow_burned_in and _burned_in(ds):
+    text = None if allow_burned_in else _burned_in(ds)
+    if text is not None:
         return _issue(ref, "read", "burned_in_annotation",
-                      "(0028,0301) Burned In Annotation is YES: the pixels carry text that may identify the "
-                      "patient, so the file was not decoded. Remove it, or set safety.burned_in_annotation: allow "
+                      f"{text}, so the file was not decoded. Remove it, or set safety.burned_in_annotation: allow "
                       "in the job file once the text is known to be free of PHI")
     return None
 

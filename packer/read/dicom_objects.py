@@ -13,7 +13,11 @@ slices). They are ``not_requested`` unless the source's ``where:`` asks for them
 condition (equality, membership or match, not ``not``) on the attribute that names them and
 that holds for the file: ``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`` for RT Dose,
 ``SOPClassUID`` for a secondary capture (its Modality is often that of the images it shows),
-``ImageType: LOCALIZER`` for a localizer. Series jobs leave localizers to the series rule
+``ImageType: LOCALIZER`` for a localizer. A slide's label, overview or thumbnail image (Image
+Type value 3 in :data:`SLIDE_AUXILIARY`, beside a whole-slide scan's levels: the label's photo
+often shows the patient's name) is ``not_requested`` in every job, asked for by ``ImageType``
+(``ImageType: LABEL``); asked for, one whose Specimen Label in Image is YES is refused as
+burned-in text by the read's safety check. Series jobs leave localizers to the series rule
 (``transform.dicom.series.drop_localizers``); there, a projection or other 2-D image with no
 place in patient space (a CR, DX, MG or US file without Image Position (Patient), nor a Plane
 Position (Patient) in its functional groups, :data:`PROJECTION_MODALITIES`) is ``not_requested``
@@ -71,6 +75,11 @@ MASK_CLASSES = frozenset({
 NOT_IMAGE_MODALITIES = frozenset({"SR", "PR", "KO", "RTPLAN", "RTRECORD", "RTSTRUCT", "SEG", "DOC", "REG", "FID",
                                   "PLAN", "RWV", "ECG", "HD", "AU", "RESP"})
 _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+#: Image Type value 3 (PS3.3 C.8.12.4.1.1) of the images of a slide that are no tissue at the
+#: scan's resolution: the photo of the slide's label (accession number, barcode, often the
+#: patient's name), the macro photo of the whole slide (which shows the label too) and a
+#: thumbnail. A whole-slide export holds them beside the pyramid levels (value 3 VOLUME).
+SLIDE_AUXILIARY = ("LABEL", "OVERVIEW", "THUMBNAIL")
 #: Modalities of projection and other 2-D images (radiographs, mammograms, angiography and
 #: fluoroscopy runs, ultrasound, photographs, slide scans): no slice of a cross-sectional stack.
 #: In a series job one that has no place in patient space is left out, not refused as a broken series.
@@ -271,6 +280,12 @@ def has_pixels(ds: Dataset) -> bool:
     return any(k in ds for k in _PIXEL_KEYWORDS) or ("Rows" in ds and "Columns" in ds)
 
 
+def _slide_auxiliary(ds: Dataset) -> str | None:
+    """The :data:`SLIDE_AUXILIARY` value of ``ds``'s Image Type value 3, None where it holds none."""
+    values = [v.strip().upper() for v in header_values(ds, "ImageType")]
+    return values[2] if len(values) > 2 and values[2] in SLIDE_AUXILIARY else None
+
+
 def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> ObjectClass:
     """What ``ds`` is, and whether an image job leaves it out by default (see the module doc).
 
@@ -310,6 +325,15 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}} "
                                "(every SC class, multi-frame included: {SOPClassUID: {match: Secondary Capture}})")
+    elif (auxiliary := _slide_auxiliary(ds)) is not None:
+        if not _asked(conditions, ("ImageType",), ds):
+            return ObjectClass(modality, name, "not_requested",
+                               f"{what} is a slide's {auxiliary} image (Image Type "
+                               f"{'/'.join(header_values(ds, 'ImageType'))}), not tissue at the scan's resolution; "
+                               "a label or overview photo often shows the patient's name or accession number. To "
+                               f"pack such images add to the source where: {{ImageType: {auxiliary}}} (one that "
+                               "shows the label is then refused as burned-in text, unless "
+                               "safety.burned_in_annotation: allow)")
     elif not slices and _planar(ds, modality) and not _placed(ds):
         if not _asked(conditions, ("Modality",), ds):
             return ObjectClass(modality, name, "not_requested",
