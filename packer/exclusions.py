@@ -41,11 +41,13 @@ def exclusion_counts(excluded: Sequence[Excluded]) -> dict[str, Any]:
     """The manifest's ``inputs`` fields for ``excluded`` (empty when nothing was excluded, so a
     dataset without exclusions keeps the manifest, and hash, it had before they were counted):
     ``excluded`` (why → files), ``excluded_by_modality`` and ``excluded_by_sop_class`` (files
-    per DICOM Modality and SOP class, of the files whose header says; each only when non-empty)."""
+    per DICOM Modality and SOP class, of the files whose header was read; each only when
+    non-empty). A header read without a Modality (an export's DICOMDIR) counts as ``(none)``, so
+    that the modalities sum to the files whose header was read."""
     if not excluded:
         return {}
     out: dict[str, Any] = {"excluded": dict(sorted(Counter(e.why for e in excluded).items()))}
-    modality = Counter(e.modality for e in excluded if e.modality)
+    modality = Counter(e.modality or "(none)" for e in excluded if e.modality or e.sop_class)
     if modality:
         out["excluded_by_modality"] = dict(sorted(modality.items()))
     sop = Counter(e.sop_class for e in excluded if e.sop_class)

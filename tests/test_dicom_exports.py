@@ -761,3 +761,41 @@ def test_a_slides_label_overview_and_thumbnail_are_left_out_unless_asked_and_a_l
     allowed = probe_dicom(make_ref(files["LABEL"]), entity_keyword="PatientID", time_keywords=(), where=conditions,
                           allow_burned_in=True)
     assert not isinstance(allowed, Excluded | Issue), allowed
+
+
+def _dicomdir(path: Path) -> Path:
+    """An export's DICOMDIR: its class (Media Storage Directory Storage) in its file meta only, no Modality."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = MediaStorageDirectoryStorage
+    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.FileSetID, ds.FileSetConsistencyFlag, ds.DirectoryRecordSequence = "EXPORT", 0, DicomSequence([])
+    ds.OffsetOfTheFirstDirectoryRecordOfTheRootDirectoryEntity = 0
+    ds.OffsetOfTheLastDirectoryRecordOfTheRootDirectoryEntity = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_non_image_objects_are_counted_by_what_they_are_and_the_modalities_sum_to_the_files_left_out(
+        tmp_path: Path) -> None:
+    """An export of no image counted a Raw Data object of Modality CT as '1 CT' (as if a CT image
+    were there), and the manifest's excluded_by_modality left the DICOMDIR (no Modality) out, so
+    it summed to one less than the files left out."""
+    from packer.pipeline.datacheck import validate_job
+
+    raw = tmp_path / "raw"
+    _dicomdir(raw / "DICOMDIR")
+    _non_image(raw / "kspace.dcm", "1.2.840.10008.5.1.4.1.1.66", "CT")  # Raw Data Storage
+    write_text_sr(raw / "report.dcm", "P1")
+    with pytest.raises(ConfigError, match=r"no sample to pack") as refused:
+        validate_job(load_job(export_job(tmp_path, raw)), scheduler="sync", quiet=True)
+    assert ("objects that are not images (1 Media Storage Directory Storage, 1 Raw Data Storage, 1 SR)"
+            in str(refused.value)), refused.value
+    save(ct_dataset(PatientID="P1"), raw / "ct.dcm")
+    result = _build(export_job(tmp_path / "with-image", raw))
+    inputs = result.manifest["inputs"]
+    assert inputs["excluded"] == {"not_image": 3}
+    assert inputs["excluded_by_modality"] == {"(none)": 1, "CT": 1, "SR": 1}
+    assert sum(inputs["excluded_by_modality"].values()) == sum(inputs["excluded"].values())

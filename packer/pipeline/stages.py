@@ -75,6 +75,7 @@ from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_
 from packer.pipeline.splitlists import name_of
 from packer.progress import Progress
 from packer.read.dicom_masks import annotation_notes_warning, note_count, possible_annotations_warning
+from packer.read.dicom_objects import NOT_IMAGE_MODALITIES
 from packer.read.kinds import source_kind, source_libraries
 from packer.read.nifti import is_filled_note
 from packer.read.series import is_constant_note
@@ -334,7 +335,7 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
         which = f"all {len(excluded)} files of the job are left out on purpose ({why}); the first"
     if all(e.why == "not_image" for e in excluded):
         # no where: or files: can pack an SR or a PDF: the fix is the images, not what leaves these out
-        held = Counter(e.modality or e.sop_class or "unknown" for e in excluded)
+        held = Counter(_held_kind(e) for e in excluded)
         kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(held.items(), key=lambda kv: (-kv[1], kv[0])))
         holds = (f"Besides {len(issues)} bad {'file' if len(issues) == 1 else 'files'}, the job's sources hold "
                  "objects that are not images" if issues else "The job's sources hold no image, only objects that "
@@ -345,6 +346,15 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
                            "export the images themselves from the archive), or remove the source")
     return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. Change what leaves "
                        "them out (the source's where:, its table's files:), or remove the source")
+
+
+def _held_kind(excluded: Excluded) -> str:
+    """What a ``not_image`` file is, as the no-sample error counts it: its Modality where that
+    names a non-image object (``SR``, ``RTPLAN``), else its SOP class (a Raw Data object of
+    Modality CT is no CT image; a DICOMDIR has no Modality), else ``unknown``."""
+    if excluded.modality in NOT_IMAGE_MODALITIES or not excluded.sop_class:
+        return excluded.modality or excluded.sop_class or "unknown"
+    return excluded.sop_class
 
 
 def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], phi: Pseudonymizer) -> dict[str, str] | None:
