@@ -669,7 +669,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     if moved_classes:
         notes.append(moved_classes)
     old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
-    target = old_target if old_target.kind == new_target.kind else None
+    target = old_target.compared_with(new_target) if old_target.kind == new_target.kind else None
     if target is None:
         notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
                      "targets are not compared per sample, so none is listed as relabeled")

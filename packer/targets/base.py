@@ -537,6 +537,12 @@ class Target:
         ``new`` are (text, values) as :meth:`index_target` gives them."""
         raise NotImplementedError
 
+    def compared_with(self, new: Target) -> Target:
+        """The target ``packer diff`` compares samples of this version and of ``new`` (a target
+        of the same kind) with: this one, unless the kind's comparison depends on both
+        vocabularies (multi-label: :meth:`MultiLabelTarget.compared_with`)."""
+        return self
+
     @per_kind
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         """The names an added, removed or changed sample counts under in ``diff``'s by-label table."""

@@ -302,10 +302,23 @@ class MultiLabelTarget(Target):
         ignored = [name for name, use in zip(self.names, used, strict=False) if not use]
         return self.describe(None, values) + (f"; ignored: {', '.join(ignored)}" if ignored else ""), pairs
 
+    def compared_with(self, new: Target) -> Target:
+        """The target whose names are the labels of both vocabularies (this one's order, masked
+        where either is): a label only one version has is neither known nor ignored in the other,
+        so it says only whether a sample holds it, never that it became ignored or known."""
+        shared = tuple(name for name in self.names if name in new.names)
+        return Target(self.KIND, shared, masked=self.masked or new.masked)
+
+    def _known_shared(self, values: TargetValues | None) -> set[str]:
+        """:func:`_known` over the labels of this target (both versions' vocabularies, in a diff)."""
+        return _known(values) & set(self.names)
+
     def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
                   ) -> bool:
-        """Whether the labels held, or those ignored (a known negative now masked out), changed."""
-        return _held(old[1]) != _held(new[1]) or _known(old[1]) != _known(new[1])
+        """Whether the labels held changed (a label added to, or dropped from, the vocabulary only
+        where the sample holds it), or those ignored among the labels of both versions (a known
+        negative now masked out)."""
+        return _held(old[1]) != _held(new[1]) or self._known_shared(old[1]) != self._known_shared(new[1])
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         """Each label the sample holds (:data:`NO_LABEL` when none)."""
@@ -314,9 +327,10 @@ class MultiLabelTarget(Target):
     def relabel_counts(self, old: tuple[str | None, TargetValues | None],
                        new: tuple[str | None, TargetValues | None]) -> list[tuple[str, str]]:
         """``relabeled_in`` for each label the sample gained, ``relabeled_out`` for each it lost;
-        ``ignored_in`` for each label now ignored (masked out), ``ignored_out`` for each no longer."""
+        ``ignored_in`` for each label now ignored (masked out), ``ignored_out`` for each no longer,
+        among the labels of this target (:meth:`compared_with`: those both versions have)."""
         before, after = _held(old[1]), _held(new[1])
-        known_before, known_after = _known(old[1]), _known(new[1])
+        known_before, known_after = self._known_shared(old[1]), self._known_shared(new[1])
         return ([(name, "relabeled_in") for name in after - before]
                 + [(name, "relabeled_out") for name in before - after]
                 + [(name, "ignored_in") for name in known_before - known_after]

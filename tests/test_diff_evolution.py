@@ -1,0 +1,51 @@
+"""packer diff across versions whose vocabulary, target order, files or refused inputs changed:
+a label new to a multi-label vocabulary, numeric target columns in another order, a file moved
+to another class folder, new rows refused as bad samples.
+
+Expected numbers are counted here from the inputs, never taken from the diff under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from packer.inspection import diff_datasets, format_diff
+from tests.test_targets import _build, _job, _photo_table
+
+
+def _findings_build(tmp: Path, findings: list[str]) -> Path:
+    raw = _photo_table(tmp, [{"path": f"{i}.png", "findings": f, "entity": f"E{i}", "timestamp": "2024-01-01"}
+                             for i, f in enumerate(findings)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "multilabel", "column": "findings"}}
+    return _build(_job(tmp, [source])).version_dir
+
+
+def _keys_by_path(version: Path) -> dict[str, str]:
+    """The sample key of each raw file name, from ``_splits.parquet``'s entity ids (``E<i>``)."""
+    table = pq.read_table(version / "_splits.parquet", columns=["key", "entity_id"]).to_pylist()
+    return {row["entity_id"]: row["key"] for row in table}
+
+
+def test_a_label_new_to_the_vocabulary_relabels_only_the_samples_that_hold_it(tmp_path: Path) -> None:
+    """Adding 'atelectasis' to three samples put it in the vocabulary; diff listed every sample as
+    relabeled ('nodule -> nodule') and counted ignored_out for the new label on every one."""
+    findings = ["effusion", "nodule|effusion", "", "nodule", "mass", "effusion", "nodule", "mass"]
+    before = _findings_build(tmp_path / "v1", findings)
+    gained = (0, 2, 5)
+    edited = [(f + "|atelectasis").strip("|") if i in gained else f for i, f in enumerate(findings)]
+    after = _findings_build(tmp_path / "v2", edited)
+    keys = _keys_by_path(after)
+
+    diff = diff_datasets(before, after)
+    assert sorted(c.key for c in diff.relabeled) == sorted(keys[f"E{i}"] for i in gained)
+    assert diff.by_label() == {"atelectasis": {"relabeled_in": 3}}
+    # and back: the label leaves the vocabulary, counted out of the samples that held it only
+    back = diff_datasets(after, before)
+    assert sorted(c.key for c in back.relabeled) == sorted(keys[f"E{i}"] for i in gained)
+    assert back.by_label() == {"atelectasis": {"relabeled_out": 3}}
+    assert "ignored" not in json.dumps(diff.to_json()) + json.dumps(back.to_json())
+    assert "3 relabeled" in format_diff(diff)
