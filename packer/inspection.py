@@ -669,6 +669,9 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     if moved_classes:
         notes.append(moved_classes)
     old_target, new_target = Target.of_manifest(old), Target.of_manifest(new)
+    moved_positions = _moved_target_positions(old_target, new_target)
+    if moved_positions:
+        notes.append(moved_positions)
     target = old_target.compared_with(new_target) if old_target.kind == new_target.kind else None
     if target is None:
         notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
@@ -733,6 +736,20 @@ def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None
             "record changed, its class did not), and a model trained on the old version reads them as other "
             "classes: list the classes in the job's labels: [...], which keeps their indices from one version to "
             "the next")
+
+
+def _moved_target_positions(old: Target, new: Target) -> str | None:
+    """The note on a target vector whose positions hold other names (numeric columns in another
+    order, a multi-label name sorted before others): every sample's packed target vector holds
+    its values at other positions, though no value changed, so nothing is relabeled, and a model
+    trained on the old version reads them as other values (:meth:`Target.moved_positions`)."""
+    moved = old.moved_positions(new)
+    if not moved:
+        return None
+    return (f"target positions changed: {', '.join(moved[:8])}{', ...' if len(moved) > 8 else ''}; every sample's "
+            "target vector (.target.npy, the target column, batch['target']) holds its values at other positions "
+            "(no value changed, so none is relabeled), and a model trained on the old version reads them as other "
+            "values: keep the order of the label columns (or the job's labels: [...]) from one version to the next")
 
 
 def _manifest_shards(manifest: Manifest) -> list[tuple[str, dict[str, Any]]]:

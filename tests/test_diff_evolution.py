@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from packer.inspection import diff_datasets, format_diff
+from packer.targets import Target
 from tests.test_targets import _build, _job, _photo_table
 
 
@@ -49,3 +50,35 @@ def test_a_label_new_to_the_vocabulary_relabels_only_the_samples_that_hold_it(tm
     assert back.by_label() == {"atelectasis": {"relabeled_out": 3}}
     assert "ignored" not in json.dumps(diff.to_json()) + json.dumps(back.to_json())
     assert "3 relabeled" in format_diff(diff)
+
+
+def _numbers_build(tmp: Path, columns: list[str]) -> Path:
+    raw = _photo_table(tmp, [{"path": f"{i}.png", "age": str(40 + i), "dose": str(i / 2), "entity": f"E{i}",
+                              "timestamp": "2024-01-01"} for i in range(6)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "numeric", "columns": columns}}
+    return _build(_job(tmp, [source])).version_dir
+
+
+def test_numeric_target_columns_in_another_order_are_a_note_of_moved_positions(tmp_path: Path) -> None:
+    """[age, dose] -> [dose, age] swaps every sample's packed target vector (batch['target'][:, 0]
+    was age, is dose); diff said nothing: no value changed, so none was relabeled."""
+    before = _numbers_build(tmp_path / "v1", ["age", "dose"])
+    after = _numbers_build(tmp_path / "v2", ["dose", "age"])
+    first = pq.read_table(before / "_index.parquet", columns=["key", "target"]).to_pylist()
+    second = {row["key"]: row["target"] for row in pq.read_table(after / "_index.parquet").to_pylist()}
+    assert all(second[row["key"]] == row["target"][::-1] for row in first)  # the vectors did swap
+
+    diff = diff_datasets(before, after)
+    assert diff.relabeled == ()
+    (note,) = [n for n in diff.notes if n.startswith("target positions changed")]
+    assert note.startswith("target positions changed: 0 age -> dose, 1 dose -> age; ")
+    assert "a model trained on the old version reads them as other values" in note
+    assert f"  note: {note}" in format_diff(diff)
+    assert not diff.empty
+    assert not [n for n in diff_datasets(after, after).notes if n.startswith("target positions")]
+    # a column added at the end moves nothing already there; a multi-label name sorted first does
+    assert Target("numeric", ("age", "dose")).moved_positions(Target("numeric", ("age", "dose", "bmi"))) == ()
+    assert Target("multilabel", ("b", "c")).moved_positions(Target("multilabel", ("a", "b", "c"))) == (
+        "0 b -> a", "1 c -> b")
+    assert Target("class", ("b", "c")).moved_positions(Target("class", ("a", "b", "c"))) == ()  # the label map's note

@@ -537,6 +537,16 @@ class Target:
         ``new`` are (text, values) as :meth:`index_target` gives them."""
         raise NotImplementedError
 
+    def moved_positions(self, new: Target) -> tuple[str, ...]:
+        """Each position of the target vector both versions have that holds another name in
+        ``new`` (a target of the same kind), as ``0 age -> dose``: a model trained on this version
+        reads the values there as the old names'. A position only one version has (a column
+        added or dropped at the end) moves nothing. Empty for a kind without a vector (a class
+        target's indices are the label map's) or where nothing moved."""
+        if not (self.has_vector and new.has_vector) or type(self) is not type(new):
+            return ()
+        return tuple(f"{i} {a} -> {b}" for i, (a, b) in enumerate(zip(self.names, new.names, strict=False)) if a != b)
+
     def compared_with(self, new: Target) -> Target:
         """The target ``packer diff`` compares samples of this version and of ``new`` (a target
         of the same kind) with: this one, unless the kind's comparison depends on both
