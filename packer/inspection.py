@@ -365,6 +365,10 @@ class DatasetDiff:
     ``xxh3`` over all of a sample's packed bytes (only when both versions have one format and
     both indexes an ``xxh3`` column).
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
+    ``inputs``: the input files, samples, files left out on purpose (by why) and bad samples (in
+    all and by reason) whose counts differ (:func:`diff_inputs`): new rows refused as bad samples
+    change no sample, yet the versions differ. ``hash_fields``: where the dataset_hashes differ,
+    the manifest fields that differ (those the hash covers); empty where the hashes agree.
     ``target``: the versions' target; None when their kinds differ (then no sample counts as
     relabeled; ``notes`` says so). ``shards``: every shard of either version, matched by sha256
     (:class:`ShardChange`).
@@ -385,12 +389,26 @@ class DatasetDiff:
     target: Target | None = field(default_factory=lambda: Target("class"))
     shards: tuple[ShardChange, ...] = ()
     record_changed: tuple[SampleChange, ...] = ()
+    inputs: tuple[ValueChange, ...] = ()
+    hash_fields: tuple[str, ...] = ()
+
+    @property
+    def hash_differs(self) -> bool:
+        return self.old.get("dataset_hash") != self.new.get("dataset_hash")
 
     @property
     def empty(self) -> bool:
+        """Nothing differs: never where the dataset_hashes do, whether or not a list names why."""
         return not (self.added or self.removed or self.changed or self.moved or self.relabeled
-                    or self.record_changed or self.config
+                    or self.record_changed or self.config or self.inputs or self.hash_differs
                     or self.versions or any(c.kind != "reused" for c in self.shards))
+
+    @property
+    def unexplained(self) -> bool:
+        """The dataset_hashes differ but no list here says how: only ``hash_fields`` does."""
+        return self.hash_differs and not (self.added or self.removed or self.changed or self.moved or self.relabeled
+                                          or self.record_changed or self.config or self.inputs or self.versions
+                                          or any(c.kind != "reused" for c in self.shards))
 
     def shards_of(self, kind: str) -> tuple[ShardChange, ...]:
         """The shards of one ``kind`` (reused, new, removed), in manifest order."""
@@ -452,8 +470,38 @@ class DatasetDiff:
                             **samples, "by_split": self.by_split(), "by_label": self.by_label()},
                 "shards": {**{kind: [c.to_json() for c in self.shards_of(kind)] for kind in SHARD_KINDS},
                            "counts": self.shard_counts()},
+                "inputs": [c.to_json() for c in self.inputs],
+                "dataset_hash": {"differs": self.hash_differs, "fields": list(self.hash_fields)},
                 "config": [c.to_json() for c in self.config], "versions": [c.to_json() for c in self.versions],
                 "notes": list(self.notes)}
+
+
+def _input_counts(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """A manifest's counts of what went in and what came of it, by key path: ``inputs.files``,
+    ``inputs.samples``, ``inputs.excluded.<why>``, ``bad_samples.total``,
+    ``bad_samples.by_reason.<reason>``."""
+    inputs, bad = manifest.get("inputs") or {}, manifest.get("bad_samples") or {}
+    return {"inputs.files": int(inputs.get("files", 0)), "inputs.samples": int(inputs.get("samples", 0)),
+            **{f"inputs.excluded.{why}": int(n) for why, n in (inputs.get("excluded") or {}).items()},
+            "bad_samples.total": int(bad.get("total", 0)),
+            **{f"bad_samples.by_reason.{reason}": int(n) for reason, n in (bad.get("by_reason") or {}).items()}}
+
+
+def diff_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[ValueChange, ...]:
+    """The counts of :func:`_input_counts` that differ between two manifests, sorted by path; a
+    reason or why one side lacks counts 0 there (``bad_samples.by_reason.unknown_label: 0 -> 6``)."""
+    a, b = _input_counts(old), _input_counts(new)
+    return tuple(ValueChange(path, "changed", a.get(path, 0), b.get(path, 0))
+                 for path in sorted(set(a) | set(b)) if a.get(path, 0) != b.get(path, 0))
+
+
+def _hash_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+    """The manifest fields the dataset_hash covers (all but created_at, version and the hash)
+    that differ, where the hashes do; empty where they agree."""
+    if old.get("dataset_hash") == new.get("dataset_hash"):
+        return ()
+    return tuple(sorted(key for key in set(old) | set(new)
+                        if key not in ("created_at", "version", "dataset_hash") and old.get(key) != new.get(key)))
 
 
 def _split_order(split: str) -> tuple[int, str]:
@@ -717,7 +765,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
                        target=target, shards=diff_shards(old_manifest, new_manifest),
-                       record_changed=tuple(lists["record_changed"]))
+                       record_changed=tuple(lists["record_changed"]), inputs=diff_inputs(old, new),
+                       hash_fields=_hash_fields(old, new))
 
 
 def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None:
@@ -833,9 +882,19 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
             if len(items) > limit:
                 lines.append(f"    {label:<9} ... and {len(items) - limit} more (--json lists all)")
     lines += _shard_lines(diff, limit)
+    if diff.inputs:  # new rows refused as bad samples change no sample, yet the versions differ
+        lines.append(f"  inputs: {len(diff.inputs)} difference{'s' if len(diff.inputs) != 1 else ''} (bad samples "
+                     "are listed in each version's bad_samples.jsonl, files left out on purpose in excluded.jsonl)")
+        lines += [f"    {c.path}: {_value(c.old)} -> {_value(c.new)}" for c in diff.inputs]
     for title, changes in (("config", diff.config), ("versions", diff.versions)):
-        lines.append(f"  {title}: {len(changes) or 'no'} difference{'s' if len(changes) != 1 else ''}")
+        # "unchanged", not "no differences": that says the versions are the same, and is said only then
+        lines.append(f"  {title}: " + (f"{len(changes)} difference{'s' if len(changes) != 1 else ''}"
+                                       if changes else "unchanged"))
         lines += [f"    {c.path}: {_value(c.old)} -> {_value(c.new)}" for c in changes]
+    if diff.unexplained:
+        lines.append(f"  dataset_hash differs ({old['dataset_hash'][:12]} -> {new['dataset_hash'][:12]}), though no "
+                     f"list above says how: the manifests differ in {', '.join(diff.hash_fields) or 'no field'} "
+                     "(compare them with packer inspect --json)")
     return "\n".join(lines)
 
 

@@ -82,3 +82,32 @@ def test_numeric_target_columns_in_another_order_are_a_note_of_moved_positions(t
     assert Target("multilabel", ("b", "c")).moved_positions(Target("multilabel", ("a", "b", "c"))) == (
         "0 b -> a", "1 c -> b")
     assert Target("class", ("b", "c")).moved_positions(Target("class", ("a", "b", "c"))) == ()  # the label map's note
+
+
+def test_new_rows_refused_as_bad_samples_are_a_difference_not_no_differences(tmp_path: Path) -> None:
+    """Six rows of a class the job's labels: do not list arrive and are refused as unknown_label
+    bad samples: every sample and shard is as it was, the dataset_hash differs, and diff said
+    'no differences' (--json "empty": true)."""
+    rows = [{"path": f"{i}.png", "label": ["cat", "dog"][i % 2], "entity": f"E{i}", "timestamp": "2024-01-01"}
+            for i in range(8)]
+    raw = _photo_table(tmp_path, rows)
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv")}
+    job = _job(tmp_path, [source], labels=["cat", "dog"], validate={"max_bad_fraction": 0.5})
+    before = _build(job).version_dir
+    raw = _photo_table(tmp_path, rows + [{"path": f"{i}.png", "label": "bird", "entity": f"E{i}",
+                                          "timestamp": "2024-01-01"} for i in range(8, 14)])
+    after = _build(job).version_dir
+    assert json.loads((before / "manifest.json").read_text())["dataset_hash"] != \
+        json.loads((after / "manifest.json").read_text())["dataset_hash"]
+
+    diff = diff_datasets(before, after)
+    assert diff.added == diff.removed == diff.relabeled == ()
+    assert [(c.path, c.old, c.new) for c in diff.inputs] == [
+        ("bad_samples.by_reason.unknown_label", 0, 6), ("bad_samples.total", 0, 6), ("inputs.files", 8, 14)]
+    assert not diff.empty and diff.to_json()["empty"] is False
+    assert diff.to_json()["dataset_hash"]["differs"] is True
+    text = format_diff(diff)
+    assert "  no differences" not in text.splitlines() and "    bad_samples.by_reason.unknown_label: 0 -> 6" in text
+    assert "    inputs.files: 8 -> 14" in text
+    same = diff_datasets(before, before)
+    assert same.empty and same.inputs == () and same.to_json()["dataset_hash"] == {"differs": False, "fields": []}
