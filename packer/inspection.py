@@ -301,10 +301,21 @@ class SampleChange:
     new_label: str | None
     old_target: TargetValues | None = None
     new_target: TargetValues | None = None
+    #: a sample of the ``rekeyed`` list (:func:`pair_by_content`): its key in the old version
+    #: (``key`` is the new one), and its entity in the new version where ``_splits.parquet`` says
+    old_key: str | None = None
+    new_entity: str | None = None
+
+    @property
+    def split_changed(self) -> bool:
+        """A sample of both versions in another split (a rekeyed one's split drawn afresh)."""
+        return self.old_split is not None and self.new_split is not None and self.old_split != self.new_split
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "old_split": self.old_split, "new_split": self.new_split,
                                "old_label": self.old_label, "new_label": self.new_label}
+        if self.old_key is not None:
+            out.update(old_key=self.old_key, new_entity=self.new_entity, split_changed=self.split_changed)
         if self.old_target is not None or self.new_target is not None:
             out["old_target"] = None if self.old_target is None else dict(self.old_target)
             out["new_target"] = None if self.new_target is None else dict(self.new_target)
@@ -364,6 +375,9 @@ class DatasetDiff:
     packed bytes differ (the JSON record: entity, time, table cells; a mask), found by the index's
     ``xxh3`` over all of a sample's packed bytes (only when both versions have one format and
     both indexes an ``xxh3`` column).
+    ``rekeyed``: a removed and an added sample with the same per-sample sha256, paired
+    (:func:`pair_by_content`) and in neither ``removed`` nor ``added``: the same bytes under a new
+    key (a file moved to another class folder, renamed), whose split was drawn afresh.
     ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
     ``inputs``: the input files, samples, files left out on purpose (by why) and bad samples (in
     all and by reason) whose counts differ (:func:`diff_inputs`): new rows refused as bad samples
@@ -391,24 +405,28 @@ class DatasetDiff:
     record_changed: tuple[SampleChange, ...] = ()
     inputs: tuple[ValueChange, ...] = ()
     hash_fields: tuple[str, ...] = ()
+    rekeyed: tuple[SampleChange, ...] = ()
 
     @property
     def hash_differs(self) -> bool:
         return self.old.get("dataset_hash") != self.new.get("dataset_hash")
 
     @property
+    def listed(self) -> bool:
+        """Some list here names a difference: samples, shards, input counts, config or versions."""
+        return bool(self.added or self.removed or self.changed or self.moved or self.relabeled or self.rekeyed
+                    or self.record_changed or self.config or self.inputs or self.versions
+                    or any(c.kind != "reused" for c in self.shards))
+
+    @property
     def empty(self) -> bool:
         """Nothing differs: never where the dataset_hashes do, whether or not a list names why."""
-        return not (self.added or self.removed or self.changed or self.moved or self.relabeled
-                    or self.record_changed or self.config or self.inputs or self.hash_differs
-                    or self.versions or any(c.kind != "reused" for c in self.shards))
+        return not (self.listed or self.hash_differs)
 
     @property
     def unexplained(self) -> bool:
         """The dataset_hashes differ but no list here says how: only ``hash_fields`` does."""
-        return self.hash_differs and not (self.added or self.removed or self.changed or self.moved or self.relabeled
-                                          or self.record_changed or self.config or self.inputs or self.versions
-                                          or any(c.kind != "reused" for c in self.shards))
+        return self.hash_differs and not self.listed
 
     def shards_of(self, kind: str) -> tuple[ShardChange, ...]:
         """The shards of one ``kind`` (reused, new, removed), in manifest order."""
@@ -426,7 +444,8 @@ class DatasetDiff:
 
     def by_split(self) -> dict[str, dict[str, int]]:
         """Per split: added, removed, changed and relabeled (counted where the sample is now),
-        moved_in, moved_out."""
+        moved_in, moved_out; rekeyed_in and rekeyed_out (:attr:`rekeyed`: where the bytes are
+        now, where they were)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
         for kind, items, side in (("added", self.added, "new"), ("removed", self.removed, "old"),
                                   ("changed", self.changed, "new"), ("relabeled", self.relabeled, "new")):
@@ -435,6 +454,9 @@ class DatasetDiff:
         for item in self.moved:
             out[str(item.new_split)]["moved_in"] += 1
             out[str(item.old_split)]["moved_out"] += 1
+        for item in self.rekeyed:
+            out[str(item.new_split)]["rekeyed_in"] += 1
+            out[str(item.old_split)]["rekeyed_out"] += 1
         return {split: dict(sorted(out[split].items())) for split in sorted(out, key=_split_order)}
 
     def by_label(self) -> dict[str, dict[str, int]]:
@@ -446,6 +468,7 @@ class DatasetDiff:
         gained the label, relabeled_out those that lost it, ignored_in those where it became
         ignored (masked out, under ``uncertain: ignore``), ignored_out those where it no longer is.
         numeric: per target name, ``relabeled`` counts the samples whose value of it changed.
+        A rekeyed sample (:attr:`rekeyed`) counts as a relabeled one where its target changed.
         Empty for unlabeled datasets and mixed kinds.
         """
         out: dict[str, Counter[str]] = defaultdict(Counter)
@@ -457,6 +480,9 @@ class DatasetDiff:
                 for name in self.target.diff_names(*item.target_of(side)):
                     out[name][change] += 1
         for item in self.relabeled:
+            for name, column in self.target.relabel_counts(item.target_of("old"), item.target_of("new")):
+                out[name][column] += 1
+        for item in self.rekeyed:  # the same bytes under a new key, relabeled or not (a class folder fixed)
             for name, column in self.target.relabel_counts(item.target_of("old"), item.target_of("new")):
                 out[name][column] += 1
         return {label: dict(sorted(out[label].items())) for label in sorted(out)}
@@ -552,7 +578,7 @@ def _member(container: dict[Any, Any] | list[Any], key: Any) -> Any:
 
 
 #: The per-sample lists of a :class:`DatasetDiff`, in the order ``packer diff`` shows them.
-SAMPLE_KINDS = ("added", "removed", "changed", "moved", "relabeled", "record_changed")
+SAMPLE_KINDS = ("added", "removed", "changed", "moved", "relabeled", "rekeyed", "record_changed")
 
 
 def read_sample_index(manifest: Manifest, *, target_masks: bool = True) -> dict[str, dict[str, Any]] | None:
@@ -725,10 +751,12 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
         notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
                      "targets are not compared per sample, so none is listed as relabeled")
     lists: dict[str, list[SampleChange]] = defaultdict(list)
+    samples, new_assigned = False, {}
     if old_rows is not None and new_rows is not None:
         # what _splits.parquet says of a sample besides its split: its entity, fold and time (under
         # dates: shift a time is in no shard byte, so two versions that differ in it alone said "no differences")
         old_assigned, new_assigned = read_assignment(old_manifest) or {}, read_assignment(new_manifest) or {}
+        samples = True
         for key in sorted(set(old_rows) | set(new_rows)):
             a, b = old_rows.get(key), new_rows.get(key)
             change = SampleChange(key, old_split=a["split"] if a else None, new_split=b["split"] if b else None,
@@ -755,6 +783,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                                  or (old_assigned and new_assigned
                                      and old_assigned.get(key) != new_assigned.get(key))):
                     lists["record_changed"].append(change)
+    if content:
+        lists["rekeyed"] = pair_by_content(lists, old_rows or {}, new_rows or {}, new_assigned if samples else {})
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
@@ -765,8 +795,38 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),
                        target=target, shards=diff_shards(old_manifest, new_manifest),
-                       record_changed=tuple(lists["record_changed"]), inputs=diff_inputs(old, new),
+                       record_changed=tuple(lists["record_changed"]), rekeyed=tuple(lists["rekeyed"]),
+                       inputs=diff_inputs(old, new),
                        hash_fields=_hash_fields(old, new))
+
+
+def pair_by_content(lists: dict[str, list[SampleChange]], old_rows: Mapping[str, Mapping[str, Any]],
+                    new_rows: Mapping[str, Mapping[str, Any]],
+                    new_assigned: Mapping[str, tuple[Any, ...]]) -> list[SampleChange]:
+    """Pair each removed sample with an added one of the same per-sample sha256 (the same bytes
+    under a new key: a file moved to another class folder under ``label: folder``, renamed, or
+    moved under the root, changes its path, so its entity, key and drawn split), in key order
+    where several share a digest; take the pairs out of ``lists``' removed and added lists and
+    return them as :class:`SampleChange` under the new key, with ``old_key`` and the new entity
+    (from ``new_assigned``, :func:`read_assignment`)."""
+    added: dict[str, list[SampleChange]] = defaultdict(list)
+    for change in lists["added"]:
+        added[new_rows[change.key]["sha256"]].append(change)
+    pairs, removed = [], []
+    for gone in lists["removed"]:
+        candidates = added.get(old_rows[gone.key]["sha256"])
+        if not candidates:
+            removed.append(gone)
+            continue
+        new = candidates.pop(0)
+        entity = (new_assigned.get(new.key) or (None,))[0]
+        pairs.append(SampleChange(new.key, old_split=gone.old_split, new_split=new.new_split, old_label=gone.old_label,
+                                  new_label=new.new_label, old_target=gone.old_target, new_target=new.new_target,
+                                  old_key=gone.key, new_entity=None if entity is None else str(entity)))
+    paired = {pair.key for pair in pairs}
+    lists["removed"] = removed
+    lists["added"] = [change for change in lists["added"] if change.key not in paired]
+    return sorted(pairs, key=lambda pair: pair.key)
 
 
 def _moved_class_indices(old: dict[str, int], new: dict[str, int]) -> str | None:
@@ -860,6 +920,8 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
     if diff.samples_compared:
         lines.append(f"  samples: {len(diff.added)} added, {len(diff.removed)} removed, {len(diff.changed)} changed, "
                      f"{len(diff.moved)} moved split, {len(diff.relabeled)} relabeled"
+                     + (f", {len(diff.rekeyed)} rekeyed (same bytes under a new key; "
+                        f"{sum(item.split_changed for item in diff.rekeyed)} in another split)" if diff.rekeyed else "")
                      + (f", {len(diff.record_changed)} record changed (same pixels and target, another record: "
                         "entity, time or fold, table cells, mask, or the class index where the label map "
                         "changed)" if diff.record_changed else ""))
@@ -874,6 +936,11 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                     detail = f"{item.old_split} -> {item.new_split}"
                 elif name == "relabeled":
                     detail = f"{item.new_split}, {item.old_label} -> {item.new_label}"
+                elif name == "rekeyed":
+                    lines.append(f"    {label:<9} {item.old_key} -> {item.key}  ({item.old_split} -> {item.new_split}, "
+                                 f"{item.old_label} -> {item.new_label})"
+                                 + ("  SPLIT CHANGED: leak risk" if item.split_changed else ""))
+                    continue
                 elif name == "removed":
                     detail = f"{item.old_split}, {item.old_label}"
                 else:
@@ -881,6 +948,7 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                 lines.append(f"    {label:<9} {item.key}  ({detail})")
             if len(items) > limit:
                 lines.append(f"    {label:<9} ... and {len(items) - limit} more (--json lists all)")
+        lines += _rekeyed_lines(diff.rekeyed)
     lines += _shard_lines(diff, limit)
     if diff.inputs:  # new rows refused as bad samples change no sample, yet the versions differ
         lines.append(f"  inputs: {len(diff.inputs)} difference{'s' if len(diff.inputs) != 1 else ''} (bad samples "
@@ -896,6 +964,21 @@ def format_diff(diff: DatasetDiff, *, limit: int = 20) -> str:
                      f"list above says how: the manifests differ in {', '.join(diff.hash_fields) or 'no field'} "
                      "(compare them with packer inspect --json)")
     return "\n".join(lines)
+
+
+def _rekeyed_lines(rekeyed: tuple[SampleChange, ...]) -> list[str]:
+    """The warning on rekeyed samples whose split changed: the same bytes in another split, so a
+    model trained on one version has seen what the other tests on."""
+    moved = [item for item in rekeyed if item.split_changed]
+    if not moved:
+        return []
+    flows = Counter(f"{item.old_split} -> {item.new_split}" for item in moved)
+    return [f"  leak risk: {len(moved)} sample(s) are the same bytes as a sample of the old version under a new key "
+            f"(a new path, so a new entity, whose split was drawn afresh) in another split "
+            f"({', '.join(f'{flow} {n}' for flow, n in sorted(flows.items()))}): a model trained on one version has "
+            "seen images the other tests on, so their test results do not compare; to keep each where it was, pin "
+            "its new entity to its old split in split.pinned (entity,split; --json lists new_entity and old_split "
+            "under samples.rekeyed) and build again"]
 
 
 def _shard_lines(diff: DatasetDiff, limit: int) -> list[str]:

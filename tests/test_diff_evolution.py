@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from packer.inspection import diff_datasets, format_diff
 from packer.targets import Target
-from tests.test_targets import _build, _job, _photo_table
+from tests.test_targets import _build, _job, _photo, _photo_table
 
 
 def _findings_build(tmp: Path, findings: list[str]) -> Path:
@@ -111,3 +111,53 @@ def test_new_rows_refused_as_bad_samples_are_a_difference_not_no_differences(tmp
     assert "    inputs.files: 8 -> 14" in text
     same = diff_datasets(before, before)
     assert same.empty and same.inputs == () and same.to_json()["dataset_hash"] == {"differs": False, "fields": []}
+
+
+def test_a_file_moved_to_another_class_folder_is_paired_by_content_and_its_new_split_flagged(
+        tmp_path: Path) -> None:
+    """Under label: folder a file's entity is its path, class folder included: moving a test image
+    to the right class folder (the usual ImageFolder label fix) makes a new entity whose split is
+    drawn afresh. diff listed the same bytes as one sample added and one removed; it now pairs
+    them, says which changed split, and split.pinned on the new entity keeps the old split."""
+    raw = tmp_path / "raw"
+    for i in range(24):
+        _photo(raw / ("cat", "dog")[i % 2] / f"img{i:02d}.png", i)
+    split = {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3,
+             "balance": {"accept": True}}
+    source = {"kind": "image", "root": str(raw), "label": "folder"}
+    before = _build(_job(tmp_path / "v1", [source], split=split)).version_dir
+    old = pq.read_table(before / "_splits.parquet", columns=["key", "entity_id", "split"]).to_pylist()
+    fixed = [row for row in old if row["split"] != "train"]  # the labeller fixes every valid and test image
+    assert fixed
+    for row in fixed:
+        folder, name = row["entity_id"].split("/")
+        (raw / row["entity_id"]).rename(raw / {"cat": "dog", "dog": "cat"}[folder] / name)
+    after = _build(_job(tmp_path / "v2", [source], split=split)).version_dir
+    new = {row["entity_id"]: row for row in
+           pq.read_table(after / "_splits.parquet", columns=["key", "entity_id", "split"]).to_pylist()}
+    expected = {}
+    for row in fixed:
+        folder, name = row["entity_id"].split("/")
+        entity = f"{ {'cat': 'dog', 'dog': 'cat'}[folder] }/{name}"
+        expected[row["key"]] = (new[entity]["key"], entity, row["split"], new[entity]["split"])
+    assert any(old_split != new_split for *_, old_split, new_split in expected.values())  # the defect's premise
+
+    diff = diff_datasets(before, after)
+    assert diff.added == diff.removed == ()
+    assert {c.old_key: (c.key, c.new_entity, c.old_split, c.new_split) for c in diff.rekeyed} == expected
+    assert all(c.old_label != c.new_label for c in diff.rekeyed)
+    changed = sorted(c.key for c in diff.rekeyed if c.old_split != c.new_split)
+    payload = diff.to_json()["samples"]["rekeyed"]
+    assert sorted(c["key"] for c in payload if c["split_changed"]) == changed
+    text = format_diff(diff, limit=100)
+    assert f"{len(fixed)} rekeyed (same bytes under a new key; {len(changed)} in another split)" in text
+    assert text.count("SPLIT CHANGED: leak risk") == len(changed)
+    assert f"  leak risk: {len(changed)} sample(s) are the same bytes" in text
+
+    # the README's way to keep them where they were: pin each new entity to its old split
+    pins = tmp_path / "pinned.csv"
+    pins.write_text("entity,split\n" + "".join(f"{c['new_entity']},{c['old_split']}\n" for c in payload))
+    kept = _build(_job(tmp_path / "v3", [source], split={**split, "pinned": str(pins)})).version_dir
+    again = diff_datasets(before, kept)
+    assert len(again.rekeyed) == len(fixed) and not [c for c in again.rekeyed if c.split_changed]
+    assert "leak risk" not in format_diff(again)

@@ -61,8 +61,10 @@ def diff_command(old: str, new: str, as_json: bool, limit: int, check: bool) -> 
 
     Samples added, removed and changed (by key; content by the per-sample sha256 in each
     _index.parquet), samples that moved split or changed target (class, multi-label labels or
-    numbers: "relabeled"), per split and per label; then the config differences (key paths) and
-    packer/library/decoder version differences. Versions of different target kinds are
+    numbers: "relabeled"), per split and per label; the same bytes under a new key ("rekeyed": a
+    file renamed or moved to another class folder), flagged where its split changed; then the
+    input and bad-sample counts, the config differences (key paths) and packer/library/decoder
+    version differences ("no differences" only where the dataset_hashes agree). Versions of different target kinds are
     compared without per-sample targets, with a note saying so. A WebDataset version against
     a Parquet one reads the Parquet side's pixels to compare content, with a note saying so.
     A difference is not an error: exits 0 (5 only if a manifest or index fails its hash, or a
