@@ -261,6 +261,23 @@ def test_jpeg_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> N
     assert header == ImageHeader(16, 24, 3, 8, "jpeg", orientation)
 
 
+@pytest.mark.parametrize(("first", "second"), [(1, 6), (6, 1), (3, 8)])
+def test_a_jpeg_with_two_exif_segments_is_turned_by_the_first(tmp_path: Path, first: int, second: int) -> None:
+    # Pillow's exif_transpose and OpenCV's imread both read the first APP1 Exif segment; a later
+    # one (an editor's appended copy) must not turn the pixels another way than every viewer shows
+    data = cv2.imencode(".jpg", smooth_bgr(16, 24))[1].tobytes()
+    spliced = data[:2] + exif_app1(first, ">") + exif_app1(second, "<") + data[2:]
+    path = tmp_path / "two.jpg"
+    path.write_bytes(spliced)
+    unrotated = cv2.imdecode(np.frombuffer(spliced, np.uint8), cv2.IMREAD_UNCHANGED)
+    [sample] = read_ok(path)
+    np.testing.assert_array_equal(sample.image, chw_rgb(_by_hand(unrotated, first)))
+    np.testing.assert_array_equal(sample.image, chw_rgb(cv2.imdecode(np.frombuffer(spliced, np.uint8),
+                                                                     cv2.IMREAD_COLOR)))
+    assert sample.metadata["orientation"] == first
+    assert probe_image(make_ref(path)) == ImageHeader(16, 24, 3, 8, "jpeg", first)
+
+
 def png_chunk(kind: bytes, payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 

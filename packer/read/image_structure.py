@@ -162,7 +162,7 @@ def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader |
     header), else at EOI (returns the header). Stray bytes between segments are skipped, as
     libjpeg does. Raises Defect("truncated") when the data ends first and ``complete``;
     returns ``None`` when it ends first and more data may follow."""
-    pos, header, orientation, inside = 2, None, 1, ""
+    pos, header, orientation, inside, exif_seen = 2, None, 1, "", False
     markers = _jpeg_marker_ends(data)
     while True:
         # the next marker is the first FF run starting at or after pos: its code byte is at >= pos + 1
@@ -187,7 +187,11 @@ def _walk_jpeg(data: bytes, *, complete: bool, until_sof: bool) -> ImageHeader |
             header = ImageHeader(height, width, components, precision, "jpeg", orientation)
             if until_sof:
                 return header
-        elif marker == 0xE1 and segment.startswith(b"Exif\x00\x00") and header is None:
+        elif marker == 0xE1 and segment.startswith(b"Exif\x00\x00") and header is None and not exif_seen:
+            # the first EXIF segment wins, as in Pillow (exif_transpose) and libjpeg-based readers
+            # (cv2.imread) and as for a PNG's first eXIf chunk: a later one (an editor's appended
+            # copy) must not rotate the pixels differently from what every viewer shows
+            exif_seen = True
             orientation = _exif_orientation(segment[6:])
         pos += length
     if not complete:
