@@ -336,6 +336,25 @@ def test_class_names_that_are_numbers_sort_by_value_and_others_as_text() -> None
     assert ClassTarget.from_texts(["10", "2"], labels=("2", "10"), columns=()).names == ("2", "10")
 
 
+def test_multi_label_class_ids_get_the_positions_of_their_numbers(tmp_path: Path) -> None:
+    """Human Protein Atlas: ``Target`` cells such as "16 0" list integer class ids. Multi-hot
+    position k is class id k, as a class target numbers them (never "0, 1, 10, 11, 2, ...")."""
+    tags = ["16 0", "7 1 2 0", "5", "1", "18", "2 10", "11 3", "4 9", "6 8", "12 13", "14 15", "17"]
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "Target": t, "entity": f"E{i}", "timestamp": "2024-01-01"}
+                                  for i, t in enumerate(tags)])
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "label": {"kind": "multilabel", "column": "Target", "separator": " "}}
+    result = _build(_job(tmp_path, [source]))
+    assert _manifest(result)["label_map"] == {str(i): i for i in range(19)}
+    for item in ShardDataset(result.manifest_path, "train", shuffle=False, records=True):
+        ids = sorted(int(n) for n in item["record"]["labels"])
+        assert np.flatnonzero(item["target"].numpy()).tolist() == ids
+    from packer.targets.multilabel import MultiLabelTarget
+
+    assert MultiLabelTarget.from_texts(["10|2", "b|a"], labels=(), columns=()).names == ("10", "2", "a", "b")
+    assert MultiLabelTarget.from_texts(["10|2", "-1"], labels=(), columns=("x",)).names == ("x", "-1", "2", "10")
+
+
 def test_one_hot_columns_give_one_class_in_the_columns_order(tmp_path: Path) -> None:
     """ISIC 2019's ground truth: one 0/1 column per diagnosis (written 1.0 / 0.0), exactly one 1
     per image. A single-label task: one class each, indexed in the table's column order."""

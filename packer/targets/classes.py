@@ -62,7 +62,7 @@ def _one_hot(cells: Mapping[str, str], *, where: str, value_map: Mapping[str, st
                                  "labels per sample use kind: multilabel)")
 
 
-def _class_order(names: set[str]) -> tuple[str, ...]:
+def class_order(names: set[str]) -> tuple[str, ...]:
     """``names`` by numeric value (ties as text) where every one is a finite number, else as text.
 
     As text, class ids ``0`` … ``11`` would order ``0, 1, 10, 11, 2, …``: label index 2 would be
@@ -146,7 +146,7 @@ class ClassTarget(Target):
         if labels:
             return Target(cls.KIND, labels)
         seen = {text or "" for text in texts}
-        return Target(cls.KIND, (*columns, *_class_order(seen.difference(columns))))
+        return Target(cls.KIND, (*columns, *class_order(seen.difference(columns))))
 
     def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
                      ) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from packer.targets.base import (
     twins_said,
     unicode_twins,
 )
+from packer.targets.classes import class_order
 
 #: The by-label name ``packer diff`` counts a sample under that holds none of the labels.
 NO_LABEL = "(none)"
@@ -237,11 +238,13 @@ class MultiLabelTarget(Target):
     def from_texts(cls, texts: Iterable[str | None], *, labels: tuple[str, ...],
                    columns: tuple[str, ...]) -> Target:
         """The job's ``labels:`` in their order, else the 0/1 columns in job order followed by
-        the other names seen, sorted."""
+        the other names seen in the class targets' order (numeric where every one is a number:
+        a Human Protein Atlas ``Target`` of ids ``0`` … ``27`` gets positions 0 … 27, not
+        ``0, 1, 10, 11, …``), so one dataset's ids are numbered alike under either kind."""
         if labels:
             return Target(cls.KIND, labels)
         seen = {name.removeprefix(IGNORED) for text in texts for name in (text or "").split(SEPARATOR)}
-        return Target(cls.KIND, (*columns, *sorted(seen.difference(columns, {""}))))
+        return Target(cls.KIND, (*columns, *class_order(seen.difference(columns, {""}))))
 
     def split_counts(self, labels: np.ndarray, vectors: np.ndarray, masks: np.ndarray | None = None
                      ) -> dict[str, Any]:
