@@ -1079,6 +1079,42 @@ def test_repeated_rows_united_give_every_row_s_labels(tmp_path: Path) -> None:
     assert [r.label for r in found.refs] == ["Aortic enlargement|Nodule/Mass", "No finding"]
 
 
+@pytest.mark.parametrize("missing", ["bad", "drop"])
+def test_an_absent_file_whose_rows_disagree_is_one_missing_file_record_naming_both(tmp_path: Path,
+                                                                                  missing: str) -> None:
+    """A file the table names twice with different targets and that is not on disk was in no
+    record at all: refused for the disagreement, it was looked for only among the listed files.
+    It is one file: one missing_file (or, under missing: drop, not_downloaded) naming both rows."""
+    job = _rsna(tmp_path, "same", ["a1,,,,,0", "b2,,,,,0", "c3,,,,,0", "zz,,,,,0", "zz,1,1,5,5,1"])
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["missing"] = missing
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    gone = str(tmp_path / "rsna" / "stage_2_train_images" / "zz.png")
+    records = [(i.path, i.reason, i.message) for i in found.issues] + [
+        (e.path, e.why, e.detail) for e in found.excluded]
+    assert [(path, reason) for path, reason, _ in records] == [
+        (gone, "missing_file" if missing == "bad" else "not_downloaded")]
+    message = records[0][2]
+    assert "stage_2_train_labels.csv rows 5 and 6 " in message
+    assert "refuses its rows as well (bad_target:" in message and "the targets '0' and '1'" in message
+    assert len(found.refs) == 3
+
+
+def test_an_absent_file_whose_united_rows_disagree_on_the_entity_is_one_missing_file_record(tmp_path: Path) -> None:
+    root = tmp_path / "vindr"
+    _files(root, ["a.png"])
+    _csv(root / "annotations.csv", "image_id,class_name,patient",
+         ["a,Nodule/Mass,P1", "z,Nodule/Mass,P2", "z,Aortic enlargement,P3"])
+    found = discover(load_job(_job(tmp_path, {
+        "root": "vindr", "table": {"file": "vindr/annotations.csv", "path": {"template": "{image_id}.png"},
+                                   "repeated": "union"},
+        "entity": "patient", "label": {"kind": "multilabel", "column": "class_name"}})))
+    assert [(i.path, i.reason) for i in found.issues] == [(str(root / "z.png"), "missing_file")]
+    assert "rows 3 and 4 list 'z.png'" in found.issues[0].message
+    assert "entity 'P2' and 'P3'" in found.issues[0].message
+
+
 # -- the Medical Segmentation Decathlon: a JSON list of records ------------------------------------
 
 

@@ -984,6 +984,15 @@ def _filtered_without_files(source: SourceConfig, files: Sequence[tuple[str, str
                                  f"{placed.filtered[rel]} (its file is not under the root either)"))
 
 
+def _rows_saying(table: Path | str | None, row: TableRow, verb: str) -> str:
+    """``<table> row 8 lists`` (``verb`` "lists") or, for a file several rows name,
+    ``<table> rows 8 and 9 list``."""
+    if not row.other_rows:
+        return f"{table} row {row.row} {verb}"
+    numbers = [str(n) for n in (row.row, *row.other_rows)]
+    return f"{table} rows {', '.join(numbers[:-1])} and {numbers[-1]} {verb.removesuffix('s')}"
+
+
 def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set[str], table: Path | str | None,
                    phi: Pseudonymizer | None, allow_outside: bool, listed: dict[str, RawObject],
                    storage_options: Mapping[str, Any] | None, present: set[str], issues: list[Issue],
@@ -996,7 +1005,10 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     the listing does not give (``notes.txt``, a hidden file), is a ``missing_file`` record saying
     so, with or without ``missing: drop``: under a URL root, by the objects ``present`` under it
     (a folder there is a prefix of some), so that a local and a remote copy of a tree give the
-    same records."""
+    same records. A row whose ``refused`` is set stands for rows that the table refuses (they
+    disagree: :attr:`Placed.refused_rows`): its ``missing_file`` or ``not_downloaded`` record says
+    that too, and an existing file outside the root that ``outside_root: allow`` lets in is that
+    refusal's record, not a ref."""
     by_name = source.table_map is not None and source.table_map.find == "name"
     drop = source.table_map is not None and source.table_map.missing == "drop"
     remote = isinstance(source.root, str)
@@ -1015,6 +1027,11 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                     reason="outside_root", message=_leaves_root(source, rel, row, table, seen)))
                 continue
             stat = stat_remote(target, storage_options) if remote else None
+            if (stat is not None or (not remote and Path(target).is_file())) and row.refused is not None \
+                    and row.other_rows:
+                issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=target, stage="discover",
+                                    reason=row.refused.reason, message=row.refused.message))
+                continue
             if stat is not None or (not remote and Path(target).is_file()):
                 # allowed on purpose: a table may point next to the root
                 if stat is not None:
@@ -1065,10 +1082,12 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
         # a file that differs only in case is there, not undownloaded: never dropped in silence
         twin = None if by_name else _case_twin(rel, folded_files := folded_files if folded_files is not None
                                                else _folded(seen))
+        also = (f"; the table refuses its rows as well ({row.refused.reason}: {row.refused.message})"
+                if row.refused is not None and row.other_rows else "")
         if drop and twin is None:
             excluded.append(Excluded(sample_id, target, "discover", "not_downloaded",
-                                     f"{table} row {row.row} names {rel!r}, and no such file is under the root "
-                                     "(table.missing: drop)"))
+                                     f"{_rows_saying(table, row, 'names')} {rel!r}, and no such file is under the root "
+                                     f"(table.missing: drop){also}"))
             continue
         said = f"no file of that name is under {source.root} (find: name)" if by_name else f"{target} does not exist"
         if twin is not None:
@@ -1080,10 +1099,10 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
             said += (f" (a backslash in the cell is read as a folder separator, and the root holds {backslashed!r} "
                      "itself: rename that file without the backslash)")
         issues.append(Issue(sample_id=sample_id, path=target, stage="discover", reason="missing_file",
-                            message=f"{table} row {row.row} lists {rel!r}, but {said}; " + (
+                            message=f"{_rows_saying(table, row, 'lists')} {rel!r}, but {said}; " + (
                                 "fix the row (missing: drop leaves out only rows whose file is not there)" if drop
                                 else f"fix the row, or, where part of the dataset is not downloaded, set "
-                                     f"{kind.table_key}.missing: drop")))
+                                     f"{kind.table_key}.missing: drop") + also))
     return outside
 
 
@@ -1306,8 +1325,10 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
                             unlabeled, present)
     seen = set(relpaths)
     del files, relpaths
-    outside = _unlisted_rows(source, rows, seen, table, phi, allow_outside, listed, storage_options, present, issues,
-                             excluded)
+    # a file not on disk whose rows disagree is still one file: its missing_file record says both
+    refused_rows = _rows_of_readable(source, placed.refused_rows, unsupported) if unsupported else placed.refused_rows
+    outside = _unlisted_rows(source, {**rows, **refused_rows}, seen, table, phi, allow_outside, listed,
+                             storage_options, present, issues, excluded)
     if outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         # UTF-8 byte order is code point order, as sorted() on str; the sort is stable, as sorted()

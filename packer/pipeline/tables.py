@@ -96,6 +96,9 @@ class TableRow:
     #: Where the entity's cell is written, where a join table gave it: that table's row, joined to
     #: this one's ("" where this table's own row holds it)
     entity_at: str = ""
+    #: The other rows naming the same file, where several do (``repeated: same`` or ``union``):
+    #: a record about the file (its ``missing_file``) names every row, not only the first
+    other_rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,11 @@ class Placed:
     #: read (:meth:`_RowReader.file_path`): they belong to a row's sample, also where its file's
     #: rows disagree, and are left out with a row that where: or a join's missing: drop leaves out
     named: set[str] = field(default_factory=set)
+    #: The first row (``refused`` set, ``other_rows`` the rest) of each file the listing does not
+    #: give whose rows the table refuses (they disagree): not on disk, it is still one file with
+    #: one record (``missing_file``), where otherwise it would vanish between ``refused``, which
+    #: only the listed files are looked up in, and ``rows``
+    refused_rows: dict[str, TableRow] = field(default_factory=dict)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -1279,6 +1287,9 @@ class _RowReader:
         merged = self.merge(rel, made)
         if isinstance(merged, Refused):
             placed.refused[rel] = merged
+            if rel not in self.listed:  # not on disk: its missing_file record names the rows (discover)
+                placed.refused_rows[rel] = replace(made[0], refused=merged,
+                                                   other_rows=tuple(row.row for row in made[1:]))
         else:
             placed.rows[rel] = merged
 
@@ -1323,14 +1334,15 @@ class _RowReader:
                                                  f"{what} {a!r} and {b!r}; rows of one file must agree")
         united = target_class(self.source.target.kind).union_text([r.label for r in rows]) \
             if self.table.repeated == "union" else None
+        others = tuple(row.row for row in rows[1:])
         if united is not None:
-            return replace(first, label=united)
+            return replace(first, label=united, other_rows=others)
         for other in rows[1:]:
             if other.label != first.label:
                 return Refused("bad_target", f"{self.path} rows {first.row} and {other.row} name {rel!r} with the "
                                              f"targets {first.label!r} and {other.label!r}; rows of one file must "
                                              f"agree (repeated: {self.table.repeated})")
-        return first
+        return replace(first, other_rows=others)
 
     def _joined_at(self, number: int, record: Record, column: str | None) -> str:
         """Where ``column``'s cell of row ``number`` is written, where a join table added it
