@@ -1115,6 +1115,60 @@ def test_an_absent_file_whose_united_rows_disagree_on_the_entity_is_one_missing_
     assert "entity 'P2' and 'P3'" in found.issues[0].message
 
 
+def _rsna_joined(tmp_path: Path, repeated: str, rows: list[str]) -> Path:
+    """RSNA's labels joined to a class-info table that has no row for the patient ``zz``."""
+    job = _rsna(tmp_path, repeated, rows)
+    _csv(tmp_path / "rsna" / "class_info.csv", "patientId,class", ["a1,Lung Opacity", "b2,Normal", "c3,Normal"])
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["table"]["join"] = [{"file": "rsna/class_info.csv", "on": "patientId"}]
+    job.write_text(yaml.safe_dump(doc))
+    return job
+
+
+@pytest.mark.parametrize("zz_rows", [["zz,,,,,0", "zz,,,,,0"], ["zz,1,1,5,5,1", "zz,2,2,5,5,1", "zz,3,3,5,5,1"]])
+def test_an_absent_file_without_a_joined_row_is_one_join_unmatched_record_however_many_rows_name_it(
+        tmp_path: Path, zz_rows: list[str]) -> None:
+    """Each row of an absent, unjoined file was its own join_unmatched record, all with one
+    sample_id: the file counted once per row among the inputs and the bad fraction. The record's
+    path was the bare cell; it is the file's path under the root, as every other record's."""
+    found = discover(load_job(_rsna_joined(tmp_path, "same", ["a1,,,,,0", "b2,,,,,0", "c3,,,,,0", *zz_rows])))
+    gone = str(tmp_path / "rsna" / "stage_2_train_images" / "zz.png")
+    assert [(i.path, i.reason) for i in found.issues] == [(gone, "join_unmatched")]
+    assert found.excluded == [] and len(found.refs) == 3
+    for number in range(5, 5 + len(zz_rows)):
+        assert f"stage_2_train_labels.csv row {number}: no row of" in found.issues[0].message
+
+
+@pytest.mark.parametrize(("repeated", "listed"), [("same", ["a.png"]), ("same", ["a.png", "z.png"]),
+                                                  ("refuse", ["a.png"])])
+def test_a_file_with_one_joined_row_and_one_without_is_one_record(tmp_path: Path, repeated: str,
+                                                                   listed: list[str]) -> None:
+    """Rows 3 and 4 name z.png; the site table joins row 3 only. Absent, the file was both a
+    join_unmatched and a missing_file record; it is one file: its join_unmatched record. Under
+    repeated: refuse two rows of one file are refused, joined or not."""
+    root = tmp_path / "sites"
+    _files(root, listed)
+    _csv(root / "labels.csv", "id,site,label", ["a,s1,cat", "z,s1,dog", "z,s9,dog"])
+    _csv(root / "sites.csv", "site,scanner", ["s1,GE"])
+    job = _job(tmp_path, {"root": "sites", "entity": "id",
+                          "table": {"file": "sites/labels.csv", "path": {"template": "{id}.png"},
+                                    "repeated": repeated, "join": [{"file": "sites/sites.csv", "on": "site"}]}})
+    if repeated == "refuse":
+        with pytest.raises(ConfigError, match=r"row 4: 'z.png' is listed twice \(first on row 3\)"):
+            discover(load_job(job))
+        return
+    found = discover(load_job(job))
+    assert [(i.path, i.reason) for i in found.issues] == [(str(root / "z.png"), "join_unmatched")]
+    assert "labels.csv row 4: no row of" in found.issues[0].message
+    assert found.excluded == [] and [r.relpath for r in found.refs] == ["a.png"]
+
+
+def test_rows_without_a_joined_row_naming_one_file_are_refused_as_repeated_rows(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"row 6: 'stage_2_train_images/zz.png' is listed twice \(first on row 5\)"):
+        discover(load_job(_rsna_joined(tmp_path, "refuse", ["a1,,,,,0", "b2,,,,,0", "c3,,,,,0", "zz,,,,,0",
+                                                            "zz,,,,,0"])))
+
+
 # -- the Medical Segmentation Decathlon: a JSON list of records ------------------------------------
 
 

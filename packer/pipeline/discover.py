@@ -984,6 +984,15 @@ def _filtered_without_files(source: SourceConfig, files: Sequence[tuple[str, str
                                  f"{placed.filtered[rel]} (its file is not under the root either)"))
 
 
+def _unlisted_path(source: SourceConfig, rel: str) -> str:
+    """The path of a file a table row names that the listing does not give, as its record names
+    it: under the root (a URL root joined by :func:`join_relpath`), normalized where ``..`` leads out."""
+    if isinstance(source.root, str):
+        return join_relpath(source.root, rel)
+    target = str(source.root / rel)
+    return os.path.normpath(target) if escapes_root(rel) else target
+
+
 def _rows_saying(table: Path | str | None, row: TableRow, verb: str) -> str:
     """``<table> row 8 lists`` (``verb`` "lists") or, for a file several rows name,
     ``<table> rows 8 and 9 list``."""
@@ -1297,7 +1306,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         note_names(_path_names(relpaths))
     _path_pattern_problem(source, relpaths, where)
     placed: Placed = Placed()
-    unplaced: list[tuple[str, int, str, str]] = []
+    unplaced: dict[str, Refused] = {}
     if records is not None:
         try:
             placed, unplaced = place_rows(source, records, relpaths, known_labels, quiet=quiet,
@@ -1315,9 +1324,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     excluded.extend(record for records in linked.values() for record in records)
     issues.extend(_unlisted_folder_issues(source, unlisted, phi))
     issues.extend(unnamed)
-    for cell, _row, reason, message in unplaced:
-        issues.append(Issue(sample_id=make_sample_id(source.name, cell, phi), path=cell, stage="discover",
-                            reason=reason, message=message))
+    for rel, refused in sorted(unplaced.items()):  # one record per file, however many rows name it
+        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=_unlisted_path(source, rel),
+                            stage="discover", reason=refused.reason, message=refused.message))
     real_root = None if isinstance(source.root, str) or allow_outside else Path(source.root).resolve()
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         unlabeled: dict[str, str] = {}

@@ -1132,10 +1132,11 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
 
 
 def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = (), *,
-               quiet: bool = False, hide_paths: bool = False) -> tuple[Placed, list[tuple[str, int, str, str]]]:
+               quiet: bool = False, hide_paths: bool = False) -> tuple[Placed, dict[str, Refused]]:
     """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
-    Returns the placement and the rows without a joined row whose file is not listed either,
-    as (relative path, row number, ``join_unmatched``, message); rows left out by a join with
+    Returns the placement and, by relative path, the files that are not listed and that rows
+    without a joined row name: one ``join_unmatched`` refusal per file, naming all its rows (the
+    file's other rows, joined or not, make no second record of it); rows left out by a join with
     ``missing: drop`` are counted as filtered. A long placement shows a ``table`` progress
     line (files whose rows are read) unless ``quiet``. ``hide_paths`` (PHI pseudonymization):
     the errors that stop the job, printed where CI logs keep them, name rows, not the files'
@@ -1149,7 +1150,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     spelled = UnicodeSpelling(listed)
     reader = _RowReader(source, records, known, listed_set, spelled, hide_paths=hide_paths)
     placed = Placed()
-    unplaced: list[tuple[str, int, str, str]] = []
+    unmatched: dict[str, list[int]] = defaultdict(list)
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
@@ -1206,13 +1207,19 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                 placed.rows_filtered += 1
                 if rel in listed_set:
                     placed.filtered.setdefault(rel, left_out)
-            elif rel in listed_set:
-                placed.refused[rel] = Refused("join_unmatched", records.unmatched[number] +
-                                              "; add the row there, or set join missing: drop")
             else:
-                unplaced.append((rel, number, "join_unmatched", records.unmatched[number]))
+                unmatched[rel].append(number)
             continue
         by_file[rel].append((number, record))
+    unplaced: dict[str, Refused] = {}
+    for rel, numbers in unmatched.items():
+        reader.check_repeated(rel, sorted([*numbers, *(number for number, _ in by_file.get(rel, ()))]))
+        said = "; ".join(records.unmatched[number] for number in numbers)
+        refused = Refused("join_unmatched", said + "; add the row there, or set join missing: drop")
+        if rel in listed_set:
+            placed.refused[rel] = refused
+        else:
+            unplaced[rel] = refused
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
         raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
@@ -1220,6 +1227,10 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             reader.place(rel, rows, placed)
             progress.update()
     for rel in placed.refused:  # a row where: keeps makes its file bad, whatever its other rows' filter says
+        placed.filtered.pop(rel, None)
+    for rel in unplaced:  # the file's join_unmatched record is its one record
+        placed.rows.pop(rel, None)
+        placed.refused_rows.pop(rel, None)
         placed.filtered.pop(rel, None)
     return placed, unplaced
 
@@ -1259,7 +1270,7 @@ class _RowReader:
 
     def place(self, rel: str, rows: list[tuple[int, Record]], placed: Placed) -> None:
         """Place the rows naming one file: fields from its path, the where filter, repeated rows."""
-        source, table = self.source, self.table
+        source = self.source
         kept = rows
         if source.where:
             fields = {f.name: f.value(rel) or "" for f in source.fields}
@@ -1275,11 +1286,7 @@ class _RowReader:
             if not kept:
                 return
             placed.filtered.pop(rel, None)  # another row of the file is kept
-        if len(kept) > 1 and table.repeated == "refuse":
-            named = "its file" if self.hide_paths else repr(rel)  # under PHI: the rows say which
-            raise ConfigError(f"{self.path}: row {kept[1][0]}: {named} is listed twice (first on row {kept[0][0]}); "
-                              "keep one row per file, or set repeated: same (rows that agree, one per box) or "
-                              "union (a multi-label target holding every row's labels)")
+        self.check_repeated(rel, [number for number, _ in kept])
         made = [self.row(number, record, rel) for number, record in kept]
         if len(made) == 1:
             placed.rows[rel] = made[0]
@@ -1292,6 +1299,14 @@ class _RowReader:
                                                    other_rows=tuple(row.row for row in made[1:]))
         else:
             placed.rows[rel] = merged
+
+    def check_repeated(self, rel: str, numbers: Sequence[int]) -> None:
+        """Raise the ``repeated: refuse`` ConfigError where rows ``numbers`` (in order) all name ``rel``."""
+        if len(numbers) > 1 and self.table.repeated == "refuse":
+            named = "its file" if self.hide_paths else repr(rel)  # under PHI: the rows say which
+            raise ConfigError(f"{self.path}: row {numbers[1]}: {named} is listed twice (first on row {numbers[0]}); "
+                              "keep one row per file, or set repeated: same (rows that agree, one per box) or "
+                              "union (a multi-label target holding every row's labels)")
 
     def file_path(self, cell: str) -> str:
         """The relative path a file column's (non-empty) cell names, read as the path column's
