@@ -78,11 +78,30 @@ def library_versions(extra: Iterable[str] = ()) -> dict[str, str]:
     return versions
 
 
+@functools.cache
+def source_digest() -> str:
+    """16 hex digits of sha256 over packer's own source: every ``packer/**/*.py``, in the order
+    of its path relative to the package folder, each as that path, a NUL, its bytes and a NUL.
+
+    Packer's version string does not move between commits, so this is what tells two packers
+    apart: the build cache keys on it (:func:`decoding_libraries`), so a decoded sample or a
+    bad-sample verdict made by other code is never reused. It depends on the files only, not on
+    where the package lies, so an editable install and a clone of one commit agree. Computed once
+    per process (about 20 ms)."""
+    folder = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for relative, path in sorted((path.relative_to(folder).as_posix(), path) for path in folder.rglob("*.py")):
+        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def decoding_libraries(extra: Iterable[str] = ()) -> dict[str, str]:
     """:func:`library_versions` and those of the libraries that decide which files are bad
     (:data:`_VERDICT_SHAPING`): what keys the build cache's decoded samples and verdicts, and what
-    every worker of a cluster must run."""
-    versions = library_versions(extra)
+    every worker of a cluster must run. Its ``packer`` entry also names packer's code
+    (:func:`source_digest`), so a packer upgrade decodes every file again; the manifest records
+    :func:`library_versions`, which leaves the digest out, so no ``dataset_hash`` depends on it."""
+    versions = {**library_versions(extra), "packer": f"{__version__} source {source_digest()}"}
     for name in _VERDICT_SHAPING:
         try:
             versions[name] = metadata.version(name)

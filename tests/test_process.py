@@ -627,6 +627,45 @@ def test_raising_the_cache_format_changes_every_key(job: JobConfig, monkeypatch:
     assert key(refs, job) != before
 
 
+def test_a_change_to_packers_code_changes_every_cache_key_but_not_the_manifest(job: JobConfig,
+                                                                              tmp_path: Path) -> None:
+    """Packer's version string stays 0.1.0 from commit to commit and CACHE_FORMAT is raised by hand,
+    so the build cache keys on a digest of packer's source too: a packer whose code differs by one
+    comment computes other keys (its decoded samples and verdicts are not reused), while a copy of
+    the same code in another folder (a clone beside an editable install) computes the same keys,
+    and the library versions the manifest records, which dataset_hash covers, do not change."""
+    code = ("import json, sys\n"
+            "from packer.config import load_job\n"
+            "from packer.manifest import decoding_libraries, library_versions\n"
+            "from packer.pipeline.filecache import unit_keys\n"
+            "from packer.pipeline.spill import chunk_key\n"
+            "from packer.records import SampleRef\n"
+            "job = load_job(sys.argv[1])\n"
+            "refs = [SampleRef(sample_id='s-1', source='photos', kind='image', path=sys.argv[2], relpath='a.png')]\n"
+            "libraries = decoding_libraries()\n"
+            "print(json.dumps({'chunk': chunk_key(refs, job, libraries),\n"
+            "                  'unit': unit_keys(refs, job, libraries, group=False)[0].key,\n"
+            "                  'manifest': library_versions()}))\n")
+    (tmp_path / "a.png").write_bytes(b"x")
+
+    def keys(root: Path) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", code, str(job.job_path), str(tmp_path / "a.png")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    for copy in ("same", "edited"):  # laid out as a wheel installs it: the schemas inside the package
+        shutil.copytree(REPO / "packer", tmp_path / copy / "packer", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / "schemas", tmp_path / copy / "packer" / "_schemas")
+    with open(tmp_path / "edited" / "packer" / "read" / "image.py", "a") as fh:
+        fh.write("# another packer\n")
+    here, same, edited = keys(REPO), keys(tmp_path / "same"), keys(tmp_path / "edited")
+    assert same == here
+    assert edited["chunk"] != here["chunk"] and edited["unit"] != here["unit"]
+    assert edited["manifest"] == here["manifest"] == {**here["manifest"], "packer": "0.1.0"}
+
+
 def _tiled(job: JobConfig) -> JobConfig:
     """The demo job with the optional settings it leaves unset set: tiles, spacing, a fallback window."""
     return (job.with_settings("image", replace(job.image, tile_size=(32, 32), tile_stride=(16, 16)))

@@ -14,7 +14,8 @@ pass reads them from that version.
   (:class:`~packer.read.kinds.Grouping`: a DICOM series for stacks and volumes) one group:
   a series' samples are made from all its slices at once, so a new slice decodes its series.
 - A unit's **key** (:func:`unit_keys`) is what a file's decoded outcome depends on and
-  nothing else: :data:`~packer.pipeline.spill.CACHE_FORMAT`, the library versions, the
+  nothing else: :data:`~packer.pipeline.spill.CACHE_FORMAT`, the library versions (packer's
+  with a digest of its source), the
   sample-shaping config, the file's fingerprint (size, mtime and inode, or a remote object's size
   and version; its mask's and companions' too) and the ref fields the worker reads
   (:func:`keyed_fields`). It leaves out what only decides the file's target (its label's

@@ -19,7 +19,8 @@ against the same digests (:func:`load_cached_chunk`), so "decode only what is ne
 without a full copy on disk. ``packer build --keep-spill`` keeps the spill instead (reuse then
 does not depend on the version folder, at the cost of that second copy).
 
-The key (:func:`chunk_key`) covers :data:`CACHE_FORMAT`, the library versions, the parts of the
+The key (:func:`chunk_key`) covers :data:`CACHE_FORMAT`, the library versions (packer's with a
+digest of its source, :func:`packer.manifest.decoding_libraries`), the parts of the
 job that shape samples and each file's path, table values and fingerprint, so an entry is
 reused only for the same source version and processing config. :func:`load_cached_chunk`
 re-checks an entry's sizes and digests before it is reused; a damaged entry is redone.
@@ -71,9 +72,13 @@ class CachedChunk:
     units: bytes = b""
 
 
-#: Part of every chunk's cache key: raise it whenever a reader or transform changes what a raw
-#: file turns into, so no build reuses samples made the old way (5: PNG eXIf orientation is
-#: applied; 6: every page of a multi-page TIFF is read; 7: near-copy signatures replace the dHash;
+#: Part of every chunk's cache key. Any change to packer's code already changes every key: the
+#: key's ``packer`` library entry carries a digest of packer's source
+#: (:func:`packer.manifest.source_digest`), so an upgraded or edited packer never reuses samples or
+#: verdicts another packer made, even where a change forgot to raise this. Raise it still when a
+#: reader or transform changes what a raw file turns into: it records the change in the history
+#: below (5: PNG eXIf orientation is applied; 6: every page of a multi-page TIFF is read;
+#: 7: near-copy signatures replace the dHash;
 #: 8: the signature embedding gains the equalised spectrum; 9: each sample's sha256 is the one its
 #: shard format records, :func:`~packer.shards.encode.pixels_digest`; 10: DICOM objects without an
 #: image, RT Dose, secondary captures and localizers are Excluded records, not samples or issues;
