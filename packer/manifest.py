@@ -291,9 +291,11 @@ def _not_a_version(folder: Path) -> str:
 def listed_files(data: Mapping[str, Any]) -> list[str]:
     """The files a manifest lists beside itself: its sample index, its splits table and every
     shard, in that order (the names as recorded; entries without one are left out)."""
-    side = [str((data.get(key) or {}).get("file") or "") for key in ("index", "splits_table")]
-    shards = [str(shard.get("file") or "") for entry in (data.get("splits") or {}).values() if isinstance(entry, dict)
-              for shard in entry.get("shards") or () if isinstance(shard, dict)]
+    side = [str(data[key].get("file") or "") for key in ("index", "splits_table") if isinstance(data.get(key), dict)]
+    splits = data.get("splits")  # any JSON at all: this reads manifests the schema refused too
+    shards = [str(shard.get("file") or "") for entry in (splits.values() if isinstance(splits, dict) else ())
+              if isinstance(entry, dict) and isinstance(entry.get("shards"), list)
+              for shard in entry["shards"] if isinstance(shard, dict)]
     return [name for name in (*side, *shards) if name]
 
 
@@ -335,7 +337,9 @@ class ShardEntry:
 class ManifestProblem:
     """Something wrong with a manifest that was read: ``kind`` is ``format_version`` (written by
     a newer packer), ``unsafe_file`` (a file name that leaves the version folder), ``schema``
-    (breaks ``schemas/manifest.schema.json``) or ``dataset_hash`` (edited after the build);
+    (breaks ``schemas/manifest.schema.json``: damaged or edited), ``packer_version`` (breaks it,
+    but its content still hashes to its ``dataset_hash``: sealed by a packer of another format),
+    ``version_folder`` (another version's manifest) or ``dataset_hash`` (edited after the build);
     ``detail`` says what and how to fix it, without the manifest's location."""
 
     kind: str
@@ -491,6 +495,8 @@ def read_manifest(location: str | os.PathLike[str], *, storage_options: Mapping[
     content_hash = compute_dataset_hash(doc) if check_hash or not schema_if_sealed else None
     sealed = content_hash is not None and content_hash == doc.get("dataset_hash")
     problems = _shape_problems(doc, schema=schema_if_sealed or not sealed, restore=_restore(where))
+    if any(p.kind == "schema" for p in problems):
+        problems = _named_schema_problems(doc, problems, restore=_restore(where))
     if not check_hash:
         content_hash = None  # computed only to know whether it is sealed: not a verdict the caller asked for
     if content_hash is not None and content_hash != doc.get("dataset_hash"):
@@ -574,6 +580,43 @@ def _shape_problems(doc: dict[str, Any], *, schema: bool = True, restore: str = 
     if problem is not None:
         problems.append(ManifestProblem("schema", problem))
     return problems
+
+
+def _named_schema_problems(doc: dict[str, Any], problems: list[ManifestProblem], *,
+                           restore: str) -> list[ManifestProblem]:
+    """``problems`` with the schema's verdict told by what it means. A manifest whose content still
+    hashes to its ``dataset_hash`` was sealed as it stands, by a build: the packer that built it
+    wrote a format this one does not read (each release added optional fields while
+    ``format_version`` stayed 1, and the schema allows no field it does not know), so it is
+    ``packer_version``: read it with that packer, or upgrade. Restoring it would give the same
+    bytes. Any other is damaged or edited: ``schema``, with ``restore``. (A manifest edited by hand
+    and re-sealed with the README's recipe is told as another packer's too: nothing tells them
+    apart, and the message names the field either way.)"""
+    sealed = compute_dataset_hash(doc) == doc.get("dataset_hash")
+    told = []
+    for problem in problems:
+        if problem.kind != "schema":
+            told.append(problem)
+        elif sealed:
+            told.append(ManifestProblem("packer_version", f"{problem.detail}; {_another_packer(doc)}"))
+        else:
+            told.append(ManifestProblem("schema", f"{problem.detail}; the manifest is damaged: {restore}"))
+    return told
+
+
+def _another_packer(doc: Mapping[str, Any]) -> str:
+    """Why a sealed manifest this packer's schema refuses is not damaged, and the fix."""
+    recorded = doc.get("packer_version")
+    if isinstance(recorded, str) and recorded != __version__:
+        by = f"packer {recorded} (its packer_version; this is packer {__version__})"
+    elif isinstance(recorded, str):
+        by = (f"a packer that reports this one's version (packer_version {recorded}) but ran other code (a newer "
+              "or older commit)")
+    else:
+        by = "another packer (it records no packer_version)"
+    return (f"its content still hashes to its dataset_hash, so it is intact, written by {by} in a format this "
+            "packer does not read: read it with the packer that built it, or upgrade packer (if it was edited and "
+            "re-sealed by hand, rebuild the version)")
 
 
 def _named_files(doc: dict[str, Any]) -> Iterator[tuple[str, str]]:

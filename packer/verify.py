@@ -63,6 +63,11 @@ SHARD_SUFFIXES = {"webdataset": ".tar", "parquet": ".parquet"}
 _REBUILD = "rebuild the version with `packer build` or restore the file from a good copy"
 #: How a problem with a file the manifest does not list begins (no build fixes it: delete the file)
 UNLISTED = "shard-like file the manifest does not list"
+#: Manifest problems (:class:`packer.manifest.ManifestProblem` kinds) of an intact manifest in a format
+#: this packer does not read: nothing is damaged, so the fix is :data:`UPGRADE`, not a restore
+UNREAD_FORMATS = ("format_version", "packer_version")
+UPGRADE = ("the manifest was written by another packer version and nothing could be checked: verify it with the "
+           "packer that built it, or upgrade packer")
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,9 @@ class Problem:
 @dataclass(frozen=True)
 class VerifyResult:
     """What :func:`verify_dataset` checked and found. ``ok`` is True when ``problems`` is
-    empty; ``warnings`` (stale temporaries) never make a dataset fail."""
+    empty; ``warnings`` (stale temporaries) never make a dataset fail. ``fix``: the one fix for
+    every problem where one decides it (:data:`UPGRADE`: a manifest of a format this packer does
+    not read), else None (restore the named files or rebuild)."""
 
     manifest: str
     name: str | None
@@ -96,6 +103,7 @@ class VerifyResult:
     files_checked: int
     bytes_checked: int
     samples_checked: int
+    fix: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -121,6 +129,7 @@ class _Findings:
     files: int = 0
     bytes: int = 0
     samples: int = 0
+    fix: str | None = None
 
     def add(self, shard: str, message: str, key: str | None = None) -> None:
         self.problems.append(Problem(shard=shard, key=key, message=message))
@@ -218,7 +227,8 @@ def shard_size_problems(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
 def _result(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyResult:
     return VerifyResult(manifest=file, name=(manifest or {}).get("name"), version=(manifest or {}).get("version"),
                         deep=deep, problems=tuple(found.problems), warnings=tuple(found.warnings),
-                        files_checked=found.files, bytes_checked=found.bytes, samples_checked=found.samples)
+                        files_checked=found.files, bytes_checked=found.bytes, samples_checked=found.samples,
+                        fix=found.fix)
 
 
 def _why(err: OSError) -> str:
@@ -241,8 +251,9 @@ def _read_manifest(folder: VersionFolder, name: str, storage_options: Mapping[st
         if problem.kind == "dataset_hash":
             found.add(name, problem.detail)
             continue
-        damaged = "; the manifest is damaged: restore it from the registry copy or rebuild"
-        found.add(name, f"{manifest.location}: {problem.detail}{damaged if problem.kind == 'schema' else ''}")
+        found.add(name, f"{manifest.location}: {problem.detail}")  # the detail gives the fix (restore, upgrade)
+        if problem.kind in UNREAD_FORMATS:
+            found.fix = UPGRADE
         return None
     data = manifest.data
     if data["version"] != data["dataset_hash"][:12]:

@@ -104,6 +104,9 @@ def _check_versions(versions: dict[str, Path]) -> None:
             click.echo(format_result(result), err=True)
         named = "; ".join(f"{role} {result.manifest}: {len(result.problems)} integrity problem(s)"
                           for role, result in failed.items())
+        fixes = {result.fix for result in failed.values()}
+        if None not in fixes:  # manifests this packer does not read: nothing is damaged, nothing to restore
+            raise IntegrityError(f"{named}. No diff: {'; '.join(sorted(str(fix) for fix in fixes))}")
         raise IntegrityError(f"{named}. No diff: it compares the sha256s the manifests record, which these files do "
                              "not hold; restore the named files from a good copy or rebuild the version with "
                              "`packer build`, then diff again")

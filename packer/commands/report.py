@@ -28,9 +28,12 @@ def report(manifest_arg: str, output: Path | None) -> None:
     sample that fails is named at the top of the report, flagged where it is shown and in a
     warning here: run `packer verify` on the version. Without a readable index nothing is
     checked, and a warning here says so.
-    Exits 5 when the manifest cannot be read, 2 when MANIFEST is not a dataset version (a registry
-    copy, with neither index nor shards beside it, is not: pass the version folder).
+    Exits 5 when the manifest cannot be read (not JSON, breaking the manifest schema, of a newer
+    format or another version's), 2 when MANIFEST is not a dataset version (a registry
+    copy, with neither index nor shards beside it, is not: pass the version folder). An edited
+    manifest (its dataset_hash no longer matches) is reported, under a warning.
     """
+    from packer.errors import IntegrityError
     from packer.files import human_bytes
     from packer.htmlreport import write_report
     from packer.htmlreport.collect import damaged_finding, unreadable_finding
@@ -45,6 +48,9 @@ def report(manifest_arg: str, output: Path | None) -> None:
     detached = detached_manifest_error(str(manifest), located, data, "a report would show no samples")
     if detached is not None:
         raise detached
+    unreadable = [problem for problem in read.problems if problem.kind != "dataset_hash"]
+    if unreadable:  # a shape this packer cannot read (or another version's manifest): nothing it says can be shown
+        raise IntegrityError(f"{located}: {unreadable[0].detail}; no report was written")
     # packer report has no --out: a refused file is placed elsewhere with -o, not by building again
     written = write_report(manifest, output, elsewhere="write the report elsewhere (packer report MANIFEST -o FILE)")
     path = written.path

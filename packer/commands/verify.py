@@ -55,6 +55,8 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
         unlisted = [p for p in report.problems if p.message.startswith(UNLISTED)]
         stray = (f"delete the {len(unlisted)} file(s) the manifest does not list (no build removes them)"
                  if unlisted else "")
+        if report.fix is not None:  # a manifest this packer does not read: nothing to restore
+            raise IntegrityError(f"{report.manifest}: {report.fix}")
         if len(unlisted) == len(report.problems):
             fix = stray
         elif is_url(manifest):  # a rebuild checks each object of this manifest and uploads the damaged ones again
