@@ -425,6 +425,46 @@ def test_a_sealed_manifest_the_loader_cannot_read_is_told_by_the_schema(tmp_path
         ShardDataset(manifest, "train")
 
 
+def reseal_by_hand(manifest: Path, change) -> None:
+    """Apply ``change`` to the manifest and seal it with the README's recipe, written out here: sha256 of
+    the canonical JSON of every field but created_at, version and dataset_hash."""
+    import hashlib
+
+    doc = json.loads(manifest.read_text())
+    change(doc)
+    content = {k: v for k, v in doc.items() if k not in ("created_at", "version", "dataset_hash")}
+    doc["dataset_hash"] = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"),
+                                                    ensure_ascii=False).encode()).hexdigest()
+    manifest.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda doc: doc["index"].pop("sha256"), "index"),
+    (lambda doc: doc["index"].pop("file"), "index"),
+    (lambda doc: doc["index"].update(rows="8"), "index/rows"),
+    (lambda doc: doc.pop("format_version"), r"\(top level\): 'format_version'"),
+    (lambda doc: doc.update(format_version="1"), "format_version"),
+    (lambda doc: doc["splits"]["train"]["shards"][1].update(bytes="12"), "splits/train/shards/1/bytes"),
+    (lambda doc: doc["splits"]["train"]["shards"][0].pop("sha256"), "splits/train/shards/0"),
+], ids=["no index sha256", "no index file", "index rows as text", "no format_version", "format_version as text",
+        "shard bytes as text", "no shard sha256"])
+def test_a_hand_edited_manifest_resealed_with_the_readme_recipe_is_refused_naming_the_field(tmp_path, change, field):
+    """The loader skips the schema for a sealed manifest, but the fields it reads are still checked:
+    a manifest edited by hand and re-sealed is refused as inspect refuses it, an IntegrityError naming
+    the manifest and the field, never a KeyError deep in a read nor a silent read."""
+    manifest = build(tmp_path / "v", "webdataset")
+    reseal_by_hand(manifest, change)
+    with pytest.raises(IntegrityError, match=f"{manifest}: manifest field {field}"):
+        list(ShardDataset(manifest, "train", sources=["ct"]))  # a view: it reads the index
+
+
+def test_a_sealed_manifest_with_a_field_this_packer_does_not_know_still_loads(tmp_path):
+    """What a newer packer adds (an optional field, format_version still 1) is no field the loader reads."""
+    manifest = build(tmp_path / "v", "webdataset")
+    reseal_by_hand(manifest, lambda doc: [s.update(compression="none") for s in doc["splits"]["train"]["shards"]])
+    assert len(list(ShardDataset(manifest, "train"))) == sum(SIZES)
+
+
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.lists(st.sampled_from([0, 1, 7, 4095, 4096, 70_000]), min_size=1, max_size=3), max_size=5),
        seed=st.integers(0, 2**32 - 1))

@@ -59,7 +59,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -270,7 +270,9 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     IntegrityError when it cannot be read, is from a newer packer, names a file outside its
     version folder, breaks ``schemas/manifest.schema.json`` (the message names the field; a
     sealed manifest, whose content still hashes to its dataset_hash, is checked against the
-    schema only where this code cannot read it), or was edited after the build (its content no
+    schema only where this code cannot read it: the fields it reads, ``format_version``, the
+    ``index`` entry and the split's shard entries, are checked on every open, :func:`_unread_field`),
+    or was edited after the build (its content no
     longer hashes to its ``dataset_hash``);
     ``ConfigError`` when the store cannot be reached. The shards' bytes are not hashed here
     (``packer verify`` and ``verify="shard"`` do that). On top of the schema the loader needs one numpy dtype, C×H×W
@@ -287,14 +289,98 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     # other classes), and a sealed manifest was checked against the schema by the build that
     # wrote it: not again here (jsonschema's import is 0.1 s of a start; the hash, 0.2 ms)
     doc = read_manifest(manifest, storage_options=storage_options, schema_if_sealed=False)
-    try:
-        return _split_info(doc, split, storage_options, cache, sources)
-    except (KeyError, TypeError, AttributeError, IndexError) as err:
-        # a sealed manifest this code cannot read (written by a packer of another schema): the
-        # schema's own message says which field, as for any manifest that breaks it
-        read_manifest(manifest, storage_options=storage_options, check_hash=False)
-        raise IntegrityError(f"{doc.path or doc.location}: the manifest lacks what this packer reads ({err!r}); "
-                             "rebuild the dataset with this packer") from err
+    unread = _unread_field(doc.data, split)
+    if unread is None:
+        try:
+            return _split_info(doc, split, storage_options, cache, sources)
+        except (KeyError, TypeError, AttributeError, IndexError) as err:
+            _refuse_unread(manifest, storage_options, doc, f"the manifest lacks what this packer reads ({err!r})",
+                           err)
+    _refuse_unread(manifest, storage_options, doc, f"manifest field {unread}", None)
+
+
+def _refuse_unread(manifest: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, doc: Manifest,
+                   what: str, cause: Exception | None) -> NoReturn:
+    """Raise IntegrityError for a sealed manifest this code cannot read (written by a packer of
+    another format, or edited and re-sealed with the README's recipe): the schema's own message
+    names the field where the schema refuses it (read_manifest raises it, saying whose it may be),
+    else ``what`` does."""
+    from packer.manifest import read_manifest
+
+    read_manifest(manifest, storage_options=storage_options, check_hash=False)
+    raise IntegrityError(f"{doc.path or doc.location}: {what}; the loader cannot read this manifest: read it with "
+                         "the packer that built it, or rebuild the dataset with this packer") from cause
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unread_field(data: Mapping[str, Any], split: str) -> str | None:
+    """``<field>: <what is wrong>`` for the first field the loader reads that is not as it reads
+    it, or None: ``format_version`` this packer's (the integer), the ``index`` entry's file,
+    sha256, bytes and rows, and ``split``'s sample count and shard entries. The build checked these
+    against the schema before sealing; a sealed manifest skips the schema here (jsonschema costs
+    0.1 s of a start: this check costs microseconds), and one sealed by hand or by a packer of
+    another format must still fail with the field named, not with a KeyError deep in a read."""
+    from packer.manifest import FORMAT_VERSION
+
+    version = data.get("format_version")
+    if not _is_int(version) or version != FORMAT_VERSION:
+        return f"format_version: {version!r}, expected the integer {FORMAT_VERSION}"
+    index = data.get("index")
+    if index is not None:  # a manifest of a packer before the index: the views that need it say so
+        if not isinstance(index, dict):
+            return f"index: {index!r} is not an object"
+        for name, fits, expected in _INDEX_FIELDS:
+            if not fits(index.get(name)):
+                return f"index/{name}: {index.get(name, 'missing')!r}, expected {expected}"
+    entry = (data.get("splits") or {}).get(split) if isinstance(data.get("splits"), dict) else None
+    if entry is None:
+        return None  # no such split: _split_info names the splits there are
+    if not isinstance(entry, dict) or not _is_int(entry.get("samples")) or not isinstance(entry.get("shards"), list):
+        return f"splits/{split}: expected an object with samples (an integer) and shards (a list)"
+    for i, shard in enumerate(entry["shards"]):
+        if _plain_shard(shard):
+            continue
+        if not isinstance(shard, dict):
+            return f"splits/{split}/shards/{i}: {shard!r} is not an object"
+        for name, fits, expected in _SHARD_FIELDS:
+            if not fits(shard.get(name)):
+                return f"splits/{split}/shards/{i}/{name}: {shard.get(name, 'missing')!r}, expected {expected}"
+    return None
+
+
+def _plain_shard(shard: object) -> bool:
+    """:data:`_SHARD_FIELDS`' checks in one expression: a manifest lists thousands of shards, and
+    this is on every open (about 1 µs a shard, a tenth of what hashing the manifest costs)."""
+    if type(shard) is not dict:
+        return False
+    file, size, digest, samples = shard.get("file"), shard.get("bytes"), shard.get("sha256"), shard.get("samples")
+    return (type(file) is str and file != "" and type(size) is int and size >= 0 and type(samples) is int
+            and samples >= 0 and type(digest) is str and _SHA256.fullmatch(digest) is not None)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+#: (field, check, what is expected) of the ``index`` entry and of a shard entry, as the loader reads them
+_INDEX_FIELDS = (("file", _is_name, "a file name"), ("sha256", _is_sha256, "64 hex digits"),
+                 ("bytes", _is_count, "a byte count"), ("rows", _is_count, "a row count"))
+_SHARD_FIELDS = (("file", _is_name, "a file name"), ("sha256", _is_sha256, "64 hex digits"),
+                 ("bytes", _is_count, "a byte count"), ("samples", _is_count, "a sample count"))
 
 
 def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | None, cache: ShardCache | None,
