@@ -1148,13 +1148,24 @@ def _check_template(template: str, where: str) -> None:
     import string
 
     try:
-        names = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+        fields = [(field, spec or "") for _, field, spec, _ in string.Formatter().parse(template) if field is not None]
     except ValueError as err:
         raise ConfigError(f"{where}: {template!r} is not a file-name template ({err}); write columns in braces, "
                           "as in 'files/p{subject_id:.2}/p{subject_id}/{dicom_id}.jpg'") from err
-    if not names or any(not name for name in names):
+    if not fields or any(not name for name, _ in fields):
         raise ConfigError(f"{where}: {template!r} names no column; write each column in braces, as in "
                           "'{dicom_id}.jpg'")
+    # Python's format syntax reads attributes and items ('{path.__class__}', '{path[0]}') and fills a
+    # nested field inside a spec ('{a:{b.x}}'): a shared job file could pull the process environment
+    # into messages that way. A field is a column name, an optional !conversion and a literal spec.
+    for name, spec in fields:
+        if "." in name or "[" in name or "{" in spec:
+            part = f"{{{name}:{spec}}}" if spec else f"{{{name}}}"
+            column = name.split(".")[0].split("[")[0]
+            raise ConfigError(f"{where}: {part!r} in {template!r} is not a column name with an optional format "
+                              "spec; a field is a column name in braces, as in '{dicom_id}' or '{subject_id:.2}' "
+                              f"(attribute access '.', indexing '[' and nested fields are refused): write "
+                              f"'{{{column}}}' and rename the column if its name holds '.' or '['")
 
 
 def _parse_structures(spec: Any, key: str, where: str) -> StructureMap:

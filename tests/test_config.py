@@ -216,6 +216,30 @@ def test_bad_jobs_name_the_key(tmp_path: Path, change: dict, expected: str) -> N
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize("template", [
+    "{path.__format__.__globals__[os].environ[SECRET_TOKEN]}",  # would read the process environment
+    "{path.nosuchattr}",
+    "{path[0]}.png",
+    "{path:{entity.__class__}}",  # a nested field in the spec is evaluated too
+])
+def test_a_path_template_field_is_a_plain_column_and_attribute_or_index_access_is_refused_at_load(
+        tmp_path: Path, template: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "AKIA_TOPSECRET_123")
+    source = {"kind": "image", "root": "raw", "table": {"file": "raw/labels.csv", "path": {"template": template}}}
+    with pytest.raises(ConfigError) as info:
+        load_job(write_job(tmp_path, {**MINIMAL, "sources": [source]}))
+    message = str(info.value)
+    assert "sources[0].table.path.template" in message and "is not a column name" in message
+    assert "AKIA_TOPSECRET_123" not in message
+
+
+def test_a_path_template_keeps_conversions_and_literal_format_specs(tmp_path: Path) -> None:
+    template = "files/p{subject_id:.2}/{study_id!s}/{dicom_id:>05}.jpg"
+    source = {"kind": "image", "root": "raw", "table": {"file": "raw/labels.csv", "path": {"template": template}}}
+    job = load_job(write_job(tmp_path, {**MINIMAL, "sources": [source]}))
+    assert job.sources[0].table_map is not None and job.sources[0].table_map.template == template
+
+
 @pytest.mark.parametrize(("change", "expected"), [
     ({"pack": None}, "pack: null is not of type 'object'"),
     ({"split": {"by": "entity", "seed": True}}, "split.seed: true is not of type 'integer'"),
