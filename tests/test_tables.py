@@ -1246,6 +1246,16 @@ def test_a_json_table_without_its_records_key_names_the_lists_it_holds(tmp_path:
         discover(load_job(job))
 
 
+
+def test_a_json_table_nested_past_the_stack_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    _files(root, ["a.png"])
+    (root / "dataset.json").write_text('{"training": ' + "[" * 50000 + "]" * 50000 + "}")
+    job = _job(tmp_path, {"root": "t", "table": {"file": "t/dataset.json", "records": "training", "path": "image"},
+                          "label": "none", "entity": {"component": -1}})
+    with pytest.raises(ConfigError, match=r"dataset\.json: JSON nested too deeply to read"):
+        discover(load_job(job))
+
 # -- identity: a plain table keeps its config ------------------------------------------------------
 
 

@@ -285,6 +285,9 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values
         doc = json.load(fh)
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: not a JSON document ({err.msg} at line {err.lineno}); fix the file") from err
+    except RecursionError as err:  # json nests lists past Python's stack: no table nests like that
+        raise ConfigError(f"{path}: JSON nested too deeply to read; a table is a list of flat records, "
+                          "fix the file") from err
     items = doc.get(key) if isinstance(doc, dict) and key is not None else doc
     if key is not None and not isinstance(doc, dict):
         raise ConfigError(f"{path}: records: {key!r} needs a JSON object holding the list; the file holds a "
