@@ -10,7 +10,12 @@ a build's ``.staging-*`` folders (a build in progress, or interrupted: the next 
 resumes from it or clears it). A version whose build stopped while publishing it (its files
 moved in, no manifest yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a
 leftover ``.trash-*`` is: gc holds the build lock, so no build is publishing it, and nothing
-can read it without its manifest; it is never counted as a version.
+can read it without its manifest; it is never counted as a version. An entry of the dataset
+folder that is a symbolic link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version brought in
+without copying) is no version of this folder: it is left alone and never counted, the link and
+what it points to. Removing only the link would be harmless to its target, but gc removes what
+builds of this folder wrote, and nothing else: the plan names the link so that whoever made it
+removes it.
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
@@ -58,7 +63,8 @@ class GcPlan:
     links: kept. ``elsewhere_bytes``: files of the removed versions with links outside the
     dataset folder: kept too. ``broken``: version folders whose manifest cannot be read, left
     alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
-    version folders a build stopped while publishing (no manifest), removed next.
+    version folders a build stopped while publishing (no manifest), removed next. ``linked``:
+    entries that are symbolic links to folders (each with what it points to), left alone.
     """
 
     root: Path
@@ -71,12 +77,15 @@ class GcPlan:
     shared_bytes: int
     elsewhere_bytes: int
     incomplete: tuple[str, ...] = ()
+    linked: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
                 "remove": [v.to_json() for v in self.remove], "broken": [v.to_json() for v in self.broken],
                 "staging": list(self.staging), "trash": list(self.trash),
-                "incomplete": list(self.incomplete), "freed_bytes": self.freed_bytes,
+                "incomplete": list(self.incomplete),
+                "linked": [{"folder": name, "target": target} for name, target in self.linked],
+                "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
 
 
@@ -98,7 +107,12 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
         raise ConfigError(f"--keep {keep}: gc keeps at least the newest version (--keep 1); to remove every "
                           f"version, delete the dataset folder {folder} itself")
     listing = list_versions(folder)
-    readable = [v for v in listing.versions if v.problem is None]  # newest first
+    # a link's folder belongs to whoever made it: never counted, never removed, never followed
+    linked = tuple((name, os.readlink(listing.root / name)) for name in sorted(
+        {v.folder for v in listing.versions} | {o.folder for o in listing.others})
+        if (listing.root / name).is_symlink())
+    link_names = {name for name, _ in linked}
+    readable = [v for v in listing.versions if v.problem is None and v.folder not in link_names]  # newest first
     good = [v for v in readable if v.failed is None]
     kept_good = good[:keep]
     # a failed build's version (exit 3) never counts toward --keep; the ones newer than every kept
@@ -107,8 +121,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     kept = tuple(v for v in readable if v in kept_good or (v.failed is not None
                                                             and (v.created_at, v.version) > newest_kept))
     removed = tuple(v for v in readable if v not in kept)
-    trash = tuple(o.folder for o in listing.others if o.kind == "trash")
-    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
+    trash = tuple(o.folder for o in listing.others if o.kind == "trash" and o.folder not in link_names)
+    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete" and o.folder not in link_names)
     gone = {v.folder for v in removed} | set(trash) | set(incomplete)
     freed = shared = elsewhere = 0
     for links in listing.files.values():
@@ -121,9 +135,10 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
         else:
             shared += links.size
     return GcPlan(root=listing.root, keep=kept, remove=removed,
-                  broken=tuple(v for v in listing.versions if v.problem is not None),
-                  staging=tuple(o.folder for o in listing.others if o.kind == "staging"), trash=trash,
-                  freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere, incomplete=incomplete)
+                  broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
+                  staging=tuple(o.folder for o in listing.others if o.kind == "staging" and o.folder not in link_names),
+                  trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
+                  incomplete=incomplete, linked=linked)
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
@@ -153,6 +168,7 @@ def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
     for name in plan.trash:
+        _refuse_link(plan.root / name)
         with _refused(plan.root / name):
             _remove_tree(plan.root / name)
         if on_removed is not None:
@@ -162,6 +178,7 @@ def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
         path = plan.root / folder
         if not path.is_dir():
             continue
+        _refuse_link(path)  # made a link since the plan: renaming it would carry the link into .trash-*
         trash = plan.root / f"{TRASH_PREFIX}{folder}-{secrets.token_hex(4)}"
         with _refused(path):
             os.rename(path, trash)  # atomic: from here on the folder is no version
@@ -170,6 +187,14 @@ def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
             _remove_tree(trash)
         if on_removed is not None:
             on_removed(folder)
+
+
+def _refuse_link(path: Path) -> None:
+    """FileSystemError (exit 6) where ``path`` is a symbolic link: gc deletes nothing through one."""
+    if path.is_symlink():
+        raise FileSystemError(f"cannot remove {path}: it is a symbolic link to {os.readlink(path)}, not a folder "
+                              "a build of this dataset wrote; gc never removes through a link (remove the link "
+                              "itself with rm if it is no longer wanted), then run packer gc again")
 
 
 @contextlib.contextmanager
@@ -193,6 +218,9 @@ def _remove_tree(path: Path) -> None:
     """Remove ``path`` and everything under it, read-only folders included (shards and version
     folders may be made read-only so that no write reaches them through a link)."""
     def make_writable(function: Any, failed: str, info: Any) -> None:
+        err = info if isinstance(info, BaseException) else info[1]
+        if not isinstance(err, PermissionError) or function is os.path.islink:
+            raise err  # a link rmtree will not follow, a file that is gone: not a permission to fix
         parent = os.path.dirname(failed)
         os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
         function(failed)
@@ -230,6 +258,10 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
                     if plan.elsewhere_bytes else ""))
     for v in plan.broken:
         lines.append(f"  left alone: {v.folder} (its manifest cannot be read: {v.problem})")
+    for name, target in plan.linked:
+        lines.append(f"  left alone: {name} (a symbolic link to {target}, not a folder a build of this dataset "
+                     "wrote: gc never removes through a link; remove the link itself with rm if it is no longer "
+                     "wanted)")
     for name in plan.staging:
         lines.append(f"  left alone: {name} (a build in progress, or interrupted)")
     if dry_run:

@@ -438,6 +438,35 @@ def test_a_version_whose_manifest_fails_is_listed_as_broken_and_gc_leaves_it_alo
     assert sorted(p.name for p in root.iterdir()) == sorted([versions.base, versions.grown])
 
 
+def test_gc_leaves_a_symlinked_version_and_its_target_alone_and_never_counts_it(versions: Versions,
+                                                                                  tmp_path: Path) -> None:
+    """Another team's version brought in with ``ln -s``: gc deleted its manifest through the link,
+    said "removed", and left a ``.trash-*`` link that every later gc "removed" again."""
+    theirs = Path(shutil.copytree(versions.out / "demo" / versions.base, tmp_path / "teamA" / "demo" / versions.base))
+    path = theirs / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["created_at"] = "2020-01-01T00:00:00Z"  # the oldest: the first gc would remove
+    path.write_text(json.dumps(manifest))
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    shutil.rmtree(root / versions.base)
+    os.symlink(theirs, root / versions.base)
+    trash_link = root / ".trash-0123456789ab-deadbeef"
+    os.symlink(theirs, trash_link)  # a link named as an interrupted gc's leftover
+    before = snapshot(theirs)
+
+    for _ in range(2):
+        result = invoke("gc", root, "--keep", "1")
+        assert result.exit_code == 0, result.output
+        assert f"left alone: {versions.base} (a symbolic link to {theirs}" in result.output
+        assert f"left alone: {trash_link.name} (a symbolic link" in result.output
+        assert f"removed {versions.base}" not in result.output and f"removed {trash_link.name}" not in result.output
+    assert snapshot(theirs) == before and verify_dataset(theirs).ok
+    assert sorted(p.name for p in root.iterdir()) == sorted([trash_link.name, versions.base, versions.grown])
+    assert (root / versions.base).is_symlink()
+    plan = json.loads(invoke("gc", root, "--keep", "1", "--json").stdout)
+    assert {"folder": versions.base, "target": str(theirs)} in plan["linked"] and plan["remove"] == []
+
+
 def test_gc_refuses_while_a_build_of_the_dataset_holds_its_lock(versions: Versions, tmp_path: Path) -> None:
     """A build running into the dataset folder links shards from earlier versions and reads
     samples back from them; gc removed versions under it (the help only advised "start gc after
