@@ -214,6 +214,9 @@ def shard_size_problems(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
         for shard in (entry.get("shards") or ()) if isinstance(entry, dict) else ():
             if not isinstance(shard, dict) or not shard.get("file"):
                 continue
+            if not _plain_name(str(shard["file"])):  # never stat a path a received manifest points elsewhere
+                damaged.append(f"{shard['file']!r} (not a plain file name inside the version folder: not opened)")
+                continue
             try:
                 size = (folder / str(shard["file"])).stat().st_size
             except OSError:
@@ -222,6 +225,12 @@ def shard_size_problems(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
             if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
                 damaged.append(f"{shard['file']} ({size:,} bytes, not {shard['bytes']:,})")
     return damaged
+
+
+def _plain_name(file: str) -> bool:
+    """True for a shard's file name as builds write it: one name in the version folder, no
+    folder part, ``..``, drive or URL."""
+    return file not in ("", ".", "..") and not any(c in file for c in "/\\:\0")
 
 
 def _result(file: str, manifest: dict[str, Any] | None, deep: bool, found: _Findings) -> VerifyResult:

@@ -29,9 +29,10 @@ def report(manifest_arg: str, output: Path | None) -> None:
     warning here: run `packer verify` on the version. Without a readable index nothing is
     checked, and a warning here says so.
     Exits 5 when the manifest cannot be read (not JSON, breaking the manifest schema, of a newer
-    format or another version's), 2 when MANIFEST is not a dataset version (a registry
-    copy, with neither index nor shards beside it, is not: pass the version folder). An edited
-    manifest (its dataset_hash no longer matches) is reported, under a warning.
+    format or another version's) or names a file outside the version folder (the report opens no
+    such file), 2 when MANIFEST is not a dataset version (a registry copy, with neither index nor
+    shards beside it, is not: pass the version folder). An edited manifest (its dataset_hash no
+    longer matches) is reported, under a warning.
     """
     from packer.errors import IntegrityError
     from packer.files import human_bytes

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.allocator import system_arrow_pool
+from packer.errors import IntegrityError
 from packer.htmlreport.collect import DamagedSample, ReportData, ReportLimits, collect_report_data
 from packer.htmlreport.imagery import render_contact_sheets, render_intensities
 from packer.htmlreport.markup import esc
@@ -72,11 +73,13 @@ def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, 
     index, ``bad_samples.jsonl`` and ``leakage.json`` are read from that folder. ``manifest``
     replaces the file's content when given (it is then not checked). A manifest that breaks
     the current schema (an older or newer packer) or whose ``dataset_hash`` does not match its
-    content is still reported, under a warning at the top; IntegrityError is raised only when
-    the file cannot be read or is not a JSON object. The same inputs give the same bytes (no
-    clock is read). A long report shows a ``report`` progress line on stderr (samples read and
-    drawn) unless ``quiet``. Every sample read is checked against the checksum its index row
-    records (``xxh3``); those that fail are named in a finding at the top and flagged where shown.
+    content is still reported, under a warning at the top; IntegrityError is raised only when the
+    file cannot be read, is not a JSON object, or names a file that is not a plain path inside the
+    version folder (a received manifest edited to read ``../../elsewhere``). The same inputs give
+    the same bytes (no clock is read). A long report shows a ``report`` progress line on stderr
+    (samples read and drawn) unless ``quiet``. Every sample read is checked against the checksum its
+    index row records (``xxh3``); those that fail are named in a finding at the top and flagged
+    where shown.
     """
     return _render(manifest_path_or_dir, manifest=manifest, limits=limits, quiet=quiet)[0]
 
@@ -87,6 +90,11 @@ def _render(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None
     warnings: list[str] = []
     if manifest is None:
         read = read_manifest(manifest_file, strict=False)
+        unsafe = [problem.detail for problem in read.problems if problem.kind == "unsafe_file"]
+        if unsafe:  # the report opens the files the manifest names: never one outside the version folder
+            raise IntegrityError(f"{manifest_file}: {unsafe[0]}" + (f" (and {len(unsafe) - 1} more such names)"
+                                                                     if len(unsafe) > 1 else "")
+                                 + "; packer report reads no file outside the version folder")
         manifest, warnings = read.data, [_warning(problem, manifest_file.name) for problem in read.problems]
     with system_arrow_pool():  # see packer.allocator: the report runs at the end of a build's client
         data = collect_report_data(manifest_file.parent, manifest, limits or ReportLimits(), warnings, quiet=quiet)

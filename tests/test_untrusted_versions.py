@@ -1,0 +1,190 @@
+"""packer's own commands on a received version folder that someone edited and then re-sealed:
+every hash it carries recomputed (per-sample xxh3 in ``_index.parquet``, sha256 and size in the
+manifest, ``dataset_hash``), so nothing but the content itself tells the edit apart.
+
+Such a folder is data, not a program: ``packer report`` and ``packer verify`` read no file outside
+the version folder, and each hostile sample or side file becomes a finding that names the shard
+and the key (``verify`` exits 5), never a traceback. The versions are real builds of a few PNGs;
+the edits are written the way a sender would, with tarfile, numpy and pyarrow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from packer.cli import main
+from packer.config import load_job
+from packer.manifest import compute_dataset_hash
+from packer.pipeline.build import BuildOptions, build
+from packer.shards.checksum import members_checksum, parquet_cells_checksum
+from tests.helpers import write_job
+
+TAR_ORDER = ("cls", "json", "npy", "mask.npy", "target.npy", "target_mask.npy")
+PARQUET_CELLS = ("label", "shape", "dtype", "image", "metadata", "target", "target_mask", "mask", "mask_shape",
+                 "mask_dtype")
+
+
+def _build(tmp: Path, fmt: str) -> Path:
+    raw = tmp / "raw"
+    raw.mkdir(parents=True)
+    rows = ["path,label,entity"]
+    for i in range(12):
+        cv2.imwrite(str(raw / f"im{i}.png"), np.random.default_rng(i).integers(0, 255, (8, 8, 3), np.uint8))
+        rows.append(f"im{i}.png,{'ab'[i % 2]},s{i}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    doc = {"name": "ds", "sources": [{"kind": "image", "root": str(raw), "table": str(raw / "labels.csv")}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "transform": {"image": {"size": [8, 8], "color": "rgb"}}, "pack": {"format": fmt},
+           "output": str(tmp / "out")}
+    job = load_job(write_job(tmp / "job", doc))
+    return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False)).version_dir
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("untrusted")
+    return {fmt: _build(tmp / fmt, fmt) for fmt in ("webdataset", "parquet")}
+
+
+def received(built: dict[str, Path], fmt: str, tmp_path: Path) -> Path:
+    """A copy of the built version, as a shared folder somewhere else."""
+    return Path(shutil.copytree(built[fmt], tmp_path / "shared" / "ds" / built[fmt].name))
+
+
+def reseal(version: Path, edit: Callable[[dict], None] | None = None) -> None:
+    """Recompute every shard's and the index's size and sha256 and the dataset_hash, after
+    ``edit`` (which may change the manifest)."""
+    manifest = json.loads((version / "manifest.json").read_text())
+    if edit is not None:
+        edit(manifest)
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            if (version / shard["file"]).is_file() and "/" not in shard["file"]:
+                data = (version / shard["file"]).read_bytes()
+                shard["bytes"], shard["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    index = (version / "_index.parquet").read_bytes()
+    manifest["index"].update(bytes=len(index), sha256=hashlib.sha256(index).hexdigest())
+    manifest["dataset_hash"] = compute_dataset_hash(manifest)
+    (version / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def edit_index(version: Path, edit: Callable[[list[dict]], None]) -> None:
+    table = pq.read_table(version / "_index.parquet")
+    rows = table.to_pylist()
+    edit(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), version / "_index.parquet")
+
+
+def first_shard(version: Path, suffix: str) -> str:
+    return next(p.name for p in sorted(version.iterdir()) if p.name.startswith("test-") and p.name.endswith(suffix))
+
+
+def replace_tar_member(version: Path, ext: str, data: bytes) -> tuple[str, str]:
+    """The first sample of the first test shard with its ``<key>.<ext>`` replaced by ``data``,
+    its index checksum and every hash re-sealed; returns (shard, key)."""
+    shard = first_shard(version, ".tar")
+    with tarfile.open(version / shard) as tar:
+        items = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    key = items[0][0].name.split(".", 1)[0]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, payload in items:
+            payload = data if member.name == f"{key}.{ext}" else payload
+            member.size = len(payload)
+            tar.addfile(member, io.BytesIO(payload))
+    (version / shard).write_bytes(buffer.getvalue())
+    members: dict[str, dict[str, bytes]] = {}
+    offsets: dict[str, int] = {}
+    with tarfile.open(version / shard) as tar:
+        for member in tar.getmembers():
+            name, _, extension = member.name.partition(".")
+            members.setdefault(name, {})[extension] = tar.extractfile(member).read()  # type: ignore[union-attr]
+            offsets.setdefault(name, member.offset)
+
+    def fix(rows: list[dict]) -> None:
+        for row in rows:
+            if row["key"] in members:
+                parts = members[row["key"]]
+                row["xxh3"] = members_checksum(row["key"], {e: parts[e] for e in TAR_ORDER if e in parts})
+                row["position"] = offsets[row["key"]]
+    edit_index(version, fix)
+    reseal(version)
+    return shard, key
+
+
+def replace_parquet_cell(version: Path, column: str, value: object, kind: pa.DataType | None = None
+                         ) -> tuple[str, str]:
+    """The first row of the first test shard with ``column`` set to ``value`` (of type ``kind``,
+    default the column's), its index checksum and every hash re-sealed; returns (shard, key)."""
+    shard = first_shard(version, ".parquet")
+    table = pq.read_table(version / shard)
+    values = table.column(column).to_pylist()
+    values[0] = value
+    kind = kind or table.schema.field(column).type
+    table = table.set_column(table.schema.get_field_index(column), pa.field(column, kind),
+                             pa.array(values, type=kind))
+    pq.write_table(table, version / shard)
+    sums = {row["key"]: parquet_cells_checksum(row["key"], {c: row.get(c) for c in PARQUET_CELLS})
+            for row in pq.read_table(version / shard).to_pylist()}
+
+    def fix(rows: list[dict]) -> None:
+        for row in rows:
+            row["xxh3"] = sums.get(row["key"], row["xxh3"])
+    edit_index(version, fix)
+    reseal(version)
+    return shard, str(table.column("key")[0].as_py())
+
+
+def packer(*args: str | Path) -> Result:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    return result
+
+
+# -- a shard name that leaves the version folder ------------------------------------------------------------
+
+
+def test_report_refuses_a_manifest_whose_shard_name_leaves_the_version_folder(built: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    version = received(built, "webdataset", tmp_path)
+    secret = tmp_path / "shared" / "secret"
+    secret.mkdir()
+    shard = first_shard(version, ".tar")
+    shutil.move(version / shard, secret / "other.tar")
+    outside = "../../secret/other.tar"
+
+    def rename(rows: list[dict]) -> None:
+        for row in rows:
+            row["shard"] = outside if row["shard"] == shard else row["shard"]
+    edit_index(version, rename)
+    reseal(version, lambda m: m["splits"]["test"]["shards"][0].update(file=outside))
+    result = packer("report", version, "-o", tmp_path / "report.html")
+    assert result.exit_code == 5, result.output
+    assert f"'{outside}' is not a plain path inside the version folder" in result.output
+    assert "packer report reads no file outside the version folder" in result.output
+    assert not (tmp_path / "report.html").exists()  # refused before any shard is opened
+
+
+def test_the_shard_size_warning_stats_no_path_outside_the_version_folder(built: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    from packer.verify import shard_size_problems
+
+    version = received(built, "webdataset", tmp_path)
+    manifest = json.loads((version / "manifest.json").read_text())
+    (tmp_path / "shared" / "outside.tar").write_bytes(b"x" * 10)
+    manifest["splits"]["test"]["shards"][0]["file"] = "../../outside.tar"
+    assert shard_size_problems(version, manifest) == [
+        "'../../outside.tar' (not a plain file name inside the version folder: not opened)"]
