@@ -605,7 +605,10 @@ def read_sample_index(manifest: Manifest, *, target_masks: bool = True) -> dict[
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
     out: dict[str, dict[str, Any]] = {}
-    for row in rows:
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row["key"], str) or not isinstance(row["split"], str):  # an edited index: no sample to name
+            raise IntegrityError(f"{path}: row {number} has a null key or split; the index is damaged: restore the "
+                                 "version from its registry copy or rebuild it")
         label, values = target.index_target(row["label"], row.get("target"), row.get("target_mask"))
         out[row["key"]] = {"split": row["split"], "label": label, "target": values, "sha256": row["sha256"],
                            "xxh3": row.get("xxh3")}

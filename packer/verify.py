@@ -356,7 +356,12 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
     if table.num_rows != manifest["index"]["rows"]:
         found.add(INDEX_FILE, f"{table.num_rows} rows, the manifest records {manifest['index']['rows']}")
     by_shard: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in table.select(wanted).to_pylist():
+    for number, row in enumerate(table.select(wanted).to_pylist(), start=1):
+        nulls = [column for column in ("key", "shard", "split") if not isinstance(row[column], str)]
+        if nulls:  # an edited index (its sha256 re-sealed): no sample or shard to file the row under
+            found.add(INDEX_FILE, f"row {number} has no {' or '.join(nulls)} (null); every row names its sample "
+                                  f"key, shard and split; {_REBUILD}", key=row["key"] if "key" not in nulls else None)
+            continue
         by_shard[row["shard"]].append(row)
     split_of = {entry["file"]: split for split, entry in shards}
     for shard, rows in sorted(by_shard.items()):

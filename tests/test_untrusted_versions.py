@@ -188,3 +188,32 @@ def test_the_shard_size_warning_stats_no_path_outside_the_version_folder(built: 
     manifest["splits"]["test"]["shards"][0]["file"] = "../../outside.tar"
     assert shard_size_problems(version, manifest) == [
         "'../../outside.tar' (not a plain file name inside the version folder: not opened)"]
+
+
+# -- an index row without a key -----------------------------------------------------------------------------
+
+
+def _null_first_key(version: Path) -> None:
+    table = pq.read_table(version / "_index.parquet")
+    keys = table.column("key").to_pylist()
+    keys[0] = None
+    table = table.set_column(table.schema.get_field_index("key"), pa.field("key", pa.string()),
+                             pa.array(keys, pa.string()))
+    pq.write_table(table, version / "_index.parquet")
+    reseal(version)
+
+
+def test_verify_names_an_index_row_with_a_null_key_and_exits_5(built: dict[str, Path], tmp_path: Path) -> None:
+    version = received(built, "webdataset", tmp_path)
+    _null_first_key(version)
+    result = packer("verify", version)
+    assert result.exit_code == 5, result.output
+    assert "_index.parquet" in result.output and "row 1 has no key (null)" in result.output
+
+
+def test_diff_refuses_an_index_row_with_a_null_key_naming_the_index(built: dict[str, Path], tmp_path: Path) -> None:
+    version = received(built, "webdataset", tmp_path)
+    _null_first_key(version)
+    result = packer("diff", built["webdataset"], version)
+    assert result.exit_code == 5, result.output
+    assert f"{version / '_index.parquet'}: row 1 has a null key or split" in result.output
