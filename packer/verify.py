@@ -652,7 +652,9 @@ class _TarWalk:
                         self.cut = True
                         break
                     if data is None:
-                        found.add(shard, f"{irregular_member(member.name)}; {_REBUILD}")
+                        parsed = parse_member_name(member.name)
+                        found.add(shard, f"{_irregular(member)}; {_REBUILD}",
+                                  key=parsed[0] if not isinstance(parsed, str) else None)
                         continue
                     parsed = parse_member_name(member.name)
                     if isinstance(parsed, str):
@@ -677,10 +679,35 @@ class _TarWalk:
 
 
 def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
-    if not member.isreg():
+    """A regular member's bytes; None for any other type, refused before a byte is read (a GNU
+    sparse member's declared size, up to terabytes, is what tarfile would allocate)."""
+    if not member.isreg() or member.issparse():
         return None
     handle = tar.extractfile(member)
     return handle.read() if handle is not None else None
+
+
+def _irregular(member: tarfile.TarInfo) -> str:
+    if member.issparse():
+        return (f"member {member.name!r} is a sparse file declaring {member.size:,} bytes, not a regular file; "
+                "packer writes none: refuse to extract this shard")
+    return irregular_member(member.name)
+
+
+def _load_npy(data: bytes) -> np.ndarray:
+    """``data`` as ``numpy.load(allow_pickle=False)`` reads it, its header's shape and dtype checked
+    against the bytes there first: numpy allocates what the header declares before reading.
+    ValueError (or OSError, EOFError) when it does not load."""
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = header(stream)  # what np.load reads first, before it allocates
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"the header's shape {shape} is not a list of sizes")
+    if math.prod(shape) * dtype.itemsize > len(data) - stream.tell():
+        raise ValueError(f"the header declares {dtype} {list(shape)}, more than the {len(data) - stream.tell()} "
+                         "bytes that follow it")
+    return np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
 
 
 def _parquet_source(folder: VersionFolder, shard: str, size: int, stack: contextlib.ExitStack) -> Any:
@@ -727,6 +754,9 @@ def _parquet_samples(folder: VersionFolder, shard: str, size: int,
         key = values["key"]
         if key is None and columns["key"] is not None:
             found.add(shard, f"row {position} has no key")
+        elif key is not None and not isinstance(key, str):
+            found.add(shard, f"row {position} has key {key!r}, not text; {_REBUILD}")
+            key = None
         yield key, {"offset": position, "row": values}
 
 
@@ -783,7 +813,7 @@ def _tar_npy(sample: dict[str, Any], ext: str, bad: Callable[[str], None]) -> np
     if ext not in sample:
         return None
     try:
-        return np.asarray(np.load(io.BytesIO(sample[ext]), allow_pickle=False))
+        return _load_npy(sample[ext])
     except (ValueError, OSError, EOFError) as err:
         bad(f".{ext} member does not load with numpy.load(allow_pickle=False) ({err})")
         return None
@@ -842,9 +872,13 @@ def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
             info = json.loads(sample["json"].decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             bad(f".json member is not UTF-8 JSON ({err})")
+        except RecursionError:
+            bad(".json member nests too deeply to read; packer writes a flat object")
         else:
             if not isinstance(info, dict):
                 bad(".json member is not a JSON object")
+            elif info.get("source") is not None and not isinstance(info.get("source"), str):
+                bad(f".json says source {info.get('source')!r}, not a source name")
             else:
                 source = info.get("source")
                 if info.get("split") != split:
@@ -856,7 +890,7 @@ def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
     if "npy" in sample:
         digest = hashlib.sha256(sample["npy"]).hexdigest()
         try:
-            array = np.load(io.BytesIO(sample["npy"]), allow_pickle=False)
+            array = _load_npy(sample["npy"])
         except (ValueError, OSError, EOFError) as err:
             bad(f".npy member does not load with numpy.load(allow_pickle=False) ({err})")
     return label, source, array, digest
@@ -864,29 +898,52 @@ def _check_tar_sample(sample: dict[str, Any], split: str, expect: _Expect,
 
 def _check_parquet_row(row: dict[str, Any], split: str,
                        bad: Callable[[str], None]) -> tuple[int | None, str | None, np.ndarray | None, str | None]:
-    label, source, image = row["label"], row["source"], row["image"]
+    # every cell is checked for its type first: an edited shard's columns may hold anything
+    label, source, image, shape = row["label"], row["source"], row["image"], row["shape"]
+    if label is not None and (not isinstance(label, int) or isinstance(label, bool)):
+        bad(f"label cell {label!r} is not a class index")
+        label = None
+    if source is not None and not isinstance(source, str):
+        bad(f"source cell {source!r} is not a source name")
+        source = None
+    if image is not None and not isinstance(image, bytes):
+        bad(f"image cell is {type(image).__name__}, not bytes")
+        image = None
     if row["split"] is not None and row["split"] != split:
         bad(f"row says split {row['split']!r}, the shard is in {split!r}")
     digest = hashlib.sha256(image).hexdigest() if image is not None else None
     if digest is not None and row["sha256"] is not None and digest != row["sha256"]:
-        bad(f"image bytes have sha256 {digest[:16]}…, the row's sha256 column says {row['sha256'][:16]}…")
+        bad(f"image bytes have sha256 {digest[:16]}…, the row's sha256 column says {str(row['sha256'])[:16]}…")
     if row["metadata"] is not None:
-        try:
-            json.loads(row["metadata"])
-        except json.JSONDecodeError as err:
-            bad(f"metadata is not JSON ({err})")
-    if image is None or row["shape"] is None or row["dtype"] is None:
+        if not isinstance(row["metadata"], str):
+            bad(f"metadata cell is {type(row['metadata']).__name__}, not JSON text")
+        else:
+            try:
+                json.loads(row["metadata"])
+            except json.JSONDecodeError as err:
+                bad(f"metadata is not JSON ({err})")
+            except RecursionError:
+                bad("metadata nests too deeply to read; packer writes a flat object")
+    if image is None or shape is None or row["dtype"] is None:
+        return label, source, None, digest
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                              for n in shape):
+        bad(f"shape cell {shape!r} is not a list of sizes (whole numbers, none negative)")
         return label, source, None, digest
     try:
-        dtype = np.dtype(row["dtype"])
+        dtype = np.dtype(str(row["dtype"]))
     except TypeError:
         bad(f"dtype {row['dtype']!r} is not a numpy dtype")
         return label, source, None, digest
-    expected = math.prod(row["shape"]) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(image) != expected:
-        bad(f"image holds {len(image)} bytes, shape {row['shape']} of {dtype} needs {expected}")
+        bad(f"image holds {len(image)} bytes, shape {shape} of {dtype} needs {expected}")
         return label, source, None, digest
-    return label, source, np.frombuffer(image, dtype=dtype).reshape(row["shape"]), digest
+    try:
+        return label, source, np.frombuffer(image, dtype=dtype).reshape(shape), digest
+    except ValueError as err:  # a dtype numpy will not read from bytes (object, zero-size)
+        bad(f"image bytes do not read as {dtype} {shape} ({err})")
+        return label, source, None, digest
 
 
 def _check_array(array: np.ndarray, source: str | None, expect: _Expect, bad: Callable[[str], None]) -> None:

@@ -127,12 +127,13 @@ def replace_tar_member(version: Path, ext: str, data: bytes) -> tuple[str, str]:
 
 def replace_parquet_cell(version: Path, column: str, value: object, kind: pa.DataType | None = None
                          ) -> tuple[str, str]:
-    """The first row of the first test shard with ``column`` set to ``value`` (of type ``kind``,
-    default the column's), its index checksum and every hash re-sealed; returns (shard, key)."""
+    """The first row of the first test shard with ``column`` set to ``value`` (with ``kind``, the
+    column retyped, every row's cell ``value``), its index checksum and every hash re-sealed;
+    returns (shard, key)."""
     shard = first_shard(version, ".parquet")
     table = pq.read_table(version / shard)
     values = table.column(column).to_pylist()
-    values[0] = value
+    values = [value] * len(values) if kind is not None else [value, *values[1:]]
     kind = kind or table.schema.field(column).type
     table = table.set_column(table.schema.get_field_index(column), pa.field(column, kind),
                              pa.array(values, type=kind))
@@ -217,3 +218,78 @@ def test_diff_refuses_an_index_row_with_a_null_key_naming_the_index(built: dict[
     result = packer("diff", built["webdataset"], version)
     assert result.exit_code == 5, result.output
     assert f"{version / '_index.parquet'}: row 1 has a null key or split" in result.output
+
+
+# -- verify --deep on hostile samples -----------------------------------------------------------------------
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _deep_failures(version: Path) -> list[str]:
+    result = packer("verify", "--deep", version)
+    assert result.exit_code == 5, result.output
+    return [line.strip() for line in result.output.splitlines() if line.strip().startswith("FAIL")]
+
+
+@pytest.mark.parametrize(("ext", "data", "says"), [
+    ("json", b"[" * 50000 + b"]" * 50000, ".json member nests too deeply to read"),
+    ("json", b'{"source": ["ct"], "split": "test"}', ".json says source ['ct'], not a source name"),
+    # a header that declares 2**40 bytes over 100 real ones: numpy would allocate what it declares
+    ("npy", _npy(np.zeros(8, np.uint8)).replace(b"(8,)", b"(1099511627776,)"), "more than the"),
+], ids=["deep-json", "json-source-a-list", "npy-declares-a-terabyte"])
+def test_verify_deep_names_a_hostile_tar_member_by_shard_and_key(built: dict[str, Path], tmp_path: Path, ext: str,
+                                                                 data: bytes, says: str) -> None:
+    version = received(built, "webdataset", tmp_path)
+    shard, key = replace_tar_member(version, ext, data)
+    assert any(line.startswith(f"FAIL {shard} [{key}]: ") and says in line for line in _deep_failures(version))
+
+
+def _sparse_member(name: str, real_size: int, data_len: int = 512) -> bytes:
+    """A GNU sparse member header (type 'S') declaring ``real_size`` bytes over one data block."""
+    header = bytearray(512)
+    header[0:len(name)] = name.encode()
+    header[100:108], header[108:116], header[116:124] = b"0000644\x00", b"0000000\x00", b"0000000\x00"
+    header[124:136], header[136:148] = b"%011o\x00" % data_len, b"%011o\x00" % 0
+    header[156:157], header[257:265] = b"S", b"ustar  \x00"
+    header[386:398], header[398:410] = b"%011o\x00" % 0, b"%011o\x00" % data_len  # one chunk at offset 0
+    size = bytearray(12)
+    size[0] = 0x80  # base-256
+    for i, value in zip(range(11, 0, -1), (real_size >> (8 * n) for n in range(11)), strict=True):
+        size[i] = value & 0xFF
+    header[483:495] = size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\x00 " % sum(header)
+    return bytes(header) + b"\0" * data_len
+
+
+def test_verify_deep_refuses_a_sparse_tar_member_before_reading_its_terabyte(built: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    version = received(built, "webdataset", tmp_path)
+    shard = first_shard(version, ".tar")
+    with tarfile.open(version / shard) as tar:
+        last = tar.getmembers()[-1]
+    raw = (version / shard).read_bytes()
+    end = last.offset_data + (last.size + 511) // 512 * 512
+    edited = raw[:end] + _sparse_member("zzzz.npy", 2**40) + b"\0" * 1024
+    (version / shard).write_bytes(edited + b"\0" * (-len(edited) % 10240))
+    reseal(version)
+    failures = _deep_failures(version)
+    assert (f"FAIL {shard} [zzzz]: member 'zzzz.npy' is a sparse file declaring 1,099,511,627,776 bytes, not a "
+            "regular file") in "\n".join(failures)
+
+
+@pytest.mark.parametrize(("column", "value", "kind", "says"), [
+    ("shape", [-3, -8, 8], None, "shape cell [-3, -8, 8] is not a list of sizes"),
+    ("metadata", {"a": 1}, pa.struct([("a", pa.int64())]), "metadata cell is dict, not JSON text"),
+    ("metadata", "[" * 50000 + "]" * 50000, None, "metadata nests too deeply to read"),
+], ids=["negative-shape", "struct-metadata", "deep-metadata"])
+def test_verify_deep_names_a_hostile_parquet_cell_by_shard_and_key(built: dict[str, Path], tmp_path: Path,
+                                                                   column: str, value: object,
+                                                                   kind: pa.DataType | None, says: str) -> None:
+    version = received(built, "parquet", tmp_path)
+    shard, key = replace_parquet_cell(version, column, value, kind)
+    assert any(line.startswith(f"FAIL {shard} [{key}]: ") and says in line for line in _deep_failures(version))
