@@ -288,9 +288,24 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]], schema: str) -> P
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file (blank lines skipped)."""
+    """The records of a JSON-lines file (blank lines skipped). ValueError naming the file and
+    line where a line is not JSON, not a JSON object, or nests too deeply to read (a hand-edited
+    or received file); OSError if it cannot be read."""
+    records = []
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except RecursionError:
+                raise ValueError(f"{path.name} line {number}: JSON nested too deeply to read") from None
+            except ValueError as err:
+                raise ValueError(f"{path.name} line {number}: not JSON ({err})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path.name} line {number}: a JSON {type(record).__name__}, not an object")
+            records.append(record)
+    return records
 
 
 @contextlib.contextmanager

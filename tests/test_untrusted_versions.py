@@ -11,6 +11,7 @@ the edits are written the way a sender would, with tarfile, numpy and pyarrow.
 from __future__ import annotations
 
 import hashlib
+import html
 import io
 import json
 import shutil
@@ -293,3 +294,55 @@ def test_verify_deep_names_a_hostile_parquet_cell_by_shard_and_key(built: dict[s
     version = received(built, "parquet", tmp_path)
     shard, key = replace_parquet_cell(version, column, value, kind)
     assert any(line.startswith(f"FAIL {shard} [{key}]: ") and says in line for line in _deep_failures(version))
+
+
+# -- packer report on hostile samples and side files --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ext", "data", "says"), [
+    ("npy", _npy(np.zeros(8 * 8 * 3, np.uint8)), "its image is uint8 [192]"),
+    ("npy", _npy(np.zeros((3, 8, 8), "<U1")), "its image is <U1 [3, 8, 8]"),
+    ("json", b"[1, 2, 3]", "its JSON record is a list, not an object"),
+    ("json", b"[" * 50000 + b"]" * 50000, "its JSON record nests too deeply to read"),
+], ids=["npy-1d", "npy-text", "json-list", "json-deep"])
+def test_report_lists_a_hostile_sample_as_unreadable_by_key_and_shard(built: dict[str, Path], tmp_path: Path,
+                                                                      ext: str, data: bytes, says: str) -> None:
+    version = received(built, "webdataset", tmp_path)
+    shard, key = replace_tar_member(version, ext, data)
+    result = packer("report", version, "-o", tmp_path / "report.html")
+    assert result.exit_code == 0, result.output
+    assert "1 of the 12 samples this report selected could not be read" in result.output
+    assert f"{key}: {shard}: " in result.output and says in result.output
+    assert html.escape(says, quote=False) in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize(("file", "text", "says"), [
+    ("bad_samples.jsonl", "[1]\n", "bad_samples.jsonl could not be read: bad_samples.jsonl line 1: a JSON list, "
+                                   "not an object"),
+    ("leakage.json", '{"rules": [1, 2]}', "leakage.json could not be read (ValueError)"),
+    ("warnings.jsonl", "[" * 50000 + "]" * 50000 + "\n", "warnings.jsonl line 1: JSON nested too deeply to read"),
+], ids=["bad-samples-line-a-list", "leakage-rules-a-list", "warnings-deep"])
+def test_report_says_a_hostile_side_file_could_not_be_read(built: dict[str, Path], tmp_path: Path, file: str,
+                                                           text: str, says: str) -> None:
+    version = received(built, "webdataset", tmp_path)
+    (version / file).write_text(text)
+    result = packer("report", version, "-o", tmp_path / "report.html")
+    assert result.exit_code == 0, result.output
+    assert says in (tmp_path / "report.html").read_text()
+
+
+def test_report_opens_no_shard_an_edited_index_names_outside_the_version_folder(built: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    version = received(built, "webdataset", tmp_path)
+    shard = first_shard(version, ".tar")
+    (tmp_path / "shared" / "other.tar").write_bytes((version / shard).read_bytes())
+    outside = "../../other.tar"
+
+    def rename(rows: list[dict]) -> None:
+        for row in rows:
+            row["shard"] = outside if row["shard"] == shard else row["shard"]
+    edit_index(version, rename)
+    reseal(version)
+    result = packer("report", version, "-o", tmp_path / "report.html")
+    assert result.exit_code == 0, result.output
+    assert f"'{outside}': not a plain file name inside the version folder (not opened)" in result.output

@@ -317,9 +317,12 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     def render(result: PackedSample | tuple[IndexEntry, str]) -> _Rendered | tuple[IndexEntry, str]:
         if not isinstance(result, PackedSample):
             return result
-        return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
-                       sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys,
-                       masked=masked, pad=pad)
+        try:  # the one boundary: a sample an edited shard made undrawable is listed as unreadable
+            return _render(result, kinds, px, counted=result.entry.key in histogram_keys,
+                           sheet=result.entry.key in on_sheets, duplicate=result.entry.key in duplicate_keys,
+                           masked=masked, pad=pad)
+        except (ValueError, TypeError) as err:
+            return result.entry, f"{result.entry.shard}: cannot be drawn ({type(err).__name__}: {err})"
 
     data.selected = len(wanted)
     samples = read_samples(folder, (data.entries[k] for k in sorted(wanted)))
@@ -394,8 +397,12 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
             duplicate: bool, masked: bool = False, pad: int | None = None) -> _Rendered:
     """Histogram counts, thumbnails and, ``masked`` (the manifest records masks), mask counts and
     overlays of one sample: pure, and mostly OpenCV and numpy calls that release the GIL, so
-    samples render on a thread pool."""
+    samples render on a thread pool. ValueError where its image is not numbers in a shape packer
+    writes (an edited shard)."""
     entry = sample.entry
+    if sample.image.dtype.kind not in "buif" or sample.image.ndim not in (2, 3, 4):
+        raise ValueError(f"its image is {sample.image.dtype} {list(sample.image.shape)}; packer packs numbers "
+                         "in H×W, C×H×W or C×D×H×W")
     kind = str(sample.info.get("kind") or kinds.get(entry.source, ""))
     chw = as_chw(sample.image)
     mask = sample.mask if masked and sample.mask is not None and sample.mask.ndim == 3 and len(sample.mask) else None

@@ -208,7 +208,10 @@ def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
     if any(isinstance(r, dict) and "findings" not in r for r in rules.values()):
         try:
             listed = json.loads((folder / LEAKAGE_FILE).read_text(encoding="utf-8")).get("rules", {})
-        except (OSError, ValueError, AttributeError) as err:
+            if not isinstance(listed, dict):
+                raise ValueError(f"its rules are a JSON {type(listed).__name__}, not an object")
+        except (OSError, ValueError, AttributeError, RecursionError) as err:
+            listed = {}
             out.note = (f"{LEAKAGE_FILE} could not be read ({type(err).__name__}); "
                         "rule counts come from the manifest, findings are not listed")
     # label_conflicts and entity_lookalikes enter the manifest only where they find something;
@@ -223,7 +226,8 @@ def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
                               passed=bool(raw.get("passed", count == 0)), detail=detail))
         findings = raw.get("findings")
         if findings is None:
-            findings = (listed.get(name) or {}).get("findings", [])
+            entry = listed.get(name)
+            findings = entry.get("findings", []) if isinstance(entry, dict) else []
         _add_findings(out, str(name), findings if isinstance(findings, list) else [])
     for entity, splits in sorted((legacy.get("entity_overlap") or {}).items()):
         out.overlap.append((str(entity), [str(s) for s in splits]))

@@ -242,7 +242,10 @@ def scan_index(folder: Path, manifest: dict[str, Any]) -> list[IndexEntry]:
             for sample in scan_tar(path).samples:
                 members = read_member_bytes(fh, sample, ["json"]) if "json" in sample.members else None
                 if isinstance(members, dict):
-                    info = json.loads(members["json"])
+                    try:
+                        info = sample_record(members["json"])
+                    except ValueError:  # no record to list it by: the samples read say why, by key
+                        continue
                     label = info.get("label_index", -1 if target.has_label else None)
                     rows.append(IndexEntry(sample.key, split, name, sample.offset,
                                            None if label is None else int(label),
@@ -267,10 +270,27 @@ def _packed(entry: IndexEntry, members: Mapping[str, bytes | bytearray | memoryv
         return entry, f"{mask.reason}: {mask.message}" + _failed(entry, checksum)
     try:  # one sample's damaged member is that sample's reason: it stopped the rest of its shard
         image = load_npy(members["npy"], copy=False)
-        record = json.loads(bytes(raw)) if raw else {}
+        record = sample_record(bytes(raw)) if raw else {}
     except ValueError as err:  # a damaged .npy header, JSON that does not parse (or is not UTF-8)
         return entry, f"{type(err).__name__}: {err}" + _failed(entry, checksum)
     return PackedSample(entry, image, record, mask, checksum)
+
+
+def sample_record(raw: str | bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A sample's ``.json`` member or ``metadata`` cell as the object packer writes; ValueError
+    where it is not JSON, not an object, or nests too deeply to read (an edited shard)."""
+    try:
+        record = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
+    except RecursionError:
+        raise ValueError("its JSON record nests too deeply to read") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"its JSON record is a {type(record).__name__}, not an object")
+    return record
+
+
+def _plain_shard(name: str) -> bool:
+    """True for a shard name as builds write it: one file name in the version folder."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\:\0")
 
 
 def _failed(entry: IndexEntry, checksum: int | None) -> str:
@@ -329,7 +349,7 @@ def _read_parquet(path: Path, entries: list[IndexEntry]) -> Iterator[PackedSampl
             yield entry, f"{result.reason}: {result.message}" + _failed(entry, checksum)
         else:
             try:
-                record = json.loads(result.record) if result.record else {}
+                record = sample_record(result.record) if result.record else {}
             except ValueError as err:
                 yield entry, f"{type(err).__name__}: {err}" + _failed(entry, checksum)
                 continue
@@ -347,6 +367,10 @@ def read_samples(folder: Path, entries: Iterable[IndexEntry]) -> Iterator[Packed
         by_shard[entry.shard].append(entry)
     for shard in sorted(by_shard):
         wanted = by_shard[shard]
+        if not _plain_shard(shard):  # an edited index: open nothing outside the version folder
+            for entry in wanted:
+                yield entry, f"{shard!r}: not a plain file name inside the version folder (not opened)"
+            continue
         path = folder / shard
         seen: set[str] = set()
         try:
