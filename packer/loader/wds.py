@@ -26,6 +26,7 @@ from typing import Any
 from packer.errors import ConfigError, from_python
 from packer.loader.readers import ShardReadError, load_split, mismatch_message, split_index_rows
 from packer.shards.checksum import INDEX_COLUMN, members_checksum
+from packer.shards.members import MEMBER_EXTENSIONS
 
 
 @from_python
@@ -131,10 +132,23 @@ def _reached_all(url: str, seen: set[str], listed: Mapping[str, tuple[int, tuple
 def check_sample(sample: dict[str, Any], *, expected: Mapping[str, int] | None,
                  names: Mapping[int, str]) -> dict[str, Any]:
     """One webdataset sample checked against its recorded checksum (``expected``: key →
-    xxh3; None: unchecked) and given ``__label_name__``; ``ShardReadError`` on a mismatch."""
+    xxh3; None: unchecked) and given ``__label_name__``; ``ShardReadError`` on a mismatch.
+
+    A member packer does not write (an extension not in
+    :data:`~packer.shards.members.MEMBER_EXTENSIONS`) is a ``ShardReadError`` too, with or without
+    the checksum: webdataset's ``.decode()`` unpickles ``.pyd`` and ``.pickle`` members, and a
+    sender who re-seals the index and manifest passes the checksum, so such a member must never
+    reach the caller's stages."""
     key = sample["__key__"]
     shard = os.path.basename(str(sample.get("__url__", "?")))
     members = {name: value for name, value in sample.items() if not name.startswith("__")}
+    foreign = sorted(name for name in members if name not in MEMBER_EXTENSIONS)
+    if foreign:
+        raise ShardReadError(
+            f"{shard}: sample {key}: member {key}.{foreign[0]} is not one packer writes "
+            f"(<key>.{'|'.join(MEMBER_EXTENSIONS)}): refused before any decoder sees it (webdataset's .decode() "
+            "would unpickle a .pyd or .pickle member); the shard was not written by packer or was edited after "
+            "the build: rebuild the dataset or get it again from its source", shard=shard, key=key)
     if expected is not None:
         want = expected.get(key)
         if want is None:

@@ -1,0 +1,115 @@
+"""Reading a dataset someone else sent: shards edited, then resealed (each sample's xxh3 in
+_index.parquet, each shard's sha256 and bytes in the manifest, the dataset_hash all recomputed,
+so every checksum passes). Reading it must never run code, write outside the folders given, or
+allocate what a header merely claims; each problem is a ShardReadError naming the shard and the
+sample or member, skipped (and counted) under on_error="skip" or webdataset's handler."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import webdataset
+from loader_fixtures import build_dataset
+
+from packer.loader import ShardDataset, ShardReadError, wds_dataset
+from packer.manifest import compute_dataset_hash
+from packer.shards.checksum import members_checksum, parquet_cells_checksum
+
+SIZES = (3, 2)
+
+
+def tar_members(path: Path) -> list[tuple[str, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(out.getvalue())
+
+
+def reseal(manifest: Path) -> None:
+    """As a hostile sender would: every sample's xxh3 and position in _index.parquet, every
+    shard's bytes and sha256, the index entry and the dataset_hash recomputed from the files."""
+    root = manifest.parent
+    doc = json.loads(manifest.read_text())
+    sums: dict[str, int] = {}
+    positions: dict[str, int] = {}
+    for split in doc["splits"].values():
+        for shard in split["shards"]:
+            path = root / shard["file"]
+            if doc["format"] == "webdataset":
+                with tarfile.open(path) as tar:
+                    grouped: dict[str, dict[str, bytes]] = {}
+                    for m in tar.getmembers():
+                        if not m.isreg() or m.sparse is not None or m.type == tarfile.GNUTYPE_SPARSE:
+                            continue  # a planted irregular member: its header is what is hostile
+                        key, _, ext = m.name.partition(".")
+                        grouped.setdefault(key, {})[ext] = tar.extractfile(m).read()  # type: ignore[union-attr]
+                        positions.setdefault(key, m.offset)
+                sums.update({key: members_checksum(key, found) for key, found in grouped.items()})
+            else:
+                for row in pq.read_table(path).to_pylist():
+                    sums[row["key"]] = parquet_cells_checksum(row["key"], row)
+            data = path.read_bytes()
+            shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    index = root / doc["index"]["file"]
+    table = pq.read_table(index)
+    rows = table.to_pylist()
+    for row in rows:
+        row["xxh3"] = sums.get(row["key"], row["xxh3"])
+        if row["key"] in positions and "position" in row:
+            row["position"] = positions[row["key"]]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), index)
+    data = index.read_bytes()
+    doc["index"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    doc["dataset_hash"] = compute_dataset_hash(doc)
+    manifest.write_text(json.dumps(doc, indent=2, sort_keys=True))
+
+
+class _Planted:
+    """Unpickling this creates ``marker``: proof that a reader ran code from a shard."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_wds_dataset_refuses_a_member_packer_never_writes_before_webdatasets_decoder_unpickles_it(tmp_path):
+    """webdataset's .decode() (README's recipe) runs pickle.loads on .pyd/.pickle members; the
+    per-sample xxh3 covers whatever members there are, so a resealed index passes a planted one.
+    wds_dataset refuses the sample, naming shard, key and member, before any decoder sees it."""
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    marker = tmp_path / "PWNED"
+    shard = tmp_path / "train-000000.tar"
+    members = tar_members(shard)
+    members.insert(3, ("s00000.pyd", pickle.dumps(_Planted(marker))))  # after s00000's .npy
+    write_tar(shard, members)
+    reseal(manifest)
+    with pytest.raises(ShardReadError, match=r"train-000000.tar: sample s00000: member s00000.pyd is not one "
+                                             r"packer writes") as err:
+        list(wds_dataset(manifest, "train").decode())
+    assert (err.value.shard, err.value.key) == ("train-000000.tar", "s00000")
+    for verify in ("sample", "off"):
+        with pytest.warns(UserWarning, match="s00000.pyd"):
+            kept = [s["__key__"] for s in wds_dataset(manifest, "train", verify=verify,
+                                                      handler=webdataset.warn_and_continue).decode()]
+        assert kept == ["s00001", "s00002", "s00003", "s00004"]
+    assert not marker.exists()
+
