@@ -113,3 +113,39 @@ def test_wds_dataset_refuses_a_member_packer_never_writes_before_webdatasets_dec
         assert kept == ["s00001", "s00002", "s00003", "s00004"]
     assert not marker.exists()
 
+
+def _set_metadata(shard: Path, row: int, value: str) -> None:
+    table = pq.read_table(shard)
+    cells = table.column("metadata").to_pylist()
+    cells[row] = value
+    field = table.schema.field("metadata")
+    pq.write_table(table.set_column(table.schema.get_field_index("metadata"), field,
+                                    pa.array(cells, type=field.type)), shard)
+
+
+@pytest.mark.parametrize(("fmt", "record", "why"), [
+    ("webdataset", b"[1, 2, 3]", r"s00000.json \(the sample's record\) is a JSON list, not an object"),
+    ("webdataset", b'{"a":', r"s00000.json \(the sample's record\) is not valid JSON"),
+    ("webdataset", b"[" * 50_000 + b"]" * 50_000, r"s00000.json \(the sample's record\) is nested too deeply"),
+    ("parquet", "[1, 2, 3]", r"the metadata cell \(the sample's record\) is a JSON list, not an object"),
+])
+def test_a_record_that_is_not_a_json_object_is_a_sample_defect_named_and_skippable(tmp_path, fmt, record, why):
+    """records=True: a .json member or metadata cell that is a list, invalid JSON or nested past
+    Python's recursion limit raised a raw TypeError/JSONDecodeError/RecursionError, which
+    on_error="skip" did not skip; it is now that sample's ShardReadError (undecodable)."""
+    manifest = build_dataset(tmp_path, fmt=fmt, shard_sizes=SIZES)
+    if fmt == "webdataset":
+        shard = tmp_path / "train-000000.tar"
+        write_tar(shard, [(n, record if n == "s00000.json" else d) for n, d in tar_members(shard)])
+    else:
+        _set_metadata(tmp_path / "train-000000.parquet", 0, record)
+    reseal(manifest)
+    with pytest.raises(ShardReadError, match=rf"train-000000.{'tar' if fmt == 'webdataset' else 'parquet'}: "
+                                             rf"sample s00000: undecodable: {why}") as err:
+        list(ShardDataset(manifest, "train", shuffle=False, records=True))
+    assert err.value.key == "s00000"
+    dataset = ShardDataset(manifest, "train", shuffle=False, records=True, on_error="skip")
+    assert [item["record"]["key"] for item in dataset] == ["s00001", "s00002", "s00003", "s00004"]
+    assert dataset.skipped == 1
+    # without records the pixels and label are all a reader needs: the sample is read
+    assert len(list(ShardDataset(manifest, "train", shuffle=False))) == 5

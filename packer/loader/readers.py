@@ -68,7 +68,7 @@ from packer.errors import ConfigError, IntegrityError
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
-from packer.shards.members import Decoded, SampleDefect, decode_members
+from packer.shards.members import Decoded, SampleDefect, decode_members, record_defect
 from packer.shards.tar import (
     TarIndex,
     TarSample,
@@ -733,7 +733,11 @@ class SampleCheck:
         if isinstance(result, SampleDefect):
             return result
         problem = self.problem(result.image, result.label, result.target, result.mask, result.target_mask)
-        return result if problem is None else SampleDefect("bad_sample", problem, result.key)
+        if problem is not None:
+            return SampleDefect("bad_sample", problem, result.key)
+        if self.records and result.record is not None:  # a Parquet row's metadata cell (tar: _with_record)
+            return record_defect(result.key, result.record, "the metadata cell") or result
+        return result
 
 
 @dataclass(frozen=True)
@@ -1180,8 +1184,12 @@ _WARNED: set[str] = set()
 
 
 def _with_record(decoded: Decoded, members: dict[str, bytes] | SampleDefect) -> Decoded | SampleDefect:
-    """``decoded`` with its ``.json`` member as its record, or why that member cannot be had."""
-    return members if isinstance(members, SampleDefect) else replace(decoded, record=members["json"])
+    """``decoded`` with its ``.json`` member as its record, or why that member cannot be had
+    (or is not a JSON object: :func:`~packer.shards.members.record_defect`)."""
+    if isinstance(members, SampleDefect):
+        return members
+    record = members["json"]
+    return record_defect(decoded.key, record, f"{decoded.key}.json") or replace(decoded, record=record)
 
 
 def read_shard(fmt: str, info: ShardInfo, positions: Sequence[int], check: SampleCheck, *,

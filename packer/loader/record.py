@@ -33,8 +33,14 @@ class SampleRecord(dict[str, Any]):
 
     @classmethod
     def of_json(cls, data: bytes | str) -> SampleRecord:
-        """The record a ``.json`` member or ``metadata`` cell holds."""
-        return cls(json.loads(data))
+        """The record a ``.json`` member or ``metadata`` cell holds. The loader's readers have
+        checked it already (:func:`~packer.shards.members.record_defect`: a sample whose record is
+        not a JSON object is a defect, skipped under ``on_error="skip"``); ``ValueError`` for data
+        that is not one, for any other caller."""
+        parsed = json.loads(data)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"a sample record is a JSON object, not a JSON {type(parsed).__name__}")
+        return cls(parsed)
 
 
 def collate_records(batch: list[SampleRecord], *, collate_fn_map: dict[type, Callable[..., Any]] | None = None

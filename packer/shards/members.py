@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -226,6 +227,23 @@ def decode_label(key: str, data: bytes) -> int | SampleDefect:
         return int(data.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         return SampleDefect("bad_label", f"{key}.cls holds {data[:20]!r}, not an integer", key)
+
+
+def record_defect(key: str, data: str | bytes | bytearray | memoryview, where: str) -> SampleDefect | None:
+    """Why a sample's JSON record (``where``: ``"<key>.json"`` or ``"the metadata cell"``) is not
+    one, or None: it must parse as JSON (UTF-8) to an object. A sender controls these bytes, so
+    invalid JSON, another JSON value (a list, a number) and nesting too deep for Python's parser
+    (``RecursionError``) are each this sample's ``undecodable`` defect, not an exception."""
+    try:
+        parsed = json.loads(bytes(data) if isinstance(data, (bytearray, memoryview)) else data)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = "nested too deeply to parse" if isinstance(err, RecursionError) else f"not valid JSON ({err})"
+        return SampleDefect("undecodable", f"{where} (the sample's record) is {why}; a record must be a JSON "
+                                           "object as packer writes it: rebuild the dataset", key)
+    if not isinstance(parsed, dict):
+        return SampleDefect("undecodable", f"{where} (the sample's record) is a JSON {type(parsed).__name__}, not "
+                                           "an object as packer writes it: rebuild the dataset", key)
+    return None
 
 
 def decode_target(key: str, data: bytes, ext: str = "target.npy") -> np.ndarray | SampleDefect:
