@@ -14,13 +14,16 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset
 from loader_fixtures import build_dataset
 
+from packer.errors import IntegrityError
 from packer.loader import ShardDataset, ShardReadError, wds_dataset
+from packer.loader.cache import ShardCache
 from packer.manifest import compute_dataset_hash
 from packer.shards.checksum import members_checksum, parquet_cells_checksum
 
@@ -149,3 +152,47 @@ def test_a_record_that_is_not_a_json_object_is_a_sample_defect_named_and_skippab
     assert dataset.skipped == 1
     # without records the pixels and label are all a reader needs: the sample is read
     assert len(list(ShardDataset(manifest, "train", shuffle=False))) == 5
+
+
+def _publish(root: Path, where: str, edit: Callable[[dict], None] | None = None) -> str:
+    """The version in ``root`` copied to fsspec's memory store under ``where`` (its manifest
+    first edited by ``edit`` and re-sealed); the remote manifest's URL."""
+    fs = fsspec.filesystem("memory")
+    for path in root.iterdir():
+        data = path.read_bytes()
+        if path.name == "manifest.json" and edit is not None:
+            doc = json.loads(data)
+            edit(doc)
+            doc["dataset_hash"] = compute_dataset_hash(doc)
+            data = json.dumps(doc).encode()
+        fs.pipe(f"/{where}/{path.name}", data)
+    return f"memory://{where}/manifest.json"
+
+
+@pytest.mark.parametrize("sha256", ["/../../../../../../..{escaped}", "../{name}", "A" * 64])
+def test_the_shard_cache_refuses_a_sha256_that_is_not_64_hex_digits_before_building_any_path(tmp_path, sha256):
+    """The cache's paths are <sha256><suffix> and .<sha256>.lock; a re-sealed manifest is read
+    without its schema, so a sha256 of "/../../x/ESCAPED" made ShardDataset(cache_dir=C) create
+    x/ESCAPED.lock outside C. Now that shard is a bad_shard naming it, and nothing is written
+    outside the cache folder."""
+    manifest = build_dataset(tmp_path / "version", shard_sizes=SIZES)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    bad = sha256.format(escaped=outside / "ESCAPED", name="ESCAPED")
+
+    def plant(doc: dict) -> None:
+        doc["splits"]["train"]["shards"][0]["sha256"] = bad
+
+    url = _publish(manifest.parent, f"hostile-{tmp_path.name}", plant)
+    cache = tmp_path / "cache"
+    with pytest.raises(ShardReadError, match=r"train-000000.tar: bad_shard: refused by the shard cache .*: manifest "
+                                             r"shard 'train-000000.tar': sha256 .* is not 64 lowercase hex digits"):
+        list(ShardDataset(url, "train", shuffle=False, cache_dir=cache))
+    dataset = ShardDataset(url, "train", shuffle=False, cache_dir=cache, on_error="skip")
+    assert [item["key"] for item in dataset] == ["s00003", "s00004"]  # the other shard, through the cache
+    assert dataset.skipped == 3
+    assert list(outside.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outside",
+                                                                                             "version"]
+    assert all(path.parent == cache for path in cache.rglob("*"))
+    with pytest.raises(IntegrityError, match="not 64 lowercase hex digits"):
+        ShardCache(cache).entry(bad, "train-000000.tar")

@@ -5,7 +5,9 @@ variables ``PACKER_SHARD_CACHE`` and ``PACKER_SHARD_CACHE_LIMIT``) reads a remot
 shards through :class:`ShardCache`:
 
 - **keyed by content**: an entry is ``<sha256><suffix>``, the shard's sha256 from the manifest,
-  so a replaced object is never served stale and two dataset versions share identical shards;
+  so a replaced object is never served stale and two dataset versions share identical shards
+  (a sha256 that is not 64 lowercase hex digits is refused before any path is built from it:
+  :func:`entry_problem`);
 - **downloaded once per machine**: the ranks and workers of one machine share the folder; a
   download holds an exclusive ``flock`` on the entry's lock file, and a reader that finds the
   lock taken polls until the entry is there, then uses it rather than fetching it again (never
@@ -34,6 +36,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -52,6 +55,10 @@ LIMIT_ENV = "PACKER_SHARD_CACHE_LIMIT"
 _CHUNK = 4 << 20
 #: Seconds between tries of a cache entry's lock that another process holds.
 _POLL_S = 0.02
+#: A shard's sha256 as the manifest's schema has it: the only key a cache path is built from
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: A shard file's suffix as a cache entry keeps it (``.tar``, ``.parquet``)
+_SUFFIX = re.compile(r"(\.[A-Za-z0-9]{1,16})?")
 
 
 @dataclass
@@ -83,7 +90,12 @@ class ShardCache:
         self.__init__(**state)  # type: ignore[misc]
 
     def entry(self, sha256: str, file: str) -> Path:
-        """Where the shard with this sha256 (and this file name's suffix) lives in the cache."""
+        """Where the shard with this sha256 (and this file name's suffix) lives in the cache.
+        ``IntegrityError`` for a sha256 that is not 64 lowercase hex digits or a suffix that is
+        not a plain extension (:func:`entry_problem`), before any path is built from it."""
+        problem = entry_problem(sha256, file)
+        if problem is not None:
+            raise IntegrityError(f"{problem}; refused by the shard cache {self.folder}, whose paths are built from it")
         return self.folder / f"{sha256}{Path(file).suffix}"
 
     @contextlib.contextmanager
@@ -91,7 +103,9 @@ class ShardCache:
                 storage_options: Any = None) -> Iterator[Path]:
         """The local path of the shard, downloaded first if needed, held (a shared lock) while the
         caller reads it so eviction leaves it alone. Raises ``OSError`` naming ``url`` when the
-        download keeps failing, and IntegrityError when the store's bytes are not the manifest's."""
+        download keeps failing, and IntegrityError when the store's bytes are not the manifest's or
+        the manifest's sha256 cannot name a cache entry (:meth:`entry`)."""
+        self.entry(sha256, file)  # checks the key before any path (the lock file's too) is built from it
         path = self._pending_result(sha256) or self.fetch(url, sha256, size, file, storage_options)
         with open(self._lock_path(sha256), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
@@ -149,6 +163,8 @@ class ShardCache:
             if self._pool is None:  # one thread a shard ahead: a download waits on the store's latency, not the CPU
                 self._pool = ThreadPoolExecutor(max_workers=self.read_ahead, thread_name_prefix="packer-read-ahead")
             for url, sha256, size, file, options in list(shards)[:self.read_ahead]:
+                if entry_problem(sha256, file) is not None:
+                    continue  # not fetched ahead: reading() refuses it in the foreground, where the reader sees why
                 if sha256 not in self._pending and not self._valid(self.entry(sha256, file), size):
                     self._pending[sha256] = self._pool.submit(self.fetch, url, sha256, size, file, options)
 
@@ -253,6 +269,25 @@ class ShardCache:
                 path.unlink(missing_ok=True)
                 (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
                 total -= size
+
+
+def entry_problem(sha256: object, file: object) -> str | None:
+    """Why a manifest's shard entry (its ``sha256`` and ``file``) cannot name a cache entry, or
+    None. The cache's paths (``<sha256><suffix>``, ``.<sha256>.lock``) are built from these
+    values, so one that is not 64 lowercase hex digits (``/../../x``) or a file name whose suffix
+    is not a plain extension would put files outside the cache folder. The manifest's schema says
+    the same, but a manifest re-sealed by its sender is read without its schema: this check holds
+    on its own."""
+    if not isinstance(file, str):
+        return f"manifest shard entry {file!r}: its file name is not a string; the manifest was edited or damaged"
+    if not isinstance(sha256, str) or _SHA256.fullmatch(sha256) is None:
+        shown = repr(sha256) if len(repr(sha256)) <= 80 else f"{repr(sha256)[:77]}..."
+        return (f"manifest shard {file!r}: sha256 {shown} is not 64 lowercase hex digits (the manifest was edited "
+                "or damaged after the build: get the dataset again from its source)")
+    if _SUFFIX.fullmatch(Path(file).suffix) is None:
+        return (f"manifest shard {file!r}: its suffix {Path(file).suffix!r} is not a plain extension such as .tar "
+                "(the manifest was edited or damaged after the build: get the dataset again from its source)")
+    return None
 
 
 def _stored_size(fs: Any, remote: str) -> int | None:
