@@ -196,3 +196,66 @@ def test_the_shard_cache_refuses_a_sha256_that_is_not_64_hex_digits_before_build
     assert all(path.parent == cache for path in cache.rglob("*"))
     with pytest.raises(IntegrityError, match="not 64 lowercase hex digits"):
         ShardCache(cache).entry(bad, "train-000000.tar")
+
+
+def gnu_sparse_member(name: str, realsize: int, data_len: int = 512) -> bytes:
+    """A GNU sparse ('S') member header declaring ``realsize`` bytes (base-256), with one data
+    chunk of ``data_len`` bytes at offset 0, and that chunk: what GNU tar writes for a file of holes."""
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:108], h[108:116], h[116:124] = b"0000644\x00", b"0000000\x00", b"0000000\x00"
+    h[124:136], h[136:148] = b"%011o\x00" % data_len, b"%011o\x00" % 0
+    h[156:157], h[257:265] = b"S", b"ustar  \x00"
+    h[386:398], h[398:410] = b"%011o\x00" % 0, b"%011o\x00" % data_len
+    h[483:495] = bytes([0x80]) + realsize.to_bytes(11, "big")
+    h[148:156] = b"        "
+    h[148:156] = b"%06o\x00 " % sum(h)
+    return bytes(h) + b"\0" * data_len
+
+
+def _with_sparse_npy(shard: Path, key: str, realsize: int = 2 ** 40) -> None:
+    """``shard`` with ``key``'s .npy member replaced by a sparse one declaring ``realsize`` bytes."""
+    with tarfile.open(shard) as tar:
+        npy = next(m for m in tar.getmembers() if m.name == f"{key}.npy")
+    raw = shard.read_bytes()
+    end = npy.offset_data + -(-npy.size // 512) * 512
+    shard.write_bytes(raw[:npy.offset] + gnu_sparse_member(npy.name, realsize) + raw[end:])
+
+
+def test_a_sparse_member_is_refused_by_every_tar_reader_without_allocating_its_declared_size(tmp_path):
+    """Python's tar reader fills a GNU sparse member's holes with zeros up to the real size its
+    header declares (here 1 TiB, in a 10 kB shard). wds_dataset, ShardDataset (a local shard, a
+    remote one streamed without a cache) refuse it, naming shard and member, before reading it."""
+    manifest = build_dataset(tmp_path / "version", shard_sizes=SIZES)
+    root = manifest.parent
+    _with_sparse_npy(root / "train-000000.tar", "s00001")
+    reseal(manifest)
+    sparse = r"member 's00001.npy' is a sparse file \(tar type 'S', declaring 1,099,511,627,776 bytes\)"
+    with pytest.raises(ShardReadError, match=rf"train-000000.tar: {sparse}") as err:
+        list(wds_dataset(manifest, "train"))
+    assert err.value.shard == "train-000000.tar"
+    with pytest.warns(UserWarning, match="s00001.npy"):
+        kept = [s["__key__"] for s in wds_dataset(manifest, "train", handler=webdataset.warn_and_continue)]
+    assert kept == ["s00003", "s00004"]  # the refused shard is left out whole, the next one read
+    url = _publish(root, f"sparse-{tmp_path.name}")
+    # a local shard is scanned, and read on past the refused member from the index's offsets; a
+    # remote one is streamed once (no cache), so the stream ends there and s00002 is lost, named
+    for source, kept in ((manifest, ["s00000", "s00002", "s00003", "s00004"]), (url, ["s00000", "s00003", "s00004"])):
+        dataset = ShardDataset(source, "train", shuffle=False, on_error="skip")
+        assert [item["key"] for item in dataset] == kept
+        assert dataset.skipped == 5 - len(kept)
+        with pytest.raises(ShardReadError, match=r"train-000000.tar: .*s00001.*" + sparse):
+            list(ShardDataset(source, "train", shuffle=False))
+
+
+def test_a_member_header_declaring_more_than_the_file_is_refused_before_its_buffer_is_allocated(tmp_path):
+    """read_sample_at (a sample at the offset _index.parquet records) allocated the size a
+    regular member's header declares before reading it (an 11-digit octal size is up to 8 GiB)."""
+    from packer.shards.tar import member_header, read_sample_at, unsafe_member
+
+    shard = tmp_path / "huge.tar"
+    shard.write_bytes(member_header("s00000.npy", 7 << 30) + bytes(1024) + bytes(10240))
+    with open(shard, "rb") as fh, pytest.raises(tarfile.ReadError, match=r"'s00000.npy' cut short .*7,516,192,768"):
+        read_sample_at(fh, 0, "s00000")
+    assert unsafe_member(shard) == ("member 's00000.npy' declares 7,516,192,768 bytes, more than the whole shard "
+                                    "holds (11,776 bytes); refuse to read this shard")

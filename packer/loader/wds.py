@@ -3,13 +3,16 @@ webdataset: :func:`wds_dataset`.
 
 packer's tar shards are plain WebDataset shards (``<key>.cls``, ``.json``, ``.npy``, ...), so
 ``webdataset.WebDataset(paths)`` reads them as they are; what it cannot know is what the
-manifest and ``_index.parquet`` know. This helper adds exactly that, as two stages on a stock
-``webdataset.WebDataset``: every shard read must give every sample the index lists for it (a
+manifest and ``_index.parquet`` know. This helper adds exactly that, as stages on a stock
+``webdataset.WebDataset``: a shard whose tar headers a stock reader must not act on (a sparse
+member, whose holes Python's tar reader fills to whatever size the header declares) is refused
+before webdataset opens it (:func:`safe_shards`); every shard read must give every sample the index lists for it (a
 shard cut short, or a damaged tar header, ends webdataset's read of it early and silently: the
 samples it never reached are named, :func:`whole_shards`), and every sample's checksum is checked
 against the one the index records (the same check as ``ShardDataset(verify="sample")``,
 :mod:`packer.shards.checksum`, over the member bytes as webdataset hands them over); the class
-index in ``.cls`` is named from the manifest's ``label_map`` (``__label_name__``). Everything
+index in ``.cls`` is named from the manifest's ``label_map`` (``__label_name__``); a member packer
+does not write (a ``.pyd`` that webdataset's ``.decode()`` would unpickle) is refused. Everything
 else (decoding, shuffling, batching, ``WebLoader``) is webdataset's own, chained by the caller.
 
 ``webdataset`` is imported when the function is called, not with this module (it takes
@@ -21,12 +24,14 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError, from_python
 from packer.loader.readers import ShardReadError, load_split, mismatch_message, split_index_rows
 from packer.shards.checksum import INDEX_COLUMN, members_checksum
 from packer.shards.members import MEMBER_EXTENSIONS
+from packer.shards.tar import unsafe_member
 
 
 @from_python
@@ -77,10 +82,37 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     if handler is not None:
         kwargs["handler"] = handler
     dataset = webdataset.WebDataset([str(s.path) for s in info.shards], **kwargs)
+    # before webdataset opens a shard: its tar reader would fill a sparse member's holes
+    openers = [n for n, stage in enumerate(dataset.pipeline)
+               if isinstance(stage, (webdataset.cache.StreamingOpen, webdataset.cache.FileCache))]
+    if len(openers) != 1:  # a webdataset whose pipeline this does not know: never read unchecked
+        raise RuntimeError(f"internal error: webdataset {webdataset.__version__}'s pipeline has {len(openers)} shard "
+                           "openers where wds_dataset expects one; pin webdataset to the version packer requires")
+    dataset.pipeline.insert(openers[0], functools.partial(safe_shards, handler=handler))
     if listed:  # before the checksum stage, so that a sample it refuses still counts as reached
         dataset = dataset.compose(functools.partial(whole_shards, listed=listed, handler=handler))
     check = functools.partial(check_sample, expected=expected, names=names)
     return dataset.map(check, handler=handler) if handler is not None else dataset.map(check)
+
+
+def safe_shards(shards: Iterable[Any], *, handler: Callable[[BaseException], bool] | None) -> Iterator[Any]:
+    """``shards`` (webdataset's ``dict(url=...)`` items, local paths) as they come, less each
+    one a stock tar reader must not read (:func:`packer.shards.tar.unsafe_member`: a member that
+    is a sparse file, whose holes Python's tar reader fills to the terabytes its header may
+    declare, a link, folder or device, a member larger than the shard, a compressed file):
+    ``ShardReadError`` naming the shard and the member, raised or handed to ``handler`` (its
+    True: the shard is left out, and the next one read)."""
+    for item in shards:
+        url = str(item["url"] if isinstance(item, dict) else item)
+        problem = unsafe_member(Path(url))
+        if problem is None:
+            yield item
+            continue
+        shard = os.path.basename(url)
+        error = ShardReadError(f"{shard}: {problem}; the shard was not written by packer or was edited after the "
+                               "build: rebuild the dataset or get it again from its source", shard=shard)
+        if handler is None or not handler(error):
+            raise error
 
 
 def whole_shards(samples: Iterable[dict[str, Any]], *, listed: Mapping[str, tuple[int, tuple[str, ...]]],

@@ -208,13 +208,69 @@ class TarIndex:
 
 
 def _member_defect(member: tarfile.TarInfo) -> tuple[str, str] | str:
-    """(key, ext) of a member a reader may read, or why it may not (its name, a negative size, not a regular file)."""
+    """(key, ext) of a member a reader may read, or why it may not (its name, a negative size, not
+    a plain regular file: :func:`member_type_problem`)."""
     parsed = parse_member_name(member.name)
     if isinstance(parsed, str):
         return parsed
     if member.size < 0:  # tarfile takes a size field of "-1" as it is
         return f"member {member.name!r} has a negative size ({member.size})"
-    return parsed if member.isreg() else irregular_member(member.name)
+    return member_type_problem(member) or parsed
+
+
+def member_type_problem(member: tarfile.TarInfo, limit: int | None = None) -> str | None:
+    """Why ``member`` is not a member packer writes, a plain regular file (ustar type ``0`` or
+    NUL) of at most ``limit`` bytes (the shard's size, where known), or None.
+
+    ``TarInfo.isreg()`` is not that test: it is true of GNU sparse members (type ``S``, and PAX
+    ``GNU.sparse`` ones), whose size is the real size the header declares and whose holes
+    ``tarfile`` fills with zeros as it reads, so a few hundred bytes of header would make a
+    reader allocate a terabyte; and of contiguous files (type ``7``). Any reader that walks a
+    shard with :mod:`tarfile` asks this before it reads a member's data."""
+    if member.sparse is not None or member.type == tarfile.GNUTYPE_SPARSE:
+        return (f"member {member.name!r} is a sparse file (tar type {member.type.decode('latin-1')!r}, declaring "
+                f"{member.size:,} bytes), which packer never writes: a tar reader would fill its holes to that "
+                "size; refuse to read this shard")
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        return irregular_member(member.name)
+    if limit is not None and member.size > limit:
+        return (f"member {member.name!r} declares {member.size:,} bytes, more than the whole shard holds "
+                f"({limit:,} bytes); refuse to read this shard")
+    return None
+
+
+#: The first bytes of the compressed files a stock tar reader (``tarfile`` mode ``r|*``, as
+#: webdataset opens a shard) decompresses on the fly: gzip, bzip2, xz.
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
+def unsafe_member(path: Path) -> str | None:
+    """Why a stock tar reader (webdataset's) must not read the shard at ``path``, or None.
+
+    The first member header that is not a plain regular file (a sparse file, whose holes the
+    reader fills to the real size its header declares; a link, folder or device) or that
+    declares more bytes than the shard holds, as far as a tar walk reaches (it stops, as a
+    stock reader does, at the end-of-archive block or a damaged header); or a compressed file
+    (packer writes uncompressed tar; a stock reader would decompress it, a bomb too). A shard
+    in packer's own layout is cleared by the header walk of :func:`scan_tar` (a few µs a
+    member); anything else is walked by :mod:`tarfile`, past names it would refuse (a stock
+    reader reads those members too)."""
+    if _scan_ustar(path) is not None:  # every header a regular member whose data lies within the file
+        return None
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        if fh.read(6).startswith(_COMPRESSED):
+            return "the shard is a compressed file, not the plain tar packer writes; refuse to read it"
+        fh.seek(0)
+        try:
+            with tarfile.open(fileobj=fh, mode="r:") as tar:
+                for member in tar:
+                    problem = member_type_problem(member, size)
+                    if problem is not None:
+                        return problem
+        except tarfile.TarError:  # a header a stock reader cannot read either: it stops there, as this walk
+            return None
+    return None
 
 
 def scan_tar(path: Path) -> TarIndex:
@@ -811,6 +867,7 @@ def read_sample_at(fh: _ReadInto, position: int, key: str,
     the caller falls back to :func:`scan_tar`.
     """
     members: dict[str, bytearray | memoryview] = {}
+    end = len(mapped) if mapped is not None else fh.seek(0, os.SEEK_END)
     while True:
         if mapped is not None:
             block = mapped[position:position + BLOCK]
@@ -826,6 +883,8 @@ def read_sample_at(fh: _ReadInto, position: int, key: str,
         parsed = parse_member_name(name)
         if isinstance(parsed, str) or parsed[0] != key or not regular:
             return members
+        if position + BLOCK + size > end:  # before a buffer of the size the header claims is allocated
+            raise tarfile.ReadError(f"member {name!r} cut short (it declares {size:,} bytes, past the end of the file)")
         members[parsed[1]] = (_read_member(fh, name, size) if mapped is None else
                               _mapped_member(mapped, name, position + BLOCK, size))
         position += BLOCK + -(-size // BLOCK) * BLOCK
