@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import pickle
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +68,8 @@ def reseal(manifest: Path) -> None:
                 sums.update({key: members_checksum(key, found) for key, found in grouped.items()})
             else:
                 for row in pq.read_table(path).to_pylist():
-                    sums[row["key"]] = parquet_cells_checksum(row["key"], row)
+                    key = row["key"].decode() if isinstance(row["key"], bytes) else row["key"]
+                    sums[key] = parquet_cells_checksum(key, row)
             data = path.read_bytes()
             shard.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     index = root / doc["index"]["file"]
@@ -259,3 +261,50 @@ def test_a_member_header_declaring_more_than_the_file_is_refused_before_its_buff
         read_sample_at(fh, 0, "s00000")
     assert unsafe_member(shard) == ("member 's00000.npy' declares 7,516,192,768 bytes, more than the whole shard "
                                     "holds (11,776 bytes); refuse to read this shard")
+
+
+def _cast_shards(root: Path, types: dict[str, pa.DataType]) -> None:
+    """Every Parquet shard of ``root`` rewritten with ``types`` for those columns (the same values)."""
+    for shard in sorted(root.glob("*.parquet")):
+        if shard.name.startswith("_"):
+            continue
+        table = pq.read_table(shard)
+        pq.write_table(table.cast(pa.schema([pa.field(f.name, types.get(f.name, f.type), f.nullable)
+                                             for f in table.schema])), shard)
+
+
+def test_parquet_shards_with_large_types_are_read_with_64_bit_offsets_never_another_rows_pixels(tmp_path):
+    """polars and other Arrow writers store binary and strings as large_binary/large_string
+    (64-bit offsets). The reader took the image column's offsets as int32: with verify="off"
+    one sample was delivered with another sample's pixels. Every sample now has its own."""
+    from loader_fixtures import sample_image
+
+    manifest = build_dataset(tmp_path, fmt="parquet", shard_sizes=SIZES)
+    _cast_shards(tmp_path, {"image": pa.large_binary(), "key": pa.large_string(), "dtype": pa.large_string(),
+                            "metadata": pa.large_string(), "shape": pa.large_list(pa.int32())})
+    reseal(manifest)
+    assert pq.read_schema(tmp_path / "train-000000.parquet").field("image").type == pa.large_binary()
+    for verify in ("off", "sample", "shard"):
+        items = list(ShardDataset(manifest, "train", shuffle=False, verify=verify, records=True))
+        assert [item["key"] for item in items] == [f"s{i:05d}" for i in range(5)]
+        for i, item in enumerate(items):
+            assert item["image"].numpy().tobytes() == sample_image(i).tobytes(), (verify, item["key"])
+            assert item["record"]["key"] == item["key"]
+
+
+@pytest.mark.parametrize(("column", "kind", "shown"), [
+    ("image", pa.dictionary(pa.int32(), pa.binary()), "dictionary<values=binary, indices=int32"),
+    ("key", pa.binary(), "binary, not string"),
+    ("shape", pa.list_(pa.float64()), "list<element: double>, not a list of integers"),
+])
+def test_a_parquet_column_of_a_type_the_reader_does_not_take_is_a_bad_shard_naming_it(tmp_path, column, kind, shown):
+    """The reader takes a column's buffers as laid out for the type packer writes; a column of
+    another type fails the shard's rows as bad_shard, naming the column and its type."""
+    manifest = build_dataset(tmp_path, fmt="parquet", shard_sizes=SIZES)
+    _cast_shards(tmp_path, {column: kind})
+    reseal(manifest)
+    with pytest.raises(ShardReadError, match=rf"train-000000.parquet: bad_shard: column {column!r} is "
+                                             rf"{re.escape(shown)}"):
+        list(ShardDataset(manifest, "train", shuffle=False, verify="off"))
+    dataset = ShardDataset(manifest, "train", shuffle=False, verify="off", on_error="skip")
+    assert list(dataset) == [] and dataset.skipped == 5

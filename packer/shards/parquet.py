@@ -156,6 +156,56 @@ def image_view(data: Any, start: int, end: int, dtype: np.dtype, shape: tuple[in
     return view if view.flags.writeable else view.copy()
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _is_bytes(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
+def _is_list_of(test: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    def check(kind: pa.DataType) -> bool:
+        return bool((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and test(kind.value_type))
+    return check
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
+
+
+#: The Arrow types a reader takes for each column it reads (what the column is, and the test): the
+#: types packer writes (:func:`shard_schema`) and the same values under the 64-bit-offset
+#: ("large") types other Arrow writers, such as polars, use. Anything else (a dictionary, a
+#: view type, another value type) would be misread by code that takes the buffers' layout as given.
+COLUMN_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
+    "key": ("string", _is_text),
+    "label": ("an integer", lambda kind: bool(pa.types.is_integer(kind) or pa.types.is_null(kind))),
+    "shape": ("a list of integers", _is_list_of(pa.types.is_integer)),
+    "dtype": ("string", _is_text),
+    "image": ("binary", _is_bytes),
+    "metadata": ("string", _is_text),
+    "target": ("a list of numbers", _is_list_of(_is_number)),
+    "target_mask": ("a list of numbers", _is_list_of(_is_number)),
+    "mask": ("binary", _is_bytes),
+    "mask_shape": ("a list of integers", _is_list_of(pa.types.is_integer)),
+    "mask_dtype": ("string", _is_text),
+}
+
+
+def column_type_problem(schema: pa.Schema, columns: Iterable[str]) -> str | None:
+    """Why the Arrow ``schema`` of a Parquet shard does not give ``columns`` the types a reader
+    takes (:data:`COLUMN_TYPES`), naming the first such column and its type; None when all do."""
+    for name in columns:
+        expected = COLUMN_TYPES.get(name)
+        kind = schema.field(name).type
+        if expected is not None and not expected[1](kind):
+            return (f"column {name!r} is {kind}, not {expected[0]} as packer writes it (binary, string and list "
+                    "columns may be their large_ variants); the shard was not written by packer or was edited "
+                    "after the build: rebuild the dataset or get it again from its source")
+    return None
+
+
 #: The columns whose cells a salvaged read can take from elsewhere (:data:`Recover`)
 RECOVERABLE = ("key", "label")
 #: Where a column of :data:`RECOVERABLE` does not decode: that column's cells of every row of the
@@ -182,6 +232,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
     ``recover``: with ``checksums`` (which then check every row delivered, its key and label
     included), the ``key`` or ``label`` cells of a shard whose own pages of that column do not
     decode are taken from it (:data:`Recover`), asked only then; without, those rows are lost.
+    A column whose Arrow type is not one the reader takes (:func:`column_type_problem`) fails
+    every row as ``bad_shard``; ``image`` is read with 32- or 64-bit offsets as its type says.
     """
     columns = READ_COLUMNS + (["metadata"] if records or checksums else [])
     try:
@@ -195,6 +247,10 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         return
     if missing:
         yield from _fail(rows, "bad_shard", f"columns {missing} are missing")
+        return
+    problem = column_type_problem(parquet.schema_arrow, columns)
+    if problem is not None:
+        yield from _fail(rows, "bad_shard", problem)
         return
     if expect_rows is not None and count != expect_rows:
         yield from _fail(rows, "bad_shard", f"the file has {count} rows, the manifest says {expect_rows}")
@@ -213,7 +269,8 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
                 masks = [batch.column(n) for n in ("mask", "mask_shape", "mask_dtype")] if "mask" in columns else None
                 images = batch.column("image")
                 buffers = images.buffers()
-                offsets = np.frombuffer(buffers[1], dtype=np.int32)[images.offset:images.offset + len(images) + 1]
+                width = np.int64 if pa.types.is_large_binary(images.type) else np.int32  # large_binary: 64-bit
+                offsets = np.frombuffer(buffers[1], dtype=width)[images.offset:images.offset + len(images) + 1]
                 while i < len(want) and want[i] < end_row:
                     row, r = want[i], want[i] - row0
                     start, stop = int(offsets[r]), int(offsets[r + 1])
