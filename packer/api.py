@@ -42,6 +42,8 @@ from packer.errors import (
     LeakageError,
     PackerError,
     called_from,
+    exhausted,
+    out_of_memory,
     refused_write,
     surface_set,
 )
@@ -336,7 +338,8 @@ def _check_workers(workers: object) -> None:
 @contextlib.contextmanager
 def _typed_errors() -> Iterator[None]:
     """An OSError of a full, over-quota or read-only file system met in a library's write
-    becomes FileSystemError, as the command line reports it; any other error stays what it is.
+    becomes FileSystemError, as the command line reports it, and running out of open files or
+    memory a ResourceError (exit 6 there too); any other error stays what it is.
     Messages raised or printed inside name the keyword arguments, unless the command line called."""
     from_python = not surface_set()  # the command line prints its errors redacted itself
     try:
@@ -349,7 +352,9 @@ def _typed_errors() -> Iterator[None]:
             err.args = (redact_names(err.args[0]), *err.args[1:])
         raise
     except OSError as err:
-        refused = refused_write(err, err.filename or "a file")
+        refused = refused_write(err, err.filename or "a file") or exhausted(err, err.filename or "a file")
         if refused is None:
             raise
         raise refused from err
+    except MemoryError as err:
+        raise out_of_memory(err) from err

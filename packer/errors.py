@@ -61,6 +61,13 @@ class FileSystemError(PackerError):
     exit_code = 6
 
 
+class ResourceError(FileSystemError):
+    """The machine ran out of something the run needs, not the data's fault nor a bug: open file
+    descriptors (``ulimit -n``) or memory. Exit 6, as a refused write: nothing was published, the
+    build cache keeps what was decoded, and the same command resumes once the limit is raised.
+    Names the file met when it ran out, what ran out and the fix."""
+
+
 class ClusterLostError(PackerError):
     """The connection to the dask scheduler broke mid-run (the scheduler stopped, or the network
     between it and packer did): nothing was published, and rerunning resumes from the cache."""
@@ -214,6 +221,40 @@ def refused_write(err: OSError, path: object, *, opening: bool = False,
         fix = "raise the file size limit (`ulimit -f`, the file system's own), or {elsewhere}"
     fixed = fix.format(elsewhere=elsewhere or output_elsewhere())
     return FileSystemError(f"cannot write {path}: {said} ({err.strerror or err}); {fixed}")
+
+
+#: errno → (what ran out, the fix) for a process or machine out of a resource (:func:`exhausted`).
+_RESOURCE_FIXES: dict[int, tuple[str, str]] = {
+    errno.EMFILE: ("this process has as many files open as its limit allows",
+                   "raise the open-file limit (`ulimit -n 4096`, or the batch system's own) and run it again"),
+    errno.ENFILE: ("the system has as many files open as its limit allows",
+                   "close other programs' files or raise the system's limit (fs.file-max) and run it again"),
+    errno.ENOMEM: ("out of memory",
+                   "raise the memory limit (`ulimit -v`, the container's or batch job's), lower --workers, "
+                   "or lower limits.max_decoded_bytes in the job file, and run it again"),
+}
+
+
+def exhausted(err: OSError, path: object) -> ResourceError | None:
+    """The :class:`ResourceError` for ``err`` met opening, reading or writing ``path`` when the
+    process or the machine ran out of open files or memory (EMFILE, ENFILE, ENOMEM), or None for
+    any other error. Such an error is the machine's condition, never the file's nor a bug."""
+    known = _RESOURCE_FIXES.get(err.errno or 0)
+    if known is None:
+        return None
+    said, fix = known
+    return ResourceError(f"cannot open {path}: {said} ({err.strerror or err}); {fix}")
+
+
+def out_of_memory(err: BaseException, path: object = None, *, needed: int | None = None) -> ResourceError:
+    """The :class:`ResourceError` for a MemoryError (or a library's own failed allocation, OpenCV's
+    ``Insufficient memory``) met decoding ``path`` (None: met elsewhere in the run), needing about
+    ``needed`` bytes where known: the machine's condition, never the file's, so never a bad sample."""
+    where = f"decoding {path}" if path is not None else "this run"
+    size = f" (it needs about {needed:,} bytes for its pixels)" if needed else ""
+    detail = f": {err}" if str(err) else ""
+    return ResourceError(f"{where} ran out of memory{size} ({type(err).__name__}{detail}); "
+                         f"{_RESOURCE_FIXES[errno.ENOMEM][1]}")
 
 
 def _is_shard(path: object) -> bool:

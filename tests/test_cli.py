@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import subprocess
@@ -360,3 +361,22 @@ def test_the_console_script_reads_names_and_tables_as_utf8_whatever_the_locale(t
         assert "bad samples: 0 of 3" in proc.stderr + proc.stdout, f"{case}:\n{proc.stderr}"
         hashes[case] = [line for line in (proc.stdout + proc.stderr).splitlines() if "dataset_hash" in line]
     assert hashes["C"] == hashes["utf-8"] and hashes["C"], hashes
+
+
+@pytest.mark.parametrize("number", [errno.EMFILE, errno.ENFILE])
+def test_running_out_of_file_descriptors_is_a_resource_error_naming_the_file_and_ulimit(
+        number: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Too many open files is the machine's limit, not a bug: exit 6 (as a refused write), one line
+    naming the file and saying to raise the limit, no traceback."""
+    from packer.commands import exits
+
+    @exits
+    def opens_too_many() -> None:
+        raise OSError(number, os.strerror(number), "/cache/0a1b.spill")
+
+    with pytest.raises(SystemExit) as stopped:
+        opens_too_many()
+    assert stopped.value.code == 6
+    err = capsys.readouterr().err
+    assert "/cache/0a1b.spill" in err and "Traceback" not in err and "internal error" not in err
+    assert ("ulimit -n" if number == errno.EMFILE else "fs.file-max") in err

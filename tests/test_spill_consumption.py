@@ -477,3 +477,32 @@ def test_a_reused_entry_checks_each_samples_pixels_and_any_changed_byte_refuses_
     raw[offset] ^= 0x01
     spill.write_bytes(bytes(raw))
     assert load_cached_chunk(tmp_path, "chunk", "webdataset") is None
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+def test_a_shard_drawing_from_every_spill_file_keeps_a_bounded_number_of_them_open(tmp_path: Path) -> None:
+    """Packed in key order a shard reads from every spill file (one per ~32 raw files): the
+    reader and the puncher each keep at most OPEN_FILES open, so ``ulimit -n`` no longer runs out
+    as the dataset grows, and every sample reads back its bytes all the same."""
+    chunks = [_real_chunk(tmp_path, f"{n:04x}", 2) for n in range(3 * SpillReader.OPEN_FILES)]
+    originals = {c[0].spill: (tmp_path / c[0].spill).read_bytes() for c in chunks}
+    interleaved = [chunk[i] for i in range(2) for chunk in chunks]  # each file met twice, far apart
+    before = _open_descriptors()
+    most = 0
+    puncher = SpillPuncher(tmp_path)
+    with SpillReader(tmp_path) as reader:
+        for sample in interleaved:
+            pixels, meta, _ = reader.read_bytes(sample)
+            whole = originals[sample.spill]
+            assert pixels == whole[sample.offset:sample.offset + sample.pixel_bytes]
+            assert meta == whole[sample.offset + sample.pixel_bytes:sample.offset + sample.pixel_bytes
+                                 + sample.meta_bytes]
+            puncher.punch(sample)
+            most = max(most, _open_descriptors() - before)
+    puncher.close()
+    assert most <= SpillReader.OPEN_FILES + SpillPuncher.OPEN_FILES < len(chunks)
+    assert _open_descriptors() == before

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from packer.errors import COMMAND_LINE, PackerError, called_from, refused_write
+from packer.errors import COMMAND_LINE, PackerError, called_from, exhausted, out_of_memory, refused_write
 from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redact_names, redacting
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -146,11 +146,14 @@ def exits(fn: F) -> F:
             exit_closed_output()
         except OSError as err:
             # a full or read-only disk met outside packer's own writers (a library's write): not a bug
-            refused = refused_write(err, err.filename or "a file")
+            refused = refused_write(err, err.filename or "a file") or exhausted(err, err.filename or "a file")
             if refused is None:
                 _internal_error()
             click.echo(f"packer: error: {refused}", err=True)
             sys.exit(refused.exit_code)
+        except MemoryError as err:  # the machine's condition, not a bug: say what to raise, exit 6
+            click.echo(f"packer: error: {out_of_memory(err)}", err=True)
+            sys.exit(out_of_memory(err).exit_code)
         except Exception:  # noqa: BLE001 - the CLI boundary: show the bug, exit 1
             _internal_error()
 

@@ -30,12 +30,13 @@ Cache files are written without fsync, under a temporary name renamed into place
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import tarfile
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -480,15 +481,22 @@ class SpillFreed(OSError):
 
 
 class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
-    """Reads spilled samples, keeping files open while a shard is assembled (its samples share
-    few files). A sample whose ``spill`` is a ``.packed.json`` pointer is read back from the
-    published shard that pointer names: its pixels (the ``.npy`` member's data or the
-    ``image`` cell), its metadata (the record's ``metadata``, in canonical JSON as spilled) and
-    its mask (``.npy`` bytes), exactly the bytes the spill held."""
+    """Reads spilled samples, keeping up to :attr:`OPEN_FILES` files open while a shard is
+    assembled (its samples usually share few files). A sample whose ``spill`` is a
+    ``.packed.json`` pointer is read back from the published shard that pointer names: its
+    pixels (the ``.npy`` member's data or the ``image`` cell), its metadata (the record's
+    ``metadata``, in canonical JSON as spilled) and its mask (``.npy`` bytes), exactly the
+    bytes the spill held."""
+
+    #: At most this many files stay open (least recently read closed first): a shard of a job
+    #: packed in key order draws from every spill file, one per ~32 raw files, so one descriptor
+    #: per file it touched ran out of ``ulimit -n`` as the dataset grew. A shard reading from
+    #: fewer files (the usual case) opens each once, as before.
+    OPEN_FILES = 24
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
-        self._files: dict[str, io.BufferedReader] = {}
+        self._files: OrderedDict[str, io.BufferedReader] = OrderedDict()
         self._pointers: dict[str, tuple[Path, dict[str, list[Any]]]] = {}
         self._tables: dict[str, pa.Table] = {}  # the last Parquet shard read back (one at a time)
 
@@ -540,8 +548,19 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
 
     def _open(self, path: str) -> io.BufferedReader:
         fh = self._files.get(path)
-        if fh is None:
-            fh = self._files[path] = open(path, "rb")  # noqa: SIM115 - closed by close()
+        if fh is not None:
+            self._files.move_to_end(path)
+            return fh
+        if len(self._files) >= self.OPEN_FILES:
+            self._files.popitem(last=False)[1].close()
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as err:
+            if err.errno not in (errno.EMFILE, errno.ENFILE) or not self._files:
+                raise
+            self.close()  # a lower limit than OPEN_FILES allows for: hold only this one
+            fh = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._files[path] = fh
         return fh
 
     def _packed(self, sample: SpilledSample) -> tuple[bytes, dict[str, Any], bytes, Path]:
@@ -628,19 +647,36 @@ class SpillPuncher:
     ``.packed.json`` samples have nothing to free. Where holes cannot be punched it stops
     trying (the client still deletes finished spill files)."""
 
+    #: At most this many spill files stay open (least recently punched closed first), as
+    #: :attr:`SpillReader.OPEN_FILES`: descriptors bounded whatever the number of spill files.
+    OPEN_FILES = 24
+
     def __init__(self, cache_dir: Path, keep: Iterable[str] = ()) -> None:
         self.cache_dir = cache_dir
         self._keep = set(keep)
-        self._fds: dict[str, int] = {}
+        self._fds: OrderedDict[str, int] = OrderedDict()
         self._works = True
 
     def punch(self, sample: SpilledSample) -> None:
         if not self._works or not sample.spill.endswith(SPILL_SUFFIX) or sample.spill in self._keep:
             return
         fd = self._fds.get(sample.spill)
-        if fd is None:
-            fd = self._fds[sample.spill] = os.open(self.cache_dir / sample.spill, os.O_WRONLY)
+        if fd is not None:
+            self._fds.move_to_end(sample.spill)
+        else:
+            if len(self._fds) >= self.OPEN_FILES:
+                os.close(self._fds.popitem(last=False)[1])
+            fd = self._fds[sample.spill] = self._open(self.cache_dir / sample.spill)
         self._works = punch_hole(fd, sample.offset, sample.nbytes)
+
+    def _open(self, path: Path) -> int:
+        try:
+            return os.open(path, os.O_WRONLY)
+        except OSError as err:
+            if err.errno not in (errno.EMFILE, errno.ENFILE) or not self._fds:
+                raise
+            self.close()  # a lower limit than OPEN_FILES allows for: hold only this one
+            return os.open(path, os.O_WRONLY)
 
     def close(self) -> None:
         for fd in self._fds.values():
