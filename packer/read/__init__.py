@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from packer.errors import out_of_memory
 from packer.records import Issue, Sample, SampleRef
 
 if TYPE_CHECKING:
@@ -25,10 +26,11 @@ class ReadProgress:
     ``validate``, then ``transform``). A reader moves ``stage`` on as it goes, so that the
     boundary names the stage an unforeseen exception came from."""
 
-    __slots__ = ("stage",)
+    __slots__ = ("needed", "stage")
 
     def __init__(self, stage: str = "read") -> None:
         self.stage = stage
+        self.needed: int | None = None  # bytes decoding needs, once the reader has read the header
 
 
 def at_boundary(ref: SampleRef, read: Callable[[ReadProgress], list[Sample] | Issue], *,
@@ -36,10 +38,17 @@ def at_boundary(ref: SampleRef, read: Callable[[ReadProgress], list[Sample] | Is
     """``read(progress)``, or the ``unexpected_error`` Issue of what it raised: stage
     ``progress.stage`` (``read`` unless the reader moved it on), message ``{name}: {type}: {text}``
     (without ``{name}: `` when ``name`` is empty; ``name`` is how the reader names the file in
-    its messages). One bad file must not end the job, so this catches every ``Exception``."""
+    its messages). One bad file must not end the job, so this catches every ``Exception``, but
+    one: running out of memory (a MemoryError, which a reader also raises for a library's own
+    failed allocation) is the machine's condition, not the file's, and raises
+    :class:`~packer.errors.ResourceError` naming the file and ``progress.needed`` (the bytes its
+    pixels need, where the reader knew them): as a bad sample it was cached and the file dropped
+    from every later build."""
     progress = ReadProgress()
     try:
         return read(progress)
+    except MemoryError as err:
+        raise out_of_memory(err, name or ref.path, needed=progress.needed) from err
     except Exception as err:  # noqa: BLE001 - the read stage's one boundary: one bad file must not end the job
         prefix = f"{name}: " if name else ""
         return Issue.of(ref, stage=progress.stage, reason="unexpected_error",

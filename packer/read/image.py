@@ -118,9 +118,10 @@ class _Sizes:
                    None if buffer_pixels is None else buffer_pixels * header.channels * per_sample)
 
 
-def _check_size(header: ImageHeader, limits: LimitsConfig, read: Reader, size: int) -> None:
+def _check_size(header: ImageHeader, limits: LimitsConfig, read: Reader, size: int) -> int:
     """Raise Defect("too_large") when decoding ``header`` would exceed ``limits`` or OpenCV's
-    own limits; what is counted is in :mod:`packer.read.limits`."""
+    own limits; what is counted is in :mod:`packer.read.limits`. Returns the bytes decoding
+    needs (the count checked against ``limits.max_decoded_bytes``)."""
     buffer_pixels = None
     if header.format == "tiff":
         tags = tiff_tags(read, size, {TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH})
@@ -130,11 +131,13 @@ def _check_size(header: ImageHeader, limits: LimitsConfig, read: Reader, size: i
                     f"decoded, plus {one.working} bytes of float32 working copies")
     if one.buffer is not None:
         decoded_text += f", plus a {one.buffer}-byte TIFF tile/strip buffer"
+    needed = one.stored + one.working + (one.buffer or 0)
     problem = limit_problem(limits, size_text=one.size_text, pixels=one.pixels,
-                            decoded=one.stored + one.working + (one.buffer or 0), decoded_text=decoded_text)
+                            decoded=needed, decoded_text=decoded_text)
     if problem is not None:
         raise Defect("too_large", problem)
     _check_opencv_limits(header, one.size_text)
+    return needed
 
 
 def _check_pages_size(images: list[tuple[Ifd, ImageHeader]], limits: LimitsConfig) -> None:
@@ -382,6 +385,13 @@ def _as_file(data: bytes) -> Iterator[str]:
         os.unlink(path)
 
 
+def _raise_if_out_of_memory(err: cv2.error) -> None:
+    """Raise MemoryError for OpenCV's own failed allocation (``-4: Insufficient memory``): the
+    machine is short of memory, the file is fine (:func:`packer.read.at_boundary` stops the run)."""
+    if getattr(err, "code", None) == cv2.Error.StsNoMem:
+        raise MemoryError(f"OpenCV: {str(err).strip()}") from err
+
+
 def _decode(data: bytes, fmt: str) -> np.ndarray:
     try:
         with _opencv_quietly():
@@ -392,6 +402,7 @@ def _decode(data: bytes, fmt: str) -> np.ndarray:
                 with _as_file(data) as path:
                     image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
+        _raise_if_out_of_memory(err)
         raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file: {err}") from err
     if image is None:
         raise Defect("decode_failed", f"OpenCV could not decode this {fmt} file (imdecode returned nothing); "
@@ -583,6 +594,7 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], headers:
                 with _as_file(data) as path:
                     ok, mats = cv2.imreadmulti(path, flags=cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
+        _raise_if_out_of_memory(err)
         raise Defect("decode_failed", f"OpenCV could not decode this multi-page tiff file: {err}") from err
     if not ok or not mats:
         raise Defect("decode_failed", "OpenCV could not decode this multi-page tiff file (imdecodemulti returned "
@@ -609,9 +621,9 @@ def _decode_tiff_pages(data: bytes, chain: list[Ifd], pages: list[Ifd], headers:
     return out
 
 
-def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
+def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadProgress) -> list[_Page]:
     """Check the file's structure and size limits, then decode it: one page, or one per page of a
-    multi-page TIFF. Raises Defect."""
+    multi-page TIFF. Raises Defect; notes in ``progress.needed`` the bytes decoding needs."""
     def read(offset: int, count: int) -> bytes:
         return data[offset:offset + count]
 
@@ -629,7 +641,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig) -> list[_Page]:
     orientation = check_complete(fmt, data)
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
-        _check_size(header, limits, read, len(data))
+        progress.needed = _check_size(header, limits, read, len(data))
     # an 8-bit JPEG is decoded by libjpeg-turbo in strict mode, which (unlike OpenCV) reports scan
     # data cut short or damaged (packer.read.jpeg_scan); its pixels are OpenCV's, not oriented
     strict = strict_decode(data) if fmt == "jpeg" and header.bit_depth == 8 else None
@@ -777,7 +789,7 @@ def _read(ref: SampleRef, cfg: ImageTransformConfig, limits: LimitsConfig,
         fmt = sniff_format(data[:16])
         if fmt is None:
             return _unsupported(ref, data[:16], data[128:132])
-        pages = _decode_pages(fmt, data, limits)
+        pages = _decode_pages(fmt, data, limits, progress)
         progress.stage = "validate"
         _validate(pages)
         progress.stage = "transform"
