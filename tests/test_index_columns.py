@@ -177,3 +177,35 @@ def test_an_index_spill_is_removed_when_the_build_stops_before_the_index_is_writ
     assert empty.table().num_rows == 0 and not spill.exists()
     write_index(tmp_path, empty)
     assert pq.read_table(tmp_path / INDEX_FILE).num_rows == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
+def test_a_refused_index_spill_names_the_file_and_the_cache_fix_and_discard_raises_nothing_more(
+        tmp_path: Path) -> None:
+    """The index spill lives in the build cache: when its disk refuses it (here the file size
+    limit, as a full disk does), the error names the spill file and the cache's fix, not "a file"
+    and another output folder; discard(), run in the ``finally`` of that write, adds no second
+    error, and removes the file."""
+    import resource
+
+    from packer.errors import FileSystemError
+
+    spill = tmp_path / "cache" / "index-0123456789abcdef.arrow.partial"
+    spill.parent.mkdir()
+    index = IndexColumns(spill=spill)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(FileSystemError) as caught:
+            for n in range(200):
+                name = f"train-{n:06d}.tar"
+                index.add_shard(_shard(name, 100, start=0), split="train", keys=[f"{name}-{i}" for i in range(100)],
+                                labels=[0] * 100, entity_ids=[f"e{i}" for i in range(100)], sources=["ct"] * 100)
+            index.table()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    message = str(caught.value)
+    assert f"cannot write {spill}:" in message
+    assert "--cache-dir" in message and "PACKER_WORK_DIR" in message and "output folder" not in message
+    index.discard()
+    assert not spill.exists()

@@ -17,6 +17,7 @@ the rest, so each remote version folder is complete on its own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 
 from packer.allocator import trim_heap
 from packer.config import SPLITS
-from packer.errors import IntegrityError, PackerError
+from packer.errors import IntegrityError, PackerError, refused_write, uncreatable
 from packer.files import atomic_output, file_sha256
 from packer.manifest import (
     INDEX_FILE,
@@ -46,6 +47,7 @@ from packer.manifest import (
     text_type,
 )
 from packer.pipeline.sampletable import as_table, hex_chars
+from packer.pipeline.spill import cache_elsewhere
 from packer.pipeline.split import fold_codes, split_codes
 from packer.shards.writer import ShardWrite
 from packer.storage import (
@@ -142,9 +144,12 @@ class IndexColumns:
                                                        [None, pa.py_buffer(written.digests[:32 * count])])
         batch = pa.RecordBatch.from_arrays([*(table.column(n).combine_chunks() for n in table.column_names), digests],
                                            schema=self._row_schema.append(pa.field("_digests", pa.binary(32))))
-        if self._spill_writer is None:
-            self._spill_writer = pa.ipc.new_file(pa.OSFile(str(self._spill), "wb"), batch.schema)
-        self._spill_writer.write_batch(batch)
+        try:
+            if self._spill_writer is None:
+                self._spill_writer = pa.ipc.new_file(pa.OSFile(str(self._spill), "wb"), batch.schema)
+            self._spill_writer.write_batch(batch)
+        except OSError as err:
+            raise self._refused(err, opening=self._spill_writer is None) from err
         self._parts.append(_Shard((split, written.file), count, b"", {}, text, batch=self._spilled))
         self._spilled += 1
 
@@ -158,13 +163,29 @@ class IndexColumns:
         return source, pa.ipc.open_file(source)
 
     def _close_spill_writer(self) -> None:
-        if self._spill_writer is not None:
-            self._spill_writer.close()
-            self._spill_writer = None
+        writer, self._spill_writer = self._spill_writer, None
+        if writer is not None:
+            try:
+                writer.close()  # writes the file's footer: a full disk can refuse that too
+            except OSError as err:
+                raise self._refused(err) from err
+
+    def _refused(self, err: OSError, *, opening: bool = False) -> OSError | PackerError:
+        """``err`` met writing the spill file, as the FileSystemError that names it and the cache's
+        fix (it is in the build cache, not the output), or ``err`` itself when the file system did
+        not refuse it (a bug then stays one)."""
+        assert self._spill is not None  # only a spilling instance writes
+        return (refused_write(err, self._spill, opening=opening, elsewhere=cache_elsewhere())
+                or uncreatable(err, self._spill, elsewhere=cache_elsewhere()) or err)
 
     def discard(self) -> None:
-        """Remove the spill file (a no-op without one); the shards added are given up."""
-        self._close_spill_writer()
+        """Remove the spill file (a no-op without one); the shards added are given up. Never
+        raises for the spill's own refusal: it runs in the ``finally`` of the write that met it,
+        and the file goes anyway."""
+        writer, self._spill_writer = self._spill_writer, None
+        if writer is not None:
+            with contextlib.suppress(OSError):  # a footer the full disk refused: the file is deleted below
+                writer.close()
         if self._spill is not None:
             self._spill.unlink(missing_ok=True)
         self._parts, self._spilled = [], 0
