@@ -209,3 +209,31 @@ def test_tar_members_sit_in_the_order_the_readme_states(tmp_path: Path, monkeypa
     assert keys == sorted(keys) and any(key.endswith("-dup2") for key in keys)
     assert names == [f"{key}.{ext}" for key in keys for ext in ("json", "npy", "mask.npy")]
     assert names != sorted(names)  # not name order: .npy before .mask.npy
+
+
+def test_a_build_cache_removed_mid_build_is_a_file_system_error_naming_it(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cleaner empties the work folder while the build runs: the pack pass finds no spill file.
+    That is no packer bug (exit 1, a traceback) but a FileSystemError (exit 6) naming the removed
+    folder and the fix: rerun, and keep the cache on a folder that persists."""
+    import shutil
+
+    import packer.pipeline.stages as stages
+    from packer.errors import FileSystemError
+
+    real = stages.pack_shards
+
+    def after_a_cleaner(shards: Any, samples: Any, executor: Any, target: Any, cache_dir: Path,
+                        *args: Any, **kwargs: Any) -> Any:
+        shutil.rmtree(tmp_path / "work")
+        return real(shards, samples, executor, target, cache_dir, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "pack_shards", after_a_cleaner)
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(demo_raw.root, tmp_path / "out")))
+    with pytest.raises(FileSystemError) as caught:
+        build(job, BuildOptions(scheduler="sync", quiet=True, work_dir=tmp_path / "work"))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'work'}, which held the build cache {tmp_path / 'work'}/")
+    assert "was removed while the build ran" in message and "run the build again" in message
+    assert "--cache-dir" in message and "PACKER_WORK_DIR" in message
+    assert caught.value.exit_code == 6

@@ -307,15 +307,76 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     """
     tune_client_allocator()  # see packer.allocator
     options = options or BuildOptions()
+    watched: list[_Watched] = []
     try:
         with system_arrow_pool(), _one_build_at_a_time(job, options):
-            return _build(job, options)
+            return _build(job, options, watched)
     except (_ReportNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
         raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
                               "samples were already copied into shards; the next build into the same output "
                               "folder decodes only the rest") from err
+    except OSError as err:
+        vanished = _vanished_folder(err, watched)
+        if vanished is None:
+            raise
+        raise vanished from err
+    finally:
+        for place in watched:
+            place.forget()
+
+
+@dataclass
+class _Watched:
+    """A folder the build writes into and must keep while it runs, and what to say if it vanishes."""
+
+    folder: Path
+    what: str  # "the build cache", "the staging folder"
+    fix: str
+    marker: Path | None = None  # an empty file left in the folder while the build runs (:meth:`note`)
+
+    def note(self) -> None:
+        """Leave a marker file in the folder (it exists now), whose absence later says the folder
+        was removed even where a later write made a folder of that name again (a removed folder's
+        inode number is soon reused, so comparing inodes would not). Its name ends in ``.partial``:
+        a build killed before :meth:`forget` has it removed by the next one."""
+        marker = self.folder / f"{_PROBE_PREFIX}watched-{uuid.uuid4().hex}{TMP_SUFFIX}"
+        with contextlib.suppress(OSError):  # no marker: only a missing folder counts as removed
+            marker.touch()
+            self.marker = marker
+
+    def forget(self) -> None:
+        if self.marker is not None:
+            with contextlib.suppress(OSError):
+                self.marker.unlink(missing_ok=True)
+
+    def gone(self) -> bool:
+        """Whether the folder was removed while the build ran (made again since, or not)."""
+        return not path_exists(self.marker if self.marker is not None else self.folder)
+
+
+def _vanished_folder(err: OSError, watched: Sequence[_Watched]) -> FileSystemError | None:
+    """The :class:`FileSystemError` for a file not found (``err``) because a folder the build
+    writes into was removed while it ran (a /tmp or scratch cleaner, a node-local disk unmounted,
+    a user deleting a stale-looking cache), naming the folder that went and the fix; None when
+    ``err`` is no such error (a bug then stays one). The folder named is the outermost one gone
+    (the work folder, where the whole of it went)."""
+    if not isinstance(err, FileNotFoundError):
+        return None
+    for place in watched:
+        inside = err.filename is None or Path(os.path.abspath(os.fsdecode(err.filename))).is_relative_to(
+            os.path.abspath(place.folder))
+        if not inside or not place.gone():
+            continue
+        gone = place.folder
+        while gone.parent != gone and not path_exists(gone.parent):
+            gone = gone.parent
+        held = f"{gone}, which held {place.what} {place.folder}," if gone != place.folder else \
+            f"{place.what} {place.folder}"
+        return FileSystemError(f"{held} was removed while the build ran ({err.strerror or err}: "
+                               f"{os.fsdecode(err.filename) if err.filename else 'a file in it'}); {place.fix}")
+    return None
 
 
 @contextlib.contextmanager
@@ -376,7 +437,9 @@ class _RefusedBeforeWork(FileSystemError):
     """The output folder could not be made: nothing was decoded yet."""
 
 
-def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
+def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched]) -> BuildResult:
+    """:func:`build`'s work; adds to ``watched`` the folders it writes into (the build cache, the
+    staging folder), for :func:`build` to name the one that vanished."""
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     if remote is not None:  # an unknown protocol or a storage option the store does not take: before any decoding
         check_output_store(remote, options.storage_options)
@@ -386,6 +449,13 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
     check_scheduler(options.scheduler)  # a mistyped address first: the cache's advice is for a real cluster
     cache_dir, cache_named_by = cache_location(job.name, options, output=output, remote=remote)
     staging = dataset_root / f".staging-{cfg_hash[:16]}"
+    cache_option = surface().call("build", "cache_dir", placeholder="DIR")
+    watched += [_Watched(cache_dir, "the build cache",
+                         "run the build again, and keep the build cache on a folder that persists while a build runs, "
+                         f"not one a cleaner empties ({cache_option}, or set PACKER_WORK_DIR)"),
+                _Watched(staging, "the staging folder",
+                         "run the build again, and leave the output folder's .staging-* folders alone while a build "
+                         "of the job runs")]
 
     if options.fresh and cache_dir.is_dir():
         shutil.rmtree(cache_dir)
@@ -409,6 +479,7 @@ def _build(job: JobConfig, options: BuildOptions) -> BuildResult:
             _shared_probe(cache_dir) as probe, \
             _shared_probe(dataset_root, output_elsewhere()) as written_probe:
         executor.require_shared(_shared_paths(job, probe, cache_named_by))
+        watched[0].note()  # the cache folder exists now (its probe is in it)
         # the workers write the shards into the output folder: one that sees another folder there
         # wrote them where the client never looks, and the version was published without them
         named = _output_named(options, output, remote=remote is not None)
