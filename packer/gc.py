@@ -5,22 +5,23 @@ Which versions: the ``keep`` newest by their manifest's ``created_at`` (the vers
 ties), never the newest one (``keep`` is at least 1). A failed build's version (its bad samples
 over ``max_bad_fraction``: exit 3, written for its report) is never counted among them: one newer
 than every kept version stays (the latest attempt and its report), an older one is removed. A
-folder whose manifest cannot be read is not counted as a version and is left alone, and so are
-a build's ``.staging-*`` folders (a build in progress, or interrupted: the next build of that job
-resumes from it or clears it). A version whose build stopped while publishing it (its files
-moved in, no manifest yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a
-leftover ``.trash-*`` is: gc holds the build lock, so no build is publishing it, and nothing
-can read it without its manifest; it is never counted as a version. An entry of the dataset
-folder that is a symbolic link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version brought in
-without copying) is no version of this folder: it is left alone and never counted, the link and
-what it points to. Removing only the link would be harmless to its target, but gc removes what
-builds of this folder wrote, and nothing else: the plan names the link so that whoever made it
-removes it.
+folder whose manifest cannot be read is not counted as a version and is left alone. A build's
+``.staging-*`` folders are removed: gc runs only while no build of the dataset does (it holds the
+build lock), so each is what an interrupted build left, which no later build of an edited job
+would clear. A version whose build stopped while publishing it (its files moved in, no manifest
+yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a leftover ``.trash-*`` is: gc
+holds the build lock, so no build is publishing it, and nothing can read it without its
+manifest; it is never counted as a version. An entry of the dataset folder that is a symbolic
+link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version brought in without copying, or a link
+named ``.staging-*``) is no version of this folder: it is left alone and never counted, the link
+and what it points to. Removing only the link would be harmless to its target, but gc removes
+what builds of this folder wrote, and nothing else: the plan names the link so that whoever made
+it removes it.
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
 (``st_nlink``) is in the removed versions: those are freed; the others are kept because a kept
-version (or a staging folder, or a link outside the dataset folder) still links them. With
+version (or a link outside the dataset folder) still links them. With
 copies there is nothing else to think of: each version's files are its own.
 
 How: each version folder is first renamed to ``.trash-<version>-<random>`` in the same folder
@@ -51,7 +52,14 @@ from typing import Any
 from packer.errors import ConfigError, FileSystemError
 from packer.files import folder_lock, human_bytes
 from packer.manifest import MANIFEST_FILE
-from packer.versions import TRASH_PREFIX, VersionUsage, check_local_dataset_folder, list_versions
+from packer.versions import (
+    TRASH_PREFIX,
+    VersionUsage,
+    check_local_dataset_folder,
+    list_versions,
+    remove_staging,
+    stale_staging,
+)
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,13 @@ class GcPlan:
     """What ``packer gc`` removes and keeps, computed before anything is removed.
 
     ``freed_bytes``: the files whose every link is in ``remove`` (and in ``trash``); they go.
-    ``shared_bytes``: files of the removed versions a kept version (or a staging folder) still
+    ``shared_bytes``: files of the removed versions (and staging folders) a kept version still
     links: kept. ``elsewhere_bytes``: files of the removed versions with links outside the
     dataset folder: kept too. ``broken``: version folders whose manifest cannot be read, left
     alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
-    version folders a build stopped while publishing (no manifest), removed next. ``linked``:
-    entries that are symbolic links to folders (each with what it points to), left alone.
+    version folders a build stopped while publishing (no manifest), removed next. ``staging``:
+    ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
+    symbolic links to folders (each with what it points to), left alone.
     """
 
     root: Path
@@ -123,7 +132,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     removed = tuple(v for v in readable if v not in kept)
     trash = tuple(o.folder for o in listing.others if o.kind == "trash" and o.folder not in link_names)
     incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete" and o.folder not in link_names)
-    gone = {v.folder for v in removed} | set(trash) | set(incomplete)
+    staging = tuple(o.folder for o in listing.others if o.kind == "staging" and o.folder not in link_names)
+    gone = {v.folder for v in removed} | set(trash) | set(incomplete) | set(staging)
     freed = shared = elsewhere = 0
     for links in listing.files.values():
         if not links.owners & gone:
@@ -136,15 +146,15 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
             shared += links.size
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
-                  staging=tuple(o.folder for o in listing.others if o.kind == "staging" and o.folder not in link_names),
-                  trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
+                  staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
                   incomplete=incomplete, linked=linked)
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
     """Carry out ``plan``: finish the leftover ``.trash-*`` folders, remove the incomplete
     versions, then each version of ``plan.remove``, oldest first (each renamed to ``.trash-*``
-    first, its manifest deleted next, then the rest).
+    first, its manifest deleted next, then the rest), then the ``.staging-*`` folders
+    interrupted builds left.
 
     A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
     read-only file system to exit 6) when a folder cannot be renamed or removed; what was
@@ -155,6 +165,7 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
     """
     with _build_lock(plan.root):
         _remove(plan, on_removed)
+        _remove_staging(plan, on_removed)
 
 
 def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
@@ -164,6 +175,17 @@ def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
     return folder_lock(root, f"{root}: a `packer build` of this dataset, or another `packer gc` of it, is running "
                              "(it holds the folder's lock; a build links shards and reads samples from its "
                              "versions); run gc once it has ended (nothing was removed)")
+
+
+def _remove_staging(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
+    """Remove the plan's ``.staging-*`` folders (:func:`packer.versions.remove_staging`: only what
+    lies under each, a link never followed). Called under the build lock, so no build writes them."""
+    for path in stale_staging(plan.root):
+        if path.name in plan.staging:
+            with _refused(path):
+                remove_staging(path)
+            if on_removed is not None:
+                on_removed(path.name)
 
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
@@ -253,7 +275,7 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a version whose build stopped while "
                      "publishing it: no manifest.json, not a dataset)")
     lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "
-                 f"(or a build's staging folder) still links them: {human_bytes(plan.shared_bytes)}"
+                 f"still links them: {human_bytes(plan.shared_bytes)}"
                  + (f"; kept because linked outside {plan.root}: {human_bytes(plan.elsewhere_bytes)}"
                     if plan.elsewhere_bytes else ""))
     for v in plan.broken:
@@ -263,7 +285,8 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
                      "wrote: gc never removes through a link; remove the link itself with rm if it is no longer "
                      "wanted)")
     for name in plan.staging:
-        lines.append(f"  left alone: {name} (a build in progress, or interrupted)")
+        lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a staging folder an interrupted build "
+                     "left; while a build runs, gc refuses and removes nothing)")
     if dry_run:
         lines.append("  dry run: nothing removed (run without --dry-run to remove)")
     return "\n".join(lines)

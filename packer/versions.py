@@ -17,6 +17,9 @@ it frees.
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -213,6 +216,49 @@ def scan_links(folders: dict[str, Path]) -> dict[Inode, FileLinks]:
             for inode, (size, nlink) in sizes.items()}
 
 
+def stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
+    """The ``.staging-*`` entries of the dataset folder ``root`` but ``keep`` (a name): whoever
+    holds the dataset folder's lock (a build, ``packer gc``) knows no build writes them, so they
+    are what an interrupted build of the job, as it was then configured, left behind."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(entry.path) for entry in entries if entry.name.startswith(STAGING_PREFIX) and entry.name != keep]
+
+
+def staging_bytes(path: Path) -> int:
+    """The bytes removing the staging folder ``path`` frees: its files no other link holds (a shard
+    hard-linked into a version stays on disk). A link named ``path`` frees nothing."""
+    if path.is_symlink():
+        return 0
+    return sum(st.st_size for st in _walk_files(path) if st.st_nlink == 1)
+
+
+def remove_staging(path: Path) -> None:
+    """Remove the staging folder ``path`` and only what lies under it: a link named ``path`` is
+    removed itself, never followed (its target may be a kept version, or anything); links inside
+    are removed, never followed (``shutil.rmtree`` opens each folder without following links); a
+    shard hard-linked into a version loses only this link. A read-only folder under ``path`` is
+    made writable to empty it. Raises OSError when the file system refuses a removal."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    inside = os.path.abspath(path)
+
+    def make_writable(function: Any, failed: str, info: Any) -> None:
+        parent = os.path.dirname(os.path.abspath(failed))
+        if not (parent == inside or parent.startswith(inside + os.sep)) or os.path.islink(parent):
+            raise info[1] if isinstance(info, tuple) else info  # nothing outside the staging folder is changed
+        os.chmod(parent, os.stat(parent, follow_symlinks=False).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+        function(failed)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=make_writable)
+    else:
+        shutil.rmtree(path, onerror=make_writable)
+
+
 def _other_kind(path: Path) -> str:
     name = path.name
     if name.startswith(STAGING_PREFIX):
@@ -281,7 +327,8 @@ def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
     return sum(sizes[digest] * (len(held) - 1) for digest, held in inodes.items())
 
 
-_OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of its job clears it)",
+_OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of this dataset, whatever its "
+                          "configuration, or `packer gc` removes it)",
                "trash": "a version an interrupted `packer gc` was removing (the next gc finishes it)",
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "

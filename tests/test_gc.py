@@ -341,7 +341,7 @@ def test_an_interrupted_gc_leaves_no_half_version_and_the_next_gc_finishes(versi
     root = dataset_copy(versions, tmp_path, created=created(versions))
     staging = root / ".staging-0123456789abcdef"
     staging.mkdir()
-    (staging / "train-000000.tar").write_bytes(b"a build in progress")
+    (staging / "train-000000.tar").write_bytes(b"an interrupted build's shard")
 
     def remounted_read_only(path: Any, *args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
@@ -363,8 +363,8 @@ def test_an_interrupted_gc_leaves_no_half_version_and_the_next_gc_finishes(versi
 
     result = invoke("gc", root, "--keep", "1")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in root.iterdir()) == sorted([versions.grown, staging.name])
-    assert (staging / "train-000000.tar").read_bytes() == b"a build in progress"
+    # gc holds the build lock: no build writes the staging folder, an interrupted one left it
+    assert sorted(p.name for p in root.iterdir()) == [versions.grown]
 
 
 @pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EBUSY])
@@ -535,3 +535,64 @@ def test_a_failed_builds_version_is_marked_never_counted_by_gc_and_refused_by_th
     assert [v["folder"] for v in plan["keep"]] == [versions.grown]
     assert sorted(v["folder"] for v in plan["remove"]) == sorted([failed.name, versions.relimited, versions.base])
     assert sorted(p.name for p in root.iterdir()) == [versions.grown]
+
+
+def _stale_staging(root: Path, kept: Path, outside: Path) -> tuple[Path, Path, Path]:
+    """Two staging folders an interrupted build left: one holding a shard of its own, a hard link
+    to a kept version's shard and links to the kept version and to a folder outside; and a
+    ``.staging-*`` that is itself a link to that outside folder. Returns (folder, link, the kept shard)."""
+    outside.mkdir()
+    (outside / "precious.txt").write_text("not the dataset's")
+    folder = root / ".staging-0123456789abcdef"
+    folder.mkdir()
+    (folder / "train-000000.tar").write_bytes(b"x" * 10_000)
+    shard = sorted(kept.glob("*.tar"))[0]
+    os.link(shard, folder / shard.name)
+    (folder / "to-version").symlink_to(kept, target_is_directory=True)
+    (folder / "to-outside").symlink_to(outside, target_is_directory=True)
+    (folder / "to-shard.tar").symlink_to(shard)
+    link = root / ".staging-fedcba9876543210"
+    link.symlink_to(outside, target_is_directory=True)
+    return folder, link, shard
+
+
+def test_gc_removes_the_staging_folders_interrupted_builds_left_never_following_a_link(
+        versions: Versions, tmp_path: Path) -> None:
+    """An edited job never reuses the staging folder of its interrupted build (the folder is named
+    by the configuration's hash), and gc, holding the build lock (so no build can be writing one),
+    said it left them alone "as a build in progress": disk nothing ever gave back. gc removes them
+    now, and only what lies under each: a kept version's shard linked into one stays, and links are
+    removed, never followed."""
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    kept = root / versions.grown
+    folder, link, shard = _stale_staging(root, kept, tmp_path / "outside")
+    kept_before = {p.name: p.read_bytes() for p in sorted(kept.iterdir()) if p.is_file()}
+    plan = invoke("gc", root, "--keep", "1", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert f"remove  {folder.name}" in plan.output and f"remove  {link.name}" in plan.output
+    assert "left alone" not in plan.output and folder.is_dir()
+    result = invoke("gc", root, "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert f"removed {folder.name}" in result.output and f"removed {link.name}" in result.output
+    assert sorted(p.name for p in root.iterdir()) == [versions.grown]
+    assert (tmp_path / "outside" / "precious.txt").read_text() == "not the dataset's"
+    assert {p.name: p.read_bytes() for p in sorted(kept.iterdir()) if p.is_file()} == kept_before
+    assert shard.stat().st_nlink == 1
+    assert verify_dataset(kept).ok
+
+
+def test_a_build_removes_the_staging_folders_an_interrupted_build_of_another_configuration_left(
+        versions: Versions, tmp_path: Path) -> None:
+    """A build holds the dataset folder's lock: other ``.staging-*`` folders there are an
+    interrupted build's, of the job as it was before an edit; the build removes them (only what
+    lies under each) and says what it freed."""
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    kept = root / versions.grown
+    folder, link, shard = _stale_staging(root, kept, tmp_path / "outside")
+    raw = versions.out.parent / "raw"
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(raw, tmp_path / "out", validate={"max_bad_fraction": 0.2})))
+    build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, work_dir=tmp_path / "work"))
+    assert not folder.exists() and not link.is_symlink()
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".staging-")]
+    assert (tmp_path / "outside" / "precious.txt").read_text() == "not the dataset's"
+    assert verify_dataset(kept).ok

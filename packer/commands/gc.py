@@ -24,7 +24,8 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
     Newest means by the manifest's created_at (the time the version was built), not by folder
     name or file times. A shard hard-linked into a kept version stays on disk (it is freed when
     its last link goes); the plan says how many bytes that keeps. Left alone: a folder whose
-    manifest cannot be read, and .staging-* folders (a build in progress or interrupted). A
+    manifest cannot be read. Removed: .staging-* folders interrupted builds left (gc holds the
+    build lock, so none is a build in progress; a link is removed, never followed). A
     version folder without manifest.json that holds a build's _index.parquet (its build stopped
     while publishing it: killed, or a full disk) is no dataset and is removed, never counted.
 
@@ -38,7 +39,7 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
       versions your jobs read (--keep), or run gc when none is running;
     - while a build of the dataset runs (it holds the folder's lock) gc refuses with exit 2 and
       removes nothing; gc holds that lock while it removes, so a build started meanwhile is
-      refused; .staging-* folders are never removed;
+      refused;
     - the build cache's pointers into a removed version no longer resolve, so the next build
       decodes those files again (it says so) and writes the same bytes;
     - registry copies (manifests/<name>/<version>.json) stay: the record of what was built;

@@ -152,7 +152,8 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
     bytes it shares with other versions or links elsewhere ("shared"), counted by inode, so
     hard-linked shards count once; then the total on disk against the versions' sizes added up,
     and the bytes of identical shards stored as separate copies (same sha256, different files).
-    Folders that are not versions (.staging-*: a build in progress or interrupted; .trash-*: left
+    Folders that are not versions (.staging-*: a build in progress or interrupted, which the next
+    build of the dataset or `packer gc` removes; .trash-*: left
     by an interrupted `packer gc`; a version folder without manifest.json: a build stopped while
     publishing it, which building the job again replaces and `packer gc` removes) are listed after.
 

@@ -98,6 +98,7 @@ from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, check_output_store, resolve_output
 from packer.targets import Target
+from packer.versions import remove_staging, staging_bytes, stale_staging
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
 #: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
@@ -327,6 +328,27 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
             place.forget()
 
 
+def _remove_stale_staging(dataset_root: Path, staging: Path, *, quiet: bool) -> None:
+    """Remove the staging folders an interrupted build of this dataset left under another
+    configuration (its own, ``staging``, it resumes from): held under the dataset folder's lock, no
+    build writes them, and no later build of the edited job would ever clear them. One the file
+    system refuses to remove is warned of and left: it costs disk, not correctness."""
+    removed, freed = [], 0
+    for path in stale_staging(dataset_root, keep=staging.name):
+        size = staging_bytes(path)
+        try:
+            remove_staging(path)
+        except OSError as err:
+            _warn(f"cannot remove {err.filename or path}, a staging folder an interrupted build left: "
+                  f"{err.strerror or err}; remove it by hand, or run `packer gc {dataset_root}`")
+            continue
+        removed.append(path.name)
+        freed += size
+    if removed and not quiet:
+        print(f"packer: removed {len(removed)} staging folder(s) an interrupted build left "
+              f"({', '.join(removed)}; {human_bytes(freed)} freed)", flush=True)
+
+
 @dataclass
 class _Watched:
     """A folder the build writes into and must keep while it runs, and what to say if it vanishes."""
@@ -474,6 +496,7 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched]) -> Bu
     stale = remove_stale_temporaries(cache_dir) + remove_stale_temporaries(dataset_root)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
+    _remove_stale_staging(dataset_root, staging, quiet=options.quiet)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
             _shared_probe(cache_dir) as probe, \
