@@ -51,7 +51,9 @@ def report(manifest_arg: str, output: Path | None) -> None:
         raise detached
     unreadable = [problem for problem in read.problems if problem.kind != "dataset_hash"]
     if unreadable:  # a shape this packer cannot read (or another version's manifest): nothing it says can be shown
-        raise IntegrityError(f"{located}: {unreadable[0].detail}; no report was written")
+        outside = "; packer report reads no file outside the version folder" \
+            if unreadable[0].kind == "unsafe_file" else ""
+        raise IntegrityError(f"{located}: {unreadable[0].detail}{outside}; no report was written")
     # packer report has no --out: a refused file is placed elsewhere with -o, not by building again
     written = write_report(manifest, output, elsewhere="write the report elsewhere (packer report MANIFEST -o FILE)")
     path = written.path
