@@ -731,6 +731,33 @@ def test_a_template_pads_numeric_ids_and_says_which_row_does_not_fit(tmp_path: P
         discover(load_job(job))
 
 
+@pytest.mark.parametrize("blank_rows", [1, 2])
+def test_a_template_column_empty_in_a_row_is_a_config_error_naming_the_row(tmp_path: Path, blank_rows: int) -> None:
+    """EyePACS' trainLabels.csv read through '{image}.jpeg': a row whose image cell is empty (a
+    spreadsheet save that leaves ',' rows at the end) named the file '.jpeg'. One such row became
+    a missing_file bad sample and an extra input; two became "'.jpeg' is listed twice", pointing at
+    repeated:. Any column the template uses being empty is the empty path cell it is: a config
+    error naming the row and the column."""
+    _files(tmp_path / "raw", ["10_left.jpeg", "10_right.jpeg"])
+    _csv(tmp_path / "raw" / "t.csv", "image,level", ["10_left,0", "10_right,1", *[","] * blank_rows])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{image}.jpeg"}},
+                          "entity": {"path": "^(?P<entity>\\d+)_"}, "label": {"column": "level"}})
+    with pytest.raises(ConfigError, match=r"row 4: table.path.template '\{image\}.jpeg' gives '.jpeg' \(its "
+                                          r"column\(s\) 'image' are empty there\); give the file's name there"):
+        discover(load_job(job))
+
+
+def test_a_template_of_two_columns_names_the_empty_one(tmp_path: Path) -> None:
+    """A row whose folder cell is empty under '{patient}/{image}.png' would name a file at the
+    root: the error names the empty column, not the one that has its cell."""
+    _files(tmp_path / "raw", ["p1/a.png", "p2/b.png"])
+    _csv(tmp_path / "raw" / "t.csv", "patient,image,label", ["p1,a,x", ",b,y"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "raw/t.csv", "path": {"template": "{patient}/{image}.png"}},
+                          "entity": "patient"})
+    with pytest.raises(ConfigError, match=r"row 3: .* gives '/b.png' \(its column\(s\) 'patient' are empty there\)"):
+        discover(load_job(job))
+
+
 @pytest.mark.parametrize(("cell", "spec"), [("1_5", "03d"), ("\uff11\uff15", "03d"), ("1_5", ".0f"), ("0x0f", "03d")])
 def test_a_template_number_spec_reads_only_plain_decimal_cells(tmp_path: Path, cell: str, spec: str) -> None:
     """'IXI{IXI_ID:03d}.png' formatted the cells 1_5 and full-width １５ with Python's int(), which reads

@@ -1173,11 +1173,9 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                 said = "a cell does not fit its format spec"
             raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r}: {said}; fix the "
                               "cell, or the template's format spec (write {column} for the cell as it is)") from None
-        if not cell:
-            if table.template is not None:
-                columns = ", ".join(repr(c) for c in dict.fromkeys(_template_columns(table.template)))
-                raise ConfigError(f"{records.path}: row {number}: table.path.template {table.template!r} gives an "
-                                  f"empty path (its column(s) {columns} are empty there); give the file's name there")
+        if table.template is not None:
+            _check_template_cells(table.template, records.path, number, record, cell, hide_paths=hide_paths)
+        elif not cell:
             raise ConfigError(f"{records.path}: row {number}, column {table.path!r} is empty; give the file's "
                               "path relative to the root")
         cells.append(cell)
@@ -1236,6 +1234,23 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
         placed.refused_rows.pop(rel, None)
         placed.filtered.pop(rel, None)
     return placed, unplaced
+
+
+def _check_template_cells(template: str, path: Path | str, number: int, record: Record, cell: str, *,
+                          hide_paths: bool = False) -> None:
+    """Raise the ConfigError for row ``number`` where a column ``template`` uses is empty: the
+    template would name another file than the row's (``{image}.jpeg`` with an empty ``image``
+    names ``.jpeg``, a missing file, or every such row the same file, "listed twice"), just as
+    a path column's empty cell names none. ``cell`` is the filled template (shown unless
+    ``hide_paths``: its other cells may be a patient's name)."""
+    used = list(dict.fromkeys(_template_columns(template)))
+    empty = [c for c in used if not (record.get(c) or "").strip()]
+    if not empty:
+        return
+    columns = ", ".join(repr(c) for c in empty)
+    gives = "an empty path" if not cell else "a path without its name" if hide_paths else repr(cell)
+    raise ConfigError(f"{path}: row {number}: table.path.template {template!r} gives {gives} (its column(s) "
+                      f"{columns} are empty there); give the file's name there, or remove the row")
 
 
 def _where_leaves_out(source: SourceConfig, record: Record, rel: str) -> str | None:
