@@ -537,6 +537,43 @@ def test_labels_may_list_integer_class_ids_as_numbers(tmp_path: Path) -> None:
         parse_job({**doc, "labels": [0, 1, "1"]}, tmp_path / "job.yaml")
 
 
+def test_a_class_map_may_name_integer_class_ids_as_numbers_and_builds_as_quoted(tmp_path: Path) -> None:
+    """Referable diabetic retinopathy (grade >= 2), written as anyone writes it: map: {0: 0, 1: 0,
+    2: 1, 3: 1, 4: 1} with labels: [0, 1]. labels: takes the ids as numbers, yet the map's numeric
+    values were refused with jsonschema's bare "0 is not valid under any of the given schemas".
+    A number there is its text, as in labels:, and builds the very bytes the quoted map builds."""
+    import cv2
+    import numpy as np
+
+    from packer.pipeline.build import BuildOptions, build
+
+    (tmp_path / "raw").mkdir()
+    rows = ["image,level"]
+    for p in range(1, 7):
+        for k, eye in enumerate(["left", "right"]):
+            pixels = np.random.default_rng(2 * p + k).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            cv2.imwrite(str(tmp_path / "raw" / f"{p}_{eye}.png"), pixels)
+            rows.append(f"{p}_{eye},{(p + k) % 5}")
+    (tmp_path / "raw" / "t.csv").write_text("\n".join(rows) + "\n")
+
+    def built(value_map: dict[int, object], out: str) -> tuple[str, dict[str, bytes]]:
+        doc = {"name": "dr", "sources": [{"kind": "image", "root": "raw",
+                                          "table": {"file": "raw/t.csv", "path": {"template": "{image}.png"}},
+                                          "entity": {"path": "^(?P<entity>\\d+)_"},
+                                          "label": {"column": "level", "map": value_map}}],
+               "labels": [0, 1], "split": {"by": "entity", "seed": 3, "balance": {"accept": True}},
+               "pack": {"format": "webdataset"}, "output": out}
+        job = tmp_path / f"{out}.yaml"
+        job.write_text(yaml.safe_dump(doc, sort_keys=False))
+        result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+        shards = {p.name: p.read_bytes() for p in sorted(result.version_dir.rglob("*.tar"))}
+        return result.version_dir.name, shards
+
+    as_numbers = built({0: 0, 1: 0, 2: 1, 3: 1, 4: 1}, "numbers")
+    as_text = built({0: "0", 1: "0", 2: "1", 3: "1", 4: "1"}, "text")
+    assert as_numbers == as_text and as_numbers[1]
+
+
 def test_whole_numbers_written_as_decimals_are_read_as_the_integers_the_schema_wants(tmp_path: Path) -> None:
     """JSON Schema's integer is any whole number, so folds: 5.0 passed the schema and crashed the
     splitter (TypeError, exit 1), windows: [{file: 0.0}] made every file an unexpected_error and
