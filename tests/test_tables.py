@@ -534,6 +534,51 @@ def test_a_name_two_files_share_is_ambiguous_for_both(tmp_path: Path) -> None:
     assert len(found.refs) == 3  # each file counted once: a sample or a bad sample, never both
 
 
+def _ham10000(tmp_path: Path) -> None:
+    """HAM10000 as Kaggle ships it: every image twice, in two folders whose names differ in case;
+    ISIC_0000002 (a melanoma) only once."""
+    copies = {"ISIC_0000000": 2, "ISIC_0000001": 2, "ISIC_0000002": 1, "ISIC_0000003": 2}
+    _files(tmp_path / "raw", [f"{part}/{image}.jpg" for image, n in copies.items()
+                              for part in ("HAM10000_images_part_1", "ham10000_images_part_1")[:n]])
+    _csv(tmp_path / "raw" / "meta.csv", "lesion_id,image_id,dx",
+         ["HAM_0,ISIC_0000000,mel", "HAM_1,ISIC_0000001,nv", "HAM_2,ISIC_0000002,mel", "HAM_3,ISIC_0000003,nv"])
+
+
+def test_a_name_two_files_share_is_filtered_not_ambiguous_where_where_leaves_its_row_out(tmp_path: Path) -> None:
+    """Under find: name, the two copies of an nv image that `where: {dx: mel}` leaves out were
+    ambiguous_path bad samples (and failed the build): the name was judged before the filter. A
+    file whose row is left out is filtered, never a bad sample; a kept row's name stays ambiguous."""
+    _ham10000(tmp_path)
+    table = {"file": "raw/meta.csv", "path": {"template": "{image_id}.jpg"}, "find": "name"}
+    found = discover(load_job(_job(tmp_path, {"root": "raw", "table": table, "entity": {"column": "lesion_id"},
+                                              "label": {"column": "dx"}, "where": {"dx": "mel"}})))
+    assert sorted((i.path.split("/raw/")[1], i.reason) for i in found.issues) == [
+        ("HAM10000_images_part_1/ISIC_0000000.jpg", "ambiguous_path"),
+        ("ham10000_images_part_1/ISIC_0000000.jpg", "ambiguous_path")]
+    assert [r.relpath for r in found.refs if r.label is not None] == ["HAM10000_images_part_1/ISIC_0000002.jpg"]
+    assert sorted((e.path.split("/raw/")[1], e.why) for e in found.excluded) == sorted(
+        (f"{part}/ISIC_000000{n}.jpg", "filtered") for n in (1, 3)
+        for part in ("HAM10000_images_part_1", "ham10000_images_part_1"))
+    assert all("dx is 'nv'; where: dx = mel" in e.detail for e in found.excluded)
+    assert found.rows_filtered == 2
+
+
+def test_a_where_on_a_path_field_picks_the_copy_a_shared_name_means(tmp_path: Path) -> None:
+    """A condition on a field of the path holds for one copy of a name and not the other: the
+    row is kept for that copy alone, which is then its file, not an ambiguous one."""
+    _ham10000(tmp_path)
+    table = {"file": "raw/meta.csv", "path": {"template": "{image_id}.jpg"}, "find": "name"}
+    found = discover(load_job(_job(tmp_path, {
+        "root": "raw", "table": table, "entity": {"column": "lesion_id"}, "label": {"column": "dx"},
+        "fields": {"part": {"component": 0}}, "where": {"part": "HAM10000_images_part_1"}})))
+    assert found.issues == []
+    assert sorted((r.relpath, r.label) for r in found.refs) == [
+        (f"HAM10000_images_part_1/ISIC_000000{n}.jpg", dx) for n, dx in enumerate(["mel", "nv", "mel", "nv"])]
+    assert sorted(e.path.split("/raw/")[1] for e in found.excluded) == [
+        f"ham10000_images_part_1/ISIC_000000{n}.jpg" for n in (0, 1, 3)]
+    assert found.rows_filtered == 0
+
+
 def test_bare_names_without_find_name_say_to_set_it(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -1156,6 +1156,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unmatched: dict[str, list[int]] = defaultdict(list)
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
+    shared_name = False
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
                           f"{', '.join(records.columns) or 'nothing'}), so it labels none of the {len(listed):,} "
@@ -1185,11 +1186,22 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
         if names is not None:
             found = names.find(cell)
             if len(found) > 1:
-                for rel in found:
-                    placed.refused[rel] = Refused("ambiguous_path", (
-                        f"{records.path} row {number} names {cell!r}, and {len(found)} files under the root have "
-                        f"that name ({', '.join(found[:3])}); give the table paths (find: path) or keep one"))
-                continue
+                shared_name = True  # files are listed under the name: not a table that matches nothing
+                # a name is ambiguous only for a row that is kept: where: (or a join's missing: drop)
+                # leaving the row out filters its files (HAM10000's two copies of each image)
+                kept = [] if number in records.dropped else _kept_by_where(source, record, found, placed)
+                if not kept:
+                    placed.rows_filtered += 1
+                    for rel in found:
+                        placed.filtered.setdefault(rel, records.dropped.get(number, ""))
+                    continue
+                if len(kept) > 1:
+                    for rel in kept:
+                        placed.refused[rel] = Refused("ambiguous_path", (
+                            f"{records.path} row {number} names {cell!r}, and {len(kept)} files under the root have "
+                            f"that name ({', '.join(kept[:3])}); give the table paths (find: path) or keep one"))
+                    continue
+                found = kept  # where: keeps the row for one of the files only: that one is its file
             rel = found[0] if found else _rebase(cell, table, source.root)
         else:
             rel = _rebase(cell, table, source.root)
@@ -1221,7 +1233,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             placed.refused[rel] = refused
         else:
             unplaced[rel] = refused
-    if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused:
+    if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused and not shared_name:
         raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
         for rel, rows in by_file.items():
@@ -1253,12 +1265,26 @@ def _check_template_cells(template: str, path: Path | str, number: int, record: 
                       f"{columns} are empty there); give the file's name there, or remove the row")
 
 
+def _kept_by_where(source: SourceConfig, record: Record, candidates: Sequence[str], placed: Placed) -> list[str]:
+    """The files of ``candidates`` (the listed files a bare name in the row ``record`` may mean)
+    that ``where:`` keeps the row for, judged per file (a condition on a path field holds for
+    one copy and not another); the others are ``filtered`` with the condition."""
+    kept = []
+    for rel in candidates:
+        if (left_out := _where_leaves_out(source, record, rel)) is None:
+            kept.append(rel)
+        else:
+            placed.filtered.setdefault(rel, left_out)
+    return kept
+
+
 def _where_leaves_out(source: SourceConfig, record: Record, rel: str) -> str | None:
     """Why ``where:`` leaves out a row a joined table has no row for, judged on the columns the
     row has (its own table's, the joins that matched, the fields of its path), or None when
     those keep it. A MIMIC-CXR lateral view that a split table made for the frontal images
     lacks is filtered, as the README says, not a ``join_unmatched`` bad sample; a condition on
-    a column of the join that found no row cannot be judged, and the row stays unmatched."""
+    a column of the join that found no row cannot be judged, and the row stays unmatched. Also
+    judges a row per file a bare name it gives may mean (:func:`_kept_by_where`)."""
     if not source.where:
         return None
     values = {**record, **{f.name: f.value(rel) or "" for f in source.fields}}
