@@ -945,6 +945,52 @@ def test_a_folder_labelled_file_without_a_row_is_missing_label_naming_the_row_no
         "names only the dataset's files, set table.files: table")
 
 
+def _odir(tmp_path: Path) -> dict[str, Any]:
+    """ODIR-5K: one row per patient, its two fundus images in the Left-Fundus and Right-Fundus
+    columns, read as two sources over the one table, each with the patient's ID as its entity."""
+    rows = []
+    for p in range(4):
+        _files(tmp_path / "raw", [f"{p}_left.jpg", f"{p}_right.jpg"])
+        rows.append(f"{p},{50 + p},{'Male' if p % 2 else 'Female'},{p}_left.jpg,{p}_right.jpg,normal,cataract")
+    _csv(tmp_path / "raw" / "full_df.csv", "ID,Patient Age,Patient Sex,Left-Fundus,Right-Fundus,Left-Keywords,"
+         "Right-Keywords", rows)
+    return {"name": "odir", "sources": [
+        {"kind": "image", "name": eye.lower(), "root": "raw", "entity": {"column": "ID"},
+         "table": {"file": "raw/full_df.csv", "path": f"{eye}-Fundus", "files": "table"},
+         "label": {"column": f"{eye}-Keywords"}} for eye in ("Left", "Right")],
+        "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+
+
+def test_sources_that_share_their_entities_are_not_warned_of_as_each_file_its_own(tmp_path: Path) -> None:
+    """ODIR's left and right sources each hold one file per patient, and the ID column that both
+    name as the entity keeps a patient's two eyes in one split; yet each source was warned that
+    'leakage protection is off', and told to make 'Patient Age' the entity. The entity groups the
+    files across the sources that share it, and a patient's age or sex is no id."""
+    doc = _odir(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert found.warnings == []
+    assert sorted(r.entity for r in found.refs) == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    # one source alone: each file is its own entity, but no column or path part names a patient
+    doc["sources"] = doc["sources"][:1]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert discover(load_job(tmp_path / "job.yaml")).warnings == []
+
+
+def test_a_patient_column_whose_cells_group_no_files_is_not_offered_as_the_entity(tmp_path: Path) -> None:
+    """A column named like a patient id whose cells are one per file would make each file its own
+    entity again: it is not named; one whose cells repeat is."""
+    _files(tmp_path / "raw", ["a.png", "b.png", "c.png"])
+    _csv(tmp_path / "raw" / "t.csv", "path,label,patient_id,subject_ref", ["a.png,x,p1,s1", "b.png,y,p1,s2",
+                                                                           "c.png,x,p2,s3"])
+    doc = {"root": "raw", "table": "raw/t.csv", "entity": "path", "label": {"column": "label"}}
+    found = discover(load_job(_job(tmp_path, doc)))
+    assert len(found.warnings) == 1 and "Column 'patient_id' looks like a patient id" in found.warnings[0]
+    _csv(tmp_path / "raw" / "t.csv", "path,label,patient_id,subject_ref", ["a.png,x,p1,s1", "b.png,y,p2,s2",
+                                                                           "c.png,x,p3,s3"])
+    assert discover(load_job(_job(tmp_path, doc))).warnings == []
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -1342,15 +1342,16 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = RefTable.concat([refs, RefTable.of(outside)])
         # UTF-8 byte order is code point order, as sorted() on str; the sort is stable, as sorted()
         refs = refs.take(pc.sort_indices(refs.arrow("relpath")).to_numpy())
-    warnings_said = [w for w in (entity_warning(source, refs, records.columns if records else (),
-                                                hide_ids=phi is not None and phi.active),
-                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
+    own_entity = entity_warning(source, refs, records.columns if records else (), rows,
+                                hide_ids=phi is not None and phi.active)
+    warnings_said = [w for w in (_mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
                                  _aliased_class_warning(source, aliases, linked,
                                                         hide_names=phi is not None and phi.active))
                      if w]
     hint = header_entity_hint(source, refs, records.columns if records else (), rows,
                               hide_ids=phi is not None and phi.active)
-    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled, hint)
+    return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled, hint,
+                       own_entity)
 
 
 @dataclass(frozen=True)
@@ -1366,9 +1367,14 @@ class SourceFound:
     unlabeled: dict[str, str]
     #: what to warn of once the probe finds every file its own entity (:func:`header_entity_hint`)
     entity_hint: str | None = None
+    #: :func:`entity_warning`: said unless another source's files share this one's entities
+    own_entity_warning: str | None = None
 
 
 _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
+#: What a column named after the patient may hold that is no id: "Patient Age", "Patient Sex"
+_PATIENT_ATTRIBUTE = re.compile(r"(?<![a-z])(?:age|sex|gender|weight|height|size|birth|dob|date|time|race|"
+                                r"ethnicity|position|orientation|comments?|notes?)(?![a-z])", re.IGNORECASE)
 _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
 
 
@@ -1381,20 +1387,38 @@ def _names_its_files(folders: Sequence[str], relpaths: Sequence[str]) -> bool:
                for folder, rel in zip(folders, relpaths, strict=True))
 
 
-def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str], *,
-                   hide_ids: bool = False) -> str | None:
-    """A warning when every file of a source is its own entity while a table column or a part of
-    the paths looks like a patient id: leakage protection is then off, most likely by mistake
-    (``entity: path``, or a table whose patient column the job does not name). None otherwise,
-    and for a kind that reads entities from headers, whose entities are known once the probe has
-    read them (:func:`header_entity_hint`, :func:`own_entity_warnings`). ``hide_ids`` (PHI
-    pseudonymization): a path part is named by its place only, not quoted: it is the raw patient id."""
+def _id_columns(columns: Sequence[str], rows: Mapping[str, TableRow], entity: str | None) -> list[str]:
+    """The table ``columns`` that look like a patient id: named like one (``Patient ID``,
+    ``subject_id``; not an attribute of the patient such as ``Patient Age``), not the ``entity``
+    column already, and grouping the files (``rows``: the table's rows by file): a cell some
+    files share. A column of one value per file would make each file its own entity again."""
+    named = [c for c in columns if _PATIENT_COLUMN.search(c) and not _PATIENT_ATTRIBUTE.search(c) and c != entity]
+    cells = [dict(row.extra) for row in rows.values()] if named else []  # the rows read only for them
+    grouping = []
+    for column in named:
+        values = [c[column] for c in cells if c.get(column, "").strip()]
+        if len(set(values)) < len(values):
+            grouping.append(column)
+    return grouping
+
+
+def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
+                   rows: Mapping[str, TableRow] | None = None, *, hide_ids: bool = False) -> str | None:
+    """A warning when every file of a source is its own entity while a table column whose cells
+    group the files (``rows``: the table's rows by file), or a part of the paths, looks like a
+    patient id: leakage protection is then off, most likely by mistake (``entity: path``, or a
+    table whose patient column the job does not name). None otherwise, and for a kind that reads
+    entities from headers, whose entities are known once the probe has read them
+    (:func:`header_entity_hint`, :func:`own_entity_warnings`). The files of another source may
+    share the entities (ODIR's left and right fundus sources over one ``ID`` column):
+    :func:`discover` then drops the warning. ``hide_ids`` (PHI pseudonymization): a path part is
+    named by its place only, not quoted: it is the raw patient id."""
     if source_kind(source.kind).identity_in_header or len(refs) < 2:
         return None
     codes, _ = refs.codes("entity")
     if np.unique(codes).size != len(refs):
         return None
-    hints = [f"column {c!r}" for c in columns if _PATIENT_COLUMN.search(c) and c != source.entity]
+    hints = [f"column {c!r}" for c in _id_columns(columns, rows or {}, source.entity)]
     if not hints:
         hints = [hint for hint in (_path_part_hint(refs, hide_ids=hide_ids),) if hint]
     if not hints:
@@ -1427,13 +1451,7 @@ def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[s
     folders group them spreads each patient over the splits. None where nothing looks so."""
     if not source_kind(source.kind).identity_in_header or source.entity_path is not None or len(refs) < 2:
         return None
-    hints = []
-    patient_columns = [column for column in columns if _PATIENT_COLUMN.search(column)]
-    cells = [dict(row.extra) for row in rows.values()] if patient_columns else []  # the rows read only for them
-    for column in patient_columns:
-        values = [c[column] for c in cells if c.get(column, "").strip()]
-        if len(set(values)) < len(values):  # it groups the files
-            hints.append(f"column {column!r}")
+    hints = [f"column {column!r}" for column in _id_columns(columns, rows, None)]
     place, _, read = (_path_part_hint(refs, hide_ids=hide_ids) or "").partition(" (")
     named = " and ".join([*hints[:1], *([place] if place else [])])
     if not named:
@@ -1530,6 +1548,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     rows_filtered = 0
     unlabeled: dict[str, str] = {}
     hints: dict[str, str] = {}
+    own_entity: dict[int, str] = {}  # where in ``said`` each source's entity_warning goes: by source name
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
         try:
@@ -1542,12 +1561,18 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         issues.extend(found.issues)
         listed.update(found.listed)
         excluded.extend(found.excluded)
+        if found.own_entity_warning is not None:
+            own_entity[len(said)] = source.name
+            said.append(found.own_entity_warning)
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
         unlabeled.update(found.unlabeled)
         if found.entity_hint is not None:
             hints[source.name] = found.entity_hint
     refs = RefTable.concat(tables)
+    if own_entity and len(job.sources) > 1:
+        sharing = _sharing_entities(refs)
+        said = [w for i, w in enumerate(said) if own_entity.get(i) not in sharing]
     if len(job.sources) > 1:
         said.extend(_read_twice(refs, hide_paths=phi is not None and phi.active))
     excluded = _once(excluded, refs, issues)
@@ -1559,6 +1584,21 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said.extend(renamed)
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
                      rows_filtered=rows_filtered, unlabeled=unlabeled, entity_hints=hints)
+
+
+def _sharing_entities(refs: RefTable) -> set[str]:
+    """The sources at least half of whose files share their entity with another source's files
+    (ODIR's left- and right-fundus sources over one table's ``ID``): the entity groups them
+    across the sources, as the split does, so a source's files each their own entity within it
+    are no leak."""
+    sources, source_names = refs.codes("source")
+    entities, entity_names = refs.codes("entity")
+    known = np.array([name is not None for name in entity_names], dtype=bool)[entities]  # a file without one: alone
+    pairs = np.unique(np.stack([entities[known], sources[known]]), axis=1)
+    shared = known & (np.bincount(pairs[0], minlength=len(entity_names))[entities] > 1)
+    files = np.bincount(sources, minlength=len(source_names))
+    sharing = np.bincount(sources, weights=shared, minlength=len(source_names))
+    return {str(source_names[i]) for i in range(len(source_names)) if files[i] and 2 * sharing[i] >= files[i]}
 
 
 def _read_twice(refs: RefTable, *, hide_paths: bool = False) -> list[str]:
