@@ -991,6 +991,39 @@ def test_a_patient_column_whose_cells_group_no_files_is_not_offered_as_the_entit
     assert discover(load_job(_job(tmp_path, doc))).warnings == []
 
 
+def _eyepacs(tmp_path: Path, entity: Any, names: list[str] | None = None) -> Path:
+    """Kaggle's Diabetic Retinopathy: trainLabels.csv of image (10_left, no extension) and level."""
+    names = names or [f"{p}_{eye}" for p in (10, 13, 15, 16) for eye in ("left", "right")]
+    _files(tmp_path / "raw" / "train", [f"{n}.jpeg" for n in names])
+    _csv(tmp_path / "raw" / "trainLabels.csv", "image,level", [f"{n},{i % 5}" for i, n in enumerate(names)])
+    return _job(tmp_path, {"root": "raw/train", "entity": entity, "label": {"column": "level"},
+                           "table": {"file": "raw/trainLabels.csv", "path": {"template": "{image}.jpeg"}}})
+
+
+def test_a_patient_id_leading_the_file_names_is_offered_when_each_file_is_its_own_entity(tmp_path: Path) -> None:
+    """EyePACS' natural first job names the image column as the entity: each eye is its own entity
+    and the two eyes of most patients land in different splits, silently, though the README's
+    recipe names this set. The file names' leading token groups the eyes: the warning offers the
+    recipe's entity: {path: ...}, which reads one entity per patient."""
+    found = discover(load_job(_eyepacs(tmp_path, "image")))
+    assert found.warnings == [
+        "source 'train': each of its 8 files is its own entity, so leakage protection is off: no patient can be "
+        "kept in one split. The leading part '10' of the file names (entity: {path: '^(?P<entity>\\d+)_'}) looks "
+        "like a patient id: name it in 'entity:'"]
+    found = discover(load_job(_eyepacs(tmp_path, {"path": "^(?P<entity>\\d+)_"})))
+    assert found.warnings == []
+    assert sorted(r.entity for r in found.refs) == ["10", "10", "13", "13", "15", "15", "16", "16"]
+
+
+@pytest.mark.parametrize("names", [
+    [f"ISIC_{n:07d}" for n in range(8)],  # one token for every file: one entity, no patient
+    [f"view{v}_{n}" for n in range(4) for v in (1, 2)],  # two views: two groups of all files
+    [f"{p}_left" for p in (10, 13, 15, 16)] + [f"{p}_right" for p in (20, 23, 25, 26)],  # no patient twice
+])
+def test_a_leading_token_that_groups_no_patients_is_not_offered(tmp_path: Path, names: list[str]) -> None:
+    assert discover(load_job(_eyepacs(tmp_path, "image", names))).warnings == []
+
+
 def test_an_entity_column_of_one_file_each_warns_when_a_patient_column_exists(tmp_path: Path) -> None:
     job = _nih(tmp_path)
     doc = yaml.safe_load(job.read_text())

@@ -1375,6 +1375,8 @@ _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?
 #: What a column named after the patient may hold that is no id: "Patient Age", "Patient Sex"
 _PATIENT_ATTRIBUTE = re.compile(r"(?<![a-z])(?:age|sex|gender|weight|height|size|birth|dob|date|time|race|"
                                 r"ethnicity|position|orientation|comments?|notes?)(?![a-z])", re.IGNORECASE)
+#: A file name's leading token, before its first ``_`` or ``-`` (``10`` of ``10_left.jpeg``)
+_LEADING_TOKEN = re.compile(r"^([^_.-]+)([_-])")
 _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
 
 
@@ -1439,7 +1441,33 @@ def _path_part_hint(refs: RefTable, *, hide_ids: bool) -> str | None:
             component = len(relpaths[0].split("/")) + part
             example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
             return f"{example} (entity: {{component: {component}}})"
-    return None
+    return _file_name_hint(relpaths, hide_ids=hide_ids)
+
+
+def _file_name_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
+    """The leading token of the file names, before a ``_`` or ``-``, where it looks like a patient
+    id that groups the files (Diabetic Retinopathy's ``10_left.jpeg``, ``10_right.jpeg``): it holds
+    a digit, most files share theirs with another file, and it makes several entities, none
+    holding most files (``ISIC_0000000``'s ``ISIC``, a ``view1_``/``view2_`` prefix group nothing).
+    Its place and the ``entity: {path: REGEX}`` that reads it; None where it does not look so."""
+    tokens, seps = [], set()
+    for rel in relpaths:
+        found = _LEADING_TOKEN.match(rel.rsplit("/", 1)[-1])
+        if found is None or not any(c.isdigit() for c in found.group(1)):
+            return None
+        tokens.append(found.group(1))
+        seps.add(found.group(2))
+    counts = Counter(tokens)
+    shared = sum(n for n in counts.values() if n > 1)
+    if len(counts) < 3 or 2 * shared < len(tokens) or 2 * max(counts.values()) > len(tokens) \
+            or len(tokens) > 20 * len(counts):
+        return None
+    token = r"\d+" if all(t.isdigit() for t in counts) else r"[^/_.-]+"
+    sep = next(iter(seps)) if len(seps) == 1 else "[_-]"
+    at = "^" if all("/" not in rel for rel in relpaths) else "(?:^|/)"
+    end = "" if at == "^" else "[^/]*$"
+    example = "the leading part of the file names" if hide_ids else f"the leading part {tokens[0]!r} of the file names"
+    return f"{example} (entity: {{path: '{at}(?P<entity>{token}){sep}{end}'}})"
 
 
 def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[str], rows: Mapping[str, TableRow],
