@@ -169,6 +169,51 @@ def test_the_index_lists_only_kept_entries_and_damaged_bytes_are_decoded_again(
     assert len(np.load(cache / INDEX_NAME)) == 2 * (FILES + 2)
 
 
+def test_an_entry_whose_records_or_signatures_were_damaged_is_decoded_again_and_said_so(
+        tree: PhotoTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The samples' bytes are checked against the digests in an entry's records, and the records
+    and the near-copy signatures against the sha256s written with them: one character of a
+    sample's record changed (its shape, its entity) or a signature row zeroed (a block of zeros:
+    the .npy header and length intact) makes the entry's files decoded again, as the build says,
+    and the version is the one a build with an empty cache makes. An entry written before
+    records were checked (no digest) simply misses."""
+    build_tree(tree, tmp_path, "out", "cache")
+    cache = cache_folder(tmp_path, "cache")
+    entries = sorted(p for p in cache.glob("*.json") if not p.name.endswith(".packed.json"))
+    assert len(entries) >= 4
+    shape, entity, signed, old = entries[:4]
+    text = shape.read_text()
+    assert '"shape":[3,16,16]' in text
+    shape.write_text(text.replace('"shape":[3,16,16]', '"shape":[3,16,17]', 1))
+    text = entity.read_text()
+    first_entity = json.loads(text)["samples"][0]["ref"]["entity"]
+    entity.write_text(text.replace(f'"entity":"{first_entity}"', f'"entity":"{first_entity}x"', 1))
+    signatures = cache / signed.name.replace(".json", ".sig.npy")
+    rows = np.load(signatures, mmap_mode="r+")
+    assert rows.dtype == SIGNATURE_DTYPE
+    rows[0] = np.zeros((), dtype=rows.dtype)
+    rows.flush()
+    del rows
+    record = json.loads(old.read_text())
+    record.pop("records_sha256", None)  # as an entry of an earlier format
+    old.write_text(json.dumps(record))
+    files = {p: len(json.loads(p.read_text())["units"]) for p in (shape, entity, signed, old)}
+    capsys.readouterr()
+
+    second = build_tree(tree, tmp_path, "out", "cache", quiet=False)
+    said = capsys.readouterr().out
+    assert second.files_decoded == sum(files.values())
+    (line,) = [line for line in said.splitlines() if "did not check out" in line]
+    damaged = files[shape] + files[entity] + files[signed]
+    assert line.startswith(f"packer: decoded {damaged} files again: the build cache's entries holding them did not "
+                           "check out (")
+    assert f"{shape}: its records do not match the sha256 written with them" in line
+    assert f"{entity}: its records do not match the sha256 written with them" in line
+    assert f"{signatures}: its near-copy signatures do not match the sha256 its records hold" in line
+    assert str(old) not in line
+    same_as_fresh(tree, tmp_path, second, "damaged-records")
+
+
 def test_a_series_is_one_unit_a_new_slice_decodes_its_series_only_a_relabelled_one_nothing(tmp_path: Path) -> None:
     """A kind that groups its files before decoding (DICOM series stacked with their neighbours)
     reuses by group: a slice added to one series decodes that series, the others are copied; a

@@ -59,6 +59,7 @@ from packer.pipeline.nearcopy import read_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.pipeline.spill import (
     CACHE_FORMAT,
+    DamagedEntry,
     SpillReader,
     cache_output,
     checked_chain,
@@ -115,16 +116,20 @@ class CopiedSample:
 class DamagedUnit:
     """A unit an earlier entry holds whose bytes no longer check out where they are: it is
     decoded again. ``where``: the file a sample of it was read back from (a published shard,
-    or the spill in the build cache); ``sample_ids``: the unit's files."""
+    or the spill in the build cache), or the entry's file that did not check out; ``sample_ids``:
+    the unit's files; ``entry``: why the entry itself was not reused (its records or signatures
+    did not check out, :class:`~packer.pipeline.spill.DamagedEntry`, or could not be read), ``""``
+    where only the unit's bytes did not."""
 
     where: str
     sample_ids: tuple[str, ...]
+    entry: str = ""
 
 
 @dataclass(frozen=True)
 class Copies:
     """What :func:`copy_units` found: the units copied, by unit key, and the units it could not
-    copy because their bytes did not check out (each decoded again)."""
+    copy because their bytes, or their entry's records, did not check out (each decoded again)."""
 
     units: dict[str, CopiedUnit]
     damaged: tuple[DamagedUnit, ...] = ()
@@ -267,7 +272,9 @@ def _units_held(cache_dir: Path, key: str) -> set[str]:
 def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Unit], refs: Sequence[SampleRef],
                job: JobConfig) -> Copies:
     """What the earlier entries ``found`` (:func:`find_earlier`) hold for each of ``units``,
-    checked: an entry whose records are damaged gives nothing, and its units are decoded again.
+    checked: an entry whose records or signatures do not match the digests written with them
+    (:func:`~packer.pipeline.spill.check_entry`), or cannot be read, gives nothing, and its units
+    are decoded again, reported in :attr:`Copies.damaged` with the file and why.
     An entry's bytes are checked whole against its digests (each sample's, the digest chained
     over all); where that fails (a published shard it reads back from was damaged, its spill was
     cut short), each wanted unit is checked on its own (:func:`_check_each`) and only the units
@@ -286,8 +293,14 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     for chunk, wanted in sorted(by_chunk.items()):
         try:
             taken, bad = _copy_from(cache_dir, chunk, wanted)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            continue  # a damaged entry: its units are decoded again
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            # a damaged entry: its units are decoded again, and the build says why
+            where, why = ((str(err.path), err.why) if isinstance(err, DamagedEntry) else
+                          (str(records_path(cache_dir, chunk)),
+                           f"its records could not be read ({type(err).__name__}: {err})"))
+            damaged.extend(DamagedUnit(where, unit.sample_ids, entry=why) for unit in units
+                           if unit.key in found and found[unit.key].chunk == chunk)
+            continue
         held_units.update(((chunk, key), unit) for key, unit in taken.items())
         damaged.extend(bad)
     new_refs = {ref.sample_id: ref for ref in refs}
@@ -472,12 +485,19 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
     check out) were read from: a published version folder that is gone (one line per build, all
     such folders), or a published shard whose bytes changed (one warning each: its path, its
     sha256 and size found against what its version's manifest records, how many files were
-    decoded again because of it, and the ``packer verify`` that checks that version). Damage
-    inside the build cache itself (a spill cut short by an interrupted build) is redone without
-    a word, as a damaged cache entry always was. ``keep_spill``: how the caller spells the
+    decoded again because of it, and the ``packer verify`` that checks that version), or an
+    entry in the build cache whose records or signatures did not check out (one line: each such
+    file and why). A spill in the build cache cut short by an interrupted build is redone
+    without a word. ``keep_spill``: how the caller spells the
     option that keeps a copy of the bytes in the cache."""
     by_file: dict[str, set[str]] = defaultdict(set)
+    entries: dict[str, str] = {}  # an entry's file that did not check out -> why
+    entry_ids: set[str] = set()
     for unit in damaged:
+        if unit.entry:
+            entries[unit.where] = unit.entry
+            entry_ids.update(unit.sample_ids)
+            continue
         by_file[unit.where].update(unit.sample_ids)
     inside = cache_dir.resolve()
     gone: dict[str, set[str]] = defaultdict(set)
@@ -496,12 +516,22 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
                         f"out, so {'that file was' if len(ids) == 1 else 'those files were'} decoded again. Check "
                         f"that version with `packer verify {path.parent}`")
     lines = []
+    if entries:
+        named = sorted(entries.items())
+        listed = "; ".join(f"{where}: {why}" for where, why in named[:3])
+        more = f"; and {len(named) - 3} more entries" if len(named) > 3 else ""
+        lines.append(f"packer: decoded {_files(len(entry_ids))} again: the build cache's entries holding them did not "
+                     f"check out ({listed}{more}); the rest of the cache was reused")
     if gone:
         count = len(set().union(*gone.values()))
         lines.append(f"packer: decoded {count} files again: the build cache read their samples back from "
                      f"{', '.join(sorted(gone))}, which is not there: a version removed, or one an interrupted "
                      f"build never published ({keep_spill} keeps a copy in the cache instead)")
     return DamageReport(tuple(lines), tuple(warnings), frozenset(shards))
+
+
+def _files(count: int) -> str:
+    return "1 file" if count == 1 else f"{count} files"
 
 
 def _shard_found(path: Path) -> str:

@@ -6,7 +6,8 @@ all named by the chunk's key:
 - ``<key>.spill``: every sample's C-order pixel bytes followed by its canonical-JSON metadata,
   one after another (:class:`SpillWriter` writes it, :func:`read_spilled` reads one sample);
 - ``<key>.json``: the records (:class:`~packer.records.SpilledSample` offsets, sizes, sha256s,
-  the chunk's issues), with the spill's size and a digest chained over the samples' digests;
+  the chunk's issues), with the spill's size, a digest chained over the samples' digests, the
+  signature file's sha256 and a sha256 over the records themselves (:func:`check_entry`);
 - ``<key>.sig.npy``: the near-copy signatures (:mod:`packer.pipeline.nearcopy`).
 
 The spill is a second copy of the dataset, so a build consumes it: a tar shard's task frees
@@ -23,7 +24,8 @@ The key (:func:`chunk_key`) covers :data:`CACHE_FORMAT`, the library versions (p
 digest of its source, :func:`packer.manifest.decoding_libraries`), the parts of the
 job that shape samples and each file's path, table values and fingerprint, so an entry is
 reused only for the same source version and processing config. :func:`load_cached_chunk`
-re-checks an entry's sizes and digests before it is reused; a damaged entry is redone.
+re-checks an entry's records, signatures, sizes and digests before it is reused; a damaged
+entry is redone.
 Cache files are written without fsync, under a temporary name renamed into place.
 """
 
@@ -357,8 +359,8 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
         units = b"".join(index_keys(unit, move) for unit, _, move in unit_records(data))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None  # a damaged cache entry is simply recomputed
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None  # a damaged cache entry is recomputed: its units copied where they check out, else decoded
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
                        units=units)
 
@@ -377,19 +379,67 @@ def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], st
             for listed in data["units"]]
 
 
+#: The records file's key holding :func:`records_digest` of the rest of the records
+RECORDS_CHECK = "records_sha256"
+
+
+class DamagedEntry(ValueError):
+    """A cache entry's records or near-copy signatures do not match the digests written with them
+    (a flipped bit, a block of zeros, an edit): the entry is not reused, its files are decoded
+    again. ``path``: the file that did not check out; ``why``: what was found."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = path, why
+
+
+def records_digest(body: Mapping[str, Any]) -> str:
+    """The sha256 an entry's records carry (:data:`RECORDS_CHECK`) over the rest of them, in
+    canonical JSON: their sample records (shapes, dtypes, refs, digests), issues, notes,
+    exclusions, units, and the sha256 of the signature file (``signatures_sha256``)."""
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def check_entry(cache_dir: Path, key: str, data: Mapping[str, Any]) -> None:
+    """Raise :class:`DamagedEntry` unless entry ``key``'s records ``data`` (parsed) match the
+    digest written with them and its signature file, where it has one, the sha256 they record
+    of it. One sha256 over a small JSON and one over the signatures: the samples' bytes are
+    checked against their own digests by the caller, not hashed here."""
+    body = {name: value for name, value in data.items() if name != RECORDS_CHECK}
+    if records_digest(body) != data[RECORDS_CHECK]:
+        raise DamagedEntry(records_path(cache_dir, key),
+                           "its records do not match the sha256 written with them (damaged on disk, or edited)")
+    wanted = body.get("signatures_sha256")
+    if wanted is None:
+        return
+    path = cache_dir / signature_name(key)
+    try:
+        found = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        raise DamagedEntry(path, f"its near-copy signatures could not be read ({err.strerror or err})") from err
+    if found != wanted:
+        raise DamagedEntry(path, "its near-copy signatures do not match the sha256 its records hold "
+                                 "(damaged on disk, or edited)")
+
+
 def read_entry(cache_dir: Path, key: str) -> tuple[dict[str, Any], tuple[SpilledSample, ...]] | None:
     """A cache entry's records (the parsed ``<key>.json``) and its samples, each naming where its
     bytes are now: the spill file, or (once a build consumed it) the ``.packed.json`` pointer
     into the published shards. A sample the entry holds by reference (:func:`referenced_name`)
     is read through the earlier entry's pointer until a build publishes this one's. None when
     the records are missing or the bytes are nowhere (or the spill is not the size recorded).
-    Nothing is verified beyond that: the caller checks the samples' digests. Raises OSError,
-    ValueError, KeyError or TypeError for damaged records."""
+    The records and the signature file are checked against the digests written with them
+    (:func:`check_entry`: raises :class:`DamagedEntry`); the samples' bytes are not: the caller
+    checks them against the samples' digests. Raises OSError, ValueError, KeyError, TypeError or
+    AttributeError for records that cannot be read."""
     records = records_path(cache_dir, key)
     spill, packed = spill_path(cache_dir, key), packed_path(cache_dir, key)
     if not records.is_file():
         return None
     data = json.loads(records.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or RECORDS_CHECK not in data:
+        return None  # an entry written before its records were checked: missed, its files decoded again
+    check_entry(cache_dir, key, data)
     samples = tuple(SpilledSample(**{**s, "ref": ref_from_json(s["ref"]), "shape": tuple(s["shape"])})
                     for s in data["samples"])
     if spill.is_file():
@@ -883,9 +933,13 @@ class SpillWriter:
         where there are some, so other entries keep their bytes; ``units``: each unit of
         per-file reuse's key, the ids of its files and its move key, ``""`` for none,
         :mod:`packer.pipeline.filecache`)."""
+        signed = b""
         if self.sig_dir is not None:
+            buffer = io.BytesIO()
+            write_signatures(buffer, self._signatures)
+            signed = buffer.getvalue()
             with cache_output(self.sig_dir / self.sig_name) as fh:
-                write_signatures(fh, self._signatures)
+                fh.write(signed)
         if self.cache_dir is not None:
             if self.samples and not self._offset:  # every sample held by reference: no spill file of its own
                 (self.cache_dir / self.spill_name).unlink(missing_ok=True)
@@ -897,5 +951,8 @@ class SpillWriter:
                 record["notes"] = [list(note) for note in notes]
             if excluded:
                 record["excluded"] = [asdict(e) for e in excluded]
+            if self.sig_dir is not None:  # the signatures, checked with the records before reuse (check_entry)
+                record["signatures_sha256"] = hashlib.sha256(signed).hexdigest()
+            record[RECORDS_CHECK] = records_digest(record)
             with cache_output(records_path(self.cache_dir, self.key)) as fh:
                 fh.write(canonical_json(record))
