@@ -511,6 +511,33 @@ def test_one_damaged_shard_decodes_only_the_files_whose_samples_in_it_no_longer_
     same_as_fresh(tree, tmp_path, second, f"damaged-{added}")
 
 
+def test_a_shard_missing_from_a_version_that_is_there_is_named_not_the_version_called_gone(
+        tree: PhotoTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One shard lost from the version the cache reads back from (a partial copy, a hand's rm):
+    the files whose samples it held are decoded again, and the build names that shard and the
+    `packer verify` that checks its version; it does not say the version folder is gone (that
+    sends the user hunting for a removed version)."""
+    first = build_tree(tree, tmp_path, "out", "cache")
+    shard, _ = flip_pixel_byte(first.version_dir, "p0100.png")
+    held = [r for r in pq.read_table(first.version_dir / "_index.parquet", columns=["key", "shard"]).to_pylist()
+            if r["shard"] == shard.name]
+    shard.unlink()
+    capsys.readouterr()
+
+    second = build_tree(tree, tmp_path, "out", "cache", quiet=False)
+    said = capsys.readouterr()
+    assert second.files_decoded == len(held) > 0
+    assert "which is not there" not in said.out
+    version = first.version_dir.resolve()
+    (warned,) = [line for line in said.err.splitlines() if str(version / shard.name) in line]
+    whose = "1 file's samples" if len(held) == 1 else f"{len(held)} files' samples"
+    assert warned == (f"packer: warning: {version / shard.name}: it is missing from its version folder, which is "
+                      f"there: the build cache's {whose} read back from it did not check out, so "
+                      f"{'that file was' if len(held) == 1 else 'those files were'} decoded again. Check that "
+                      f"version with `packer verify {version}`")
+    same_as_fresh(tree, tmp_path, second, "missing-shard")
+
+
 def test_a_rebuild_of_the_same_version_restores_its_damaged_and_missing_files(
         tree: PhotoTree, tmp_path: Path) -> None:
     """A rebuild that finds its version folder already built, with one shard damaged in place

@@ -471,8 +471,9 @@ def write_file_index(cache_dir: Path, entries: Iterable[tuple[str, bytes]]) -> i
 @dataclass(frozen=True)
 class DamageReport:
     """What a build says about the bytes its cache could not reuse (:func:`damage_report`):
-    ``lines`` for its output (each version folder gone, as before) and ``warnings`` (each
-    damaged published shard named, with its sha256 found and the one its manifest records);
+    ``lines`` for its output (each version folder gone, as before; entries whose records did not
+    check out) and ``warnings`` (each damaged published shard named, with its sha256 found and
+    the one its manifest records, or each missing one of a version folder that is there);
     ``shards``: those shards' paths, resolved, so that the pack pass does not warn of them again."""
 
     lines: tuple[str, ...]
@@ -483,7 +484,8 @@ class DamageReport:
 def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: str) -> DamageReport:
     """Name where the bytes of ``damaged`` (the units decoded again because their bytes did not
     check out) were read from: a published version folder that is gone (one line per build, all
-    such folders), or a published shard whose bytes changed (one warning each: its path, its
+    such folders), or a published shard of a version folder that is there, missing or whose
+    bytes changed (one warning each: its path, that it is missing or its
     sha256 and size found against what its version's manifest records, how many files were
     decoded again because of it, and the ``packer verify`` that checks that version), or an
     entry in the build cache whose records or signatures did not check out (one line: each such
@@ -507,12 +509,13 @@ def damage_report(cache_dir: Path, damaged: Iterable[DamagedUnit], keep_spill: s
         path = Path(where)
         if path.resolve().is_relative_to(inside):
             continue
-        if not path.exists():
+        if not path.parent.is_dir():  # the version folder itself: removed, or never published
             gone[str(path.parent)].update(ids)
             continue
         shards.add(str(path.resolve()))
         whose = "1 file's samples" if len(ids) == 1 else f"{len(ids)} files' samples"
-        warnings.append(f"{path}: {_shard_found(path)}: the build cache's {whose} read back from it did not check "
+        found = _shard_found(path) if path.exists() else "it is missing from its version folder, which is there"
+        warnings.append(f"{path}: {found}: the build cache's {whose} read back from it did not check "
                         f"out, so {'that file was' if len(ids) == 1 else 'those files were'} decoded again. Check "
                         f"that version with `packer verify {path.parent}`")
     lines = []
