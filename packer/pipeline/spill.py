@@ -165,7 +165,12 @@ class CachedChunk:
 #: is ``bad_geometry``; ``ISO_IR100`` reads as ``ISO_IR 100``; numeric JSON cells true/[3] are no numbers.
 #: 53: a multi-frame projection without Plane Position is ``not_requested`` in a series job; ``where:`` and
 #: ``label: {attribute:}`` read a keyword absent at the top level from the functional groups.
-CACHE_FORMAT = 53
+#: 54: zero padding past native Pixel Data and a one-slice series with Spacing Between Slices 0 are
+#: accepted (both after 53, unbumped); a TIFF mask's damaged strips are ``mask_unreadable`` and a deep
+#: WhiteIsZero mask keeps its ids; a JPEG turns by its first EXIF segment; a slide's LABEL/OVERVIEW/
+#: THUMBNAIL images are ``not_requested`` and Specimen Label in Image YES is burned-in text; running out
+#: of memory is no bad sample; an entry's records and signatures carry digests checked on reuse.
+CACHE_FORMAT = 54
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
