@@ -251,16 +251,7 @@ def test_a_file_of_an_image_class_without_pixel_data_stays_a_bad_sample(tmp_path
 def test_the_dicomdir_at_the_root_of_an_export_is_left_out_as_not_image(tmp_path: Path) -> None:
     # every CD/DVD export has one: its SOP class (Media Storage Directory Storage) is in the file
     # meta only, so it read as a file of no class without pixels, a no_pixel_data bad sample
-    ds = Dataset()
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds.file_meta.MediaStorageSOPClassUID = MediaStorageDirectoryStorage
-    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
-    ds.FileSetID, ds.FileSetConsistencyFlag, ds.DirectoryRecordSequence = "EXPORT", 0, DicomSequence([])
-    ds.OffsetOfTheFirstDirectoryRecordOfTheRootDirectoryEntity = 0
-    ds.OffsetOfTheLastDirectoryRecordOfTheRootDirectoryEntity = 0
-    path = tmp_path / "DICOMDIR"
-    ds.save_as(path, enforce_file_format=True)
+    path = _dicomdir(tmp_path / "DICOMDIR")
     found = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=())
     assert isinstance(found, Excluded) and found.why == "not_image", found
     assert "Media Storage Directory Storage" in found.detail
