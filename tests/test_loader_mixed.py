@@ -5,6 +5,7 @@ batch is refused by name; bench-loader and train.py handle it."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import shutil
 import subprocess
@@ -431,3 +432,36 @@ def test_a_view_label_that_names_no_class_is_a_config_error(label: object, label
 
     with pytest.raises(ConfigError, match=said):
         _label_name(label, label_map, "m")
+
+
+@pytest.mark.parametrize("saved,resumed", [({"labels": ["square", "nodule"]}, {"labels": ["nodule", "square"]}),
+                                           ({"sources": ["photos", "ct"]}, {"sources": {"ct", "photos"}})])
+def test_a_view_is_a_set_so_its_listed_order_does_not_refuse_a_resume(mixed: BuildResult, saved: dict[str, Any],
+                                                                       resumed: dict[str, Any]) -> None:
+    """A view keeps the rows whose source and label are in it: ``labels=["a", "b"]`` and
+    ``["b", "a"]`` deliver the same batches, yet a state saved for one was refused by the other
+    ("saved for another dataset configuration"), and a view from a Python set (another order in
+    each process) could never resume."""
+    def loader(view: dict[str, Any]) -> Any:
+        return make_loader(ShardDataset(mixed.manifest_path, "train", seed=4, shuffle_buffer=8, **view), 3,
+                           collate="list")
+
+    whole = keys_of(loader(saved))
+    assert keys_of(loader(resumed)) == whole
+    first = loader(saved)
+    head = [key for batch in itertools.islice(first, 2) for key in batch["key"]]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    label_map = mixed.manifest["label_map"]
+    if "labels" in saved:  # recorded in label-map order, sources sorted
+        assert state["labels"] == sorted(saved["labels"], key=label_map.__getitem__)
+    else:
+        assert state["sources"] == sorted(saved["sources"])
+    later = loader(resumed)
+    later.load_state_dict(state)
+    assert head + keys_of(later) == whole
+    # a state a packer saved before the view was recorded canonically keeps the listed order
+    key = next(iter(saved))
+    later = loader(resumed)
+    later.load_state_dict({**state, key: list(saved[key])})
+    assert head + keys_of(later) == whole

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -116,6 +117,31 @@ def test_state_for_another_configuration_is_refused(manifest):
         other.load_state_dict(state)
 
 
+def test_without_shuffle_the_seed_and_buffer_do_not_refuse_a_resume(manifest):
+    """With ``shuffle=False`` the order is the packed order whatever ``seed`` and
+    ``shuffle_buffer``, yet an eval state saved with seed=0 was refused by seed=7. A transform
+    draws under the seed, so with one the seed still counts."""
+    def loader(seed: int, buffer: int, **kwargs):
+        return make_loader(ShardDataset(manifest, "train", shuffle=False, seed=seed, shuffle_buffer=buffer,
+                                        **kwargs), 3)
+
+    whole = take(loader(0, 5), 0)
+    assert whole == take(loader(7, 64), 0) == split_keys(sum(SIZES))
+    first = loader(0, 5)
+    head = take(first, 2)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert "seed" not in state and "shuffle_buffer" not in state
+    resumed = loader(7, 64)
+    resumed.load_state_dict(state)
+    assert head + take(resumed, 0) == whole
+    with pytest.raises(ConfigError, match="shuffle saved False, now True"):
+        make_loader(ShardDataset(manifest, "train", seed=0, shuffle_buffer=5), 3).load_state_dict(state)
+    augmented = loader(0, 5, transform=lambda image: image)
+    take(augmented, 1)
+    with pytest.raises(ConfigError, match="seed saved 0, now 7"):
+        loader(7, 5, transform=lambda image: image).load_state_dict(augmented.state_dict())
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_datasets_set_epoch_reshuffles_a_make_loader_as_the_loaders_does(manifest, workers):
     """``dataset.set_epoch(e)`` (what a plain DataLoader needs, and what torch habit calls) on
@@ -170,7 +196,6 @@ def test_set_epoch_that_drops_a_loaded_mid_epoch_position_says_so(manifest):
     ended = loader_for(manifest, workers=0, epoch=1)
     [b for b in ended]
     resumed.load_state_dict(ended.state_dict())
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.set_epoch(2)

@@ -593,7 +593,7 @@ class ShardLoader:
             raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
         # a state saved before its dataset's name@version was recorded cannot be checked for it
         wrong = {k: (state.get(k), v) for k, v in expected.items()
-                 if state.get(k) != v and not (k in UNRECORDED_BEFORE and k not in state)}
+                 if _as_sets(k, state.get(k)) != _as_sets(k, v) and not (k in UNRECORDED_BEFORE and k not in state)}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
                               + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"
@@ -633,6 +633,20 @@ def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_las
 
 #: Identity fields that states saved by older packers lack (not checked when absent).
 UNRECORDED_BEFORE = ("dataset",)
+
+
+def _as_sets(key: str, value: Any) -> Any:
+    """A loader-state value with its views' sources and labels sorted: a view is a set, and
+    states saved before ``identity`` recorded it canonically keep the order it was listed in."""
+    def names(v: Any) -> Any:
+        return sorted(map(str, v)) if isinstance(v, list) else v
+
+    if key in ("sources", "labels"):
+        return names(value)
+    if key == "mix" and isinstance(value, list):
+        return [{k: names(v) if k in ("view", "labels") else v for k, v in m.items()} if isinstance(m, dict) else m
+                for m in value]
+    return value
 
 
 def _state_text(key: str, value: Any) -> str:

@@ -568,12 +568,25 @@ class ShardDataset(PlannedDataset):
         self._warn_if_dropped(f"{self.info.manifest} split {split!r}")
 
     def identity(self) -> dict[str, Any]:
+        """Name@version, split, sample count, the order's settings and the view, canonically.
+
+        A view is a set (``load_view`` keeps the rows whose source and label are in it), so its
+        sources are recorded sorted and its labels in label-map order: ``labels=["b", "a"]`` and
+        ``["a", "b"]`` (or a Python set, ordered otherwise in each process) deliver the same
+        batches and resume each other's states. Without shuffle the order is the packed order
+        whatever the seed and ``shuffle_buffer``: the buffer is left out, and the seed too unless a
+        transform draws under it (:meth:`to_item`)."""
         view = self.view
+        sources = sorted(view.sources) if view is not None and view.sources is not None else None
+        labels = (sorted(view.labels, key=lambda name: (self.info.label_map[name], name))
+                  if view is not None and view.labels is not None else None)
+        order: dict[str, Any] = {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer}
+        if not self.shuffle:
+            del order["shuffle_buffer"]
+            if self.transform is None:
+                del order["seed"]
         return {"dataset": f"{self.info.name}@{self.info.version}", "split": self.info.split,
-                "samples": self.samples, "seed": self.seed, "shuffle": self.shuffle,
-                "shuffle_buffer": self.shuffle_buffer,
-                "sources": list(view.sources) if view is not None and view.sources is not None else None,
-                "labels": list(view.labels) if view is not None and view.labels is not None else None}
+                "samples": self.samples, **order, "sources": sources, "labels": labels}
 
     def _make_order(self, epoch: int) -> EpochOrder:
         """The whole split's order for ``epoch``."""
