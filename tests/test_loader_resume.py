@@ -201,6 +201,47 @@ def test_set_epoch_that_drops_a_loaded_mid_epoch_position_says_so(manifest):
         resumed.set_epoch(2)
 
 
+@pytest.mark.parametrize("world,uneven", [(1, "exact"), (3, "exact"), (3, "pad")])
+def test_a_state_saved_after_a_whole_drop_last_epoch_has_nothing_left_to_warn_about(manifest, world, uneven):
+    """Under ``drop_last`` an epoch ends before its dropped tail (20 samples, batch 3: 18 of 20;
+    a rank of 7 under 3 ranks: 6 of 7), yet set_epoch(next) after a state saved at such an
+    epoch's end warned that "the rest of epoch 1 will not be read", advice that re-runs an epoch
+    yielding nothing. A state saved mid-epoch still warns, counting what the epoch delivers."""
+    def loader(rank: int, epoch: int, ranks: int = world):
+        dataset = ShardDataset(manifest, "train", seed=7, shuffle_buffer=5, rank=rank, world_size=ranks,
+                               uneven=uneven)
+        made = make_loader(dataset, 3, drop_last=True)
+        made.set_epoch(epoch)
+        return made
+
+    for rank in range(world):
+        ended = loader(rank, 1)
+        take(ended, 0)
+        resumed = loader(rank, 0)
+        resumed.load_state_dict(ended.state_dict())
+        assert take(resumed, 0) == []                                 # epoch 1 has no batch left
+        resumed.load_state_dict(ended.state_dict())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resumed.set_epoch(2)
+        stopped = loader(rank, 1)
+        take(stopped, 1)
+        resumed.load_state_dict(stopped.state_dict())
+        delivered = 18 if world == 1 else 6                            # 20 // 3 * 3; 6 or 7 // 3 * 3
+        with pytest.warns(UserWarning, match=rf"discards the loader state loaded for epoch 1 \(3 of its {delivered} "):
+            resumed.set_epoch(2)
+    # a whole epoch under 2 ranks resumed under `world`: what the saved one left is a dropped tail too
+    ended = loader(0, 1, ranks=2)
+    take(ended, 0)
+    resumed = loader(0, 0)
+    resumed.load_state_dict(ended.state_dict())
+    assert take(resumed, 0) == []
+    resumed.load_state_dict(ended.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.set_epoch(2)
+
+
 def test_state_for_another_dataset_version_is_refused_by_name(manifest, tmp_path):
     """Only split, sample count, seed and view were compared, so a checkpoint taken on one
     dataset resumed into another of the same size (a rebuilt version, another dataset) and

@@ -40,7 +40,7 @@ from packer.errors import ConfigError
 from packer.keys import key_source
 from packer.loader.dataset import Item, PlannedDataset
 from packer.loader.readers import ShardReadError, own_message_first
-from packer.loader.sharding import Segment, derive_seed
+from packer.loader.sharding import Segment, derive_seed, plan_rank, rank_sequence
 
 log = logging.getLogger("packer.loader")
 
@@ -475,10 +475,20 @@ class ShardLoader:
 
     def _warn_if_resume_dropped(self, epoch: int) -> None:
         """Warn when ``set_epoch(epoch)`` throws away a state loaded for another epoch that had
-        samples left (a loop restarted at 0, or at the saved epoch + 1 by the script's own count)."""
-        state, total = self._state, len(self.dataset)
-        if not self._resume_pending or not (state.history or 0 < state.consumed < total):
+        samples left (a loop restarted at 0, or at the saved epoch + 1 by the script's own count).
+
+        Left: what this rank's plan of the saved epoch still holds, as ``iter()`` would read it
+        (history folded, ``drop_last`` applied), not ``len(dataset)``: under ``drop_last`` an epoch
+        ends before its dropped tail, and after a world-size change the saved segment may have
+        delivered everything."""
+        state = self._state
+        if not self._resume_pending or not (state.history or state.consumed > 0):
             return
+        current = self._segment(state.consumed)
+        order = self.dataset.epoch_order(state.epoch)
+        if not len(plan_rank(order, rank=self.dataset.rank, current=current, history=state.history).ids):
+            return
+        total = len(rank_sequence(order.sequence, rank=self.dataset.rank, segment=current)[0])
         done = f"{min(state.consumed, total)} of its {total} samples consumed" if not state.history else (
             "mid-epoch, under another world size")
         warnings.warn(f"set_epoch({epoch}) discards the loader state loaded for epoch {state.epoch} ({done}): the "
