@@ -308,6 +308,28 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+
+def folder_locks_work(folder: Path) -> bool:
+    """Whether the file system of ``folder`` takes the directory locks :func:`folder_lock` uses
+    (``flock``): True where a lock can be taken, or another process holds one; False where the
+    file system refuses them (some network file systems), where a build runs unguarded and
+    nothing can tell an interrupted build's leftovers from a running one's. Takes a shared lock
+    for a moment, never waits."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, busy: str) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``folder`` (opened read-only) for the ``with`` block; the

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError, FileSystemError
-from packer.files import folder_lock, human_bytes
+from packer.files import folder_lock, folder_locks_work, human_bytes
 from packer.manifest import MANIFEST_FILE
 from packer.versions import (
     TRASH_PREFIX,
@@ -73,7 +73,9 @@ class GcPlan:
     alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
     version folders a build stopped while publishing (no manifest), removed next. ``staging``:
     ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
-    symbolic links to folders (each with what it points to), left alone.
+    symbolic links to folders (each with what it points to), left alone. ``unguarded_staging``:
+    ``.staging-*`` folders on a file system without directory locks, left alone (a running
+    build's looks the same as an interrupted one's there).
     """
 
     root: Path
@@ -87,6 +89,7 @@ class GcPlan:
     elsewhere_bytes: int
     incomplete: tuple[str, ...] = ()
     linked: tuple[tuple[str, str], ...] = ()
+    unguarded_staging: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -94,6 +97,7 @@ class GcPlan:
                 "staging": list(self.staging), "trash": list(self.trash),
                 "incomplete": list(self.incomplete),
                 "linked": [{"folder": name, "target": target} for name, target in self.linked],
+                "unguarded_staging": list(self.unguarded_staging),
                 "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
 
@@ -133,6 +137,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     trash = tuple(o.folder for o in listing.others if o.kind == "trash" and o.folder not in link_names)
     incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete" and o.folder not in link_names)
     staging = tuple(o.folder for o in listing.others if o.kind == "staging" and o.folder not in link_names)
+    unguarded = () if not staging or folder_locks_work(listing.root) else staging
+    staging = () if unguarded else staging  # no lock to hold: a running build's staging looks the same
     gone = {v.folder for v in removed} | set(trash) | set(incomplete) | set(staging)
     freed = shared = elsewhere = 0
     for links in listing.files.values():
@@ -147,7 +153,7 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
-                  incomplete=incomplete, linked=linked)
+                  incomplete=incomplete, linked=linked, unguarded_staging=unguarded)
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
@@ -284,6 +290,9 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
         lines.append(f"  left alone: {name} (a symbolic link to {target}, not a folder a build of this dataset "
                      "wrote: gc never removes through a link; remove the link itself with rm if it is no longer "
                      "wanted)")
+    for name in plan.unguarded_staging:
+        lines.append(f"  left alone: {name} (a staging folder; this file system takes no directory locks, so a "
+                     "running build's cannot be told from an interrupted one's: remove it by hand once no build runs)")
     for name in plan.staging:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a staging folder an interrupted build "
                      "left; while a build runs, gc refuses and removes nothing)")

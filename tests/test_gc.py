@@ -597,3 +597,31 @@ def test_a_build_removes_the_staging_folders_an_interrupted_build_of_another_con
     assert not [p.name for p in root.iterdir() if p.name.startswith(".staging-")]
     assert (tmp_path / "outside" / "precious.txt").read_text() == "not the dataset's"
     assert verify_dataset(kept).ok
+
+
+def test_without_directory_locks_neither_build_nor_gc_removes_another_configurations_staging(
+        versions: Versions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the file system takes no directory locks (flock fails with ENOLCK on some network
+    file systems) a build runs unguarded, so another configuration's ``.staging-*`` folder may be
+    a running build's: a build and gc leave it, and gc's plan says why."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    root = dataset_copy(versions, tmp_path, created=created(versions))
+    running = root / ".staging-0123456789abcdef"
+    running.mkdir()
+    (running / "train-000000.tar").write_bytes(b"x" * 10_000)
+    raw = versions.out.parent / "raw"
+    job = load_job(write_job(tmp_path / "job", demo_job_doc(raw, tmp_path / "out", validate={"max_bad_fraction": 0.2})))
+    build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False, work_dir=tmp_path / "work"))
+    assert (running / "train-000000.tar").stat().st_size == 10_000
+    plan = invoke("gc", root, "--keep", "1")
+    assert plan.exit_code == 0, plan.output
+    assert f"left alone: {running.name} (a staging folder; this file system takes no directory locks" in plan.output
+    assert (running / "train-000000.tar").is_file()
+    assert json.loads(invoke("gc", root, "--keep", "1", "--dry-run", "--json").stdout)["unguarded_staging"] == [
+        running.name]

@@ -310,8 +310,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     options = options or BuildOptions()
     watched: list[_Watched] = []
     try:
-        with system_arrow_pool(), _one_build_at_a_time(job, options):
-            return _build(job, options, watched)
+        with system_arrow_pool(), _one_build_at_a_time(job, options) as locked:
+            return _build(job, options, watched, locked=locked)
     except (_ReportNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
@@ -402,7 +402,7 @@ def _vanished_folder(err: OSError, watched: Sequence[_Watched]) -> FileSystemErr
 
 
 @contextlib.contextmanager
-def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None]:
+def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[bool]:
     """Hold an exclusive lock (``flock``) on the dataset folder ``<output>/<name>/`` while the
     build runs. Two builds of one job into one output share its staging folder and build cache:
     each deleted the other's temporaries, and one died with an internal error. The second is
@@ -410,7 +410,8 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
     a file system without directory locks builds unguarded, as before. A folder made only to
     hold the lock is removed again when the build left nothing in it, before the lock is let go;
     a build refused by the lock leaves the folder be, even one it made itself: the build that
-    locked it a moment later holds it (removed, its lock would guard nothing)."""
+    locked it a moment later holds it (removed, its lock would guard nothing). Yields whether the
+    lock is held."""
     output, _ = resolve_output(options.out or job.output, options.work_dir)
     folder = output / job.name
     check_output_folder(folder, output=output, named_by=_output_named(options, output, remote=False))
@@ -431,22 +432,22 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[None
             f"{folder}: the output folder cannot be made there ({err.strerror or err}); choose a folder on a "
             f"writable file system ({surface().call('build', 'out', placeholder='DIR')})")) from err
     try:
-        lock.enter_context(folder_lock(folder, f"{folder}: another `packer build` of {job.name} into this folder is "
-                                               "running, or a `packer gc` of it (it holds the folder's lock); wait "
-                                               "for it to end, then build again: what a build decoded is in the "
-                                               "build cache"))
+        busy = (f"{folder}: another `packer build` of {job.name} into this folder is running, or a `packer gc` of "
+                "it (it holds the folder's lock); wait for it to end, then build again: what a build decoded is in "
+                "the build cache")
+        held = lock.enter_context(folder_lock(folder, busy))
     except OSError as err:
         refused = refused_write(err, folder, opening=True)
         if refused is not None:  # not permitted, read-only, full: said now, before any file is decoded
             remove_made()
             raise _RefusedBeforeWork(str(refused)) from err
-        yield  # a file system without directory locks: the build runs unguarded
+        yield False  # a file system without directory locks: the build runs unguarded
         return
     except ConfigError:  # another build holds the folder: it is that build's now, even where this one made it
         raise
     with lock:
         try:
-            yield
+            yield held
         finally:
             remove_made()  # while the lock is held: a build that starts now waits for it, or finds no folder
 
@@ -459,9 +460,11 @@ class _RefusedBeforeWork(FileSystemError):
     """The output folder could not be made: nothing was decoded yet."""
 
 
-def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched]) -> BuildResult:
+def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, locked: bool) -> BuildResult:
     """:func:`build`'s work; adds to ``watched`` the folders it writes into (the build cache, the
-    staging folder), for :func:`build` to name the one that vanished."""
+    staging folder), for :func:`build` to name the one that vanished. ``locked``: the dataset
+    folder's lock is held (other configurations' staging folders are then an interrupted
+    build's, and removed)."""
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     if remote is not None:  # an unknown protocol or a storage option the store does not take: before any decoding
         check_output_store(remote, options.storage_options)
@@ -496,7 +499,8 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched]) -> Bu
     stale = remove_stale_temporaries(cache_dir) + remove_stale_temporaries(dataset_root)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
-    _remove_stale_staging(dataset_root, staging, quiet=options.quiet)
+    if locked:  # unguarded (no directory locks), another configuration's build may be writing its own
+        _remove_stale_staging(dataset_root, staging, quiet=options.quiet)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
             _shared_probe(cache_dir) as probe, \
