@@ -482,7 +482,9 @@ class DatasetDiff:
         for item in self.relabeled:
             for name, column in self.target.relabel_counts(item.target_of("old"), item.target_of("new")):
                 out[name][column] += 1
-        for item in self.rekeyed:  # the same bytes under a new key, relabeled or not (a class folder fixed)
+        for item in self.rekeyed:  # the same bytes under a new key (a class folder fixed, or a rename)
+            if not self.target.relabeled(item.target_of("old"), item.target_of("new")):
+                continue  # renamed within its class: no relabel
             for name, column in self.target.relabel_counts(item.target_of("old"), item.target_of("new")):
                 out[name][column] += 1
         return {label: dict(sorted(out[label].items())) for label in sorted(out)}

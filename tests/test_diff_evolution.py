@@ -161,3 +161,19 @@ def test_a_file_moved_to_another_class_folder_is_paired_by_content_and_its_new_s
     again = diff_datasets(before, kept)
     assert len(again.rekeyed) == len(fixed) and not [c for c in again.rekeyed if c.split_changed]
     assert "leak risk" not in format_diff(again)
+
+
+def test_a_file_renamed_within_its_class_folder_is_rekeyed_and_counts_as_no_relabel(tmp_path: Path) -> None:
+    """A rekeyed sample (the same bytes under a new key) counts in by_label's relabeled columns
+    only where its class changed: renaming cat/img01.png to cat/renamed.png relabels nothing."""
+    raw = tmp_path / "raw"
+    for i in range(8):
+        _photo(raw / ("cat", "dog")[i % 2] / f"img{i:02d}.png", i)
+    source = {"kind": "image", "root": str(raw), "label": "folder"}
+    before = _build(_job(tmp_path / "v1", [source])).version_dir
+    (raw / "cat" / "img00.png").rename(raw / "cat" / "renamed.png")
+    after = _build(_job(tmp_path / "v2", [source])).version_dir
+    diff = diff_datasets(before, after)
+    assert len(diff.rekeyed) == 1 and diff.relabeled == ()
+    assert diff.rekeyed[0].old_label == diff.rekeyed[0].new_label == "cat"
+    assert not any(column.startswith("relabeled") for counts in diff.by_label().values() for column in counts)
