@@ -72,18 +72,30 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
     try:
         frames, height, width = kind.mask_grid(first)
         _check_header_size(data, height, width)
-        decoded = decode_mask(data, path)
-        if source.mask.classes is None and decoded.size and int(decoded.max()) > 255:
-            raise MaskError("mask_values", f"mask holds class id {int(decoded.max())}; ids above 255 must be "
-                                           "declared in the source's mask.classes (they make the masks uint16)")
-        mask = check_mask(decoded, height=height, width=width, frames=frames, classes=source.mask.classes)
+        mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames)
     except MaskError as err:
         return _issue(ref, err.reason, f"{ref.path}: mask {path}: {err.message}")
     if source.mask.empty == "bad" and not mask.any():
-        return _issue(ref, "mask_empty", f"{ref.path}: mask {path} is all background (0) and the source's "
-                                         "mask.empty is bad; fix the mask, or set empty: keep to pack it")
+        return _empty(ref, path)
     mask = mask.astype(source.mask.dtype, copy=False)
     return _placed(samples, kind.place_masks(samples, mask, source, job))
+
+
+def _checked(decoded: np.ndarray, what: str, source: SourceConfig, *, height: int, width: int,
+             frames: int) -> np.ndarray:
+    """``decoded`` (the mask, or one page of it: ``what``) checked against its image's grid and the
+    source's classes (:func:`check_mask`); ids above 255 must be declared. Raises MaskError."""
+    assert source.mask is not None
+    if source.mask.classes is None and decoded.size and int(decoded.max()) > 255:
+        raise MaskError("mask_values", f"{what} holds class id {int(decoded.max())}; ids above 255 must be "
+                                       "declared in the source's mask.classes (they make the masks uint16)")
+    return check_mask(decoded, height=height, width=width, frames=frames, classes=source.mask.classes)
+
+
+def _empty(ref: SampleRef, path: str) -> Issue:
+    """The ``mask_empty`` record of a mask that is all background under ``mask.empty: bad``."""
+    return _issue(ref, "mask_empty", f"{ref.path}: mask {path} is all background (0) and the source's "
+                                     "mask.empty is bad; fix the mask, or set empty: keep to pack it")
 
 
 def _placed(samples: list[Sample], out: list[np.ndarray]) -> list[Sample] | Issue:
@@ -123,16 +135,11 @@ def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceCon
                     f"{height}×{width} (height×width, as stored, before orientation and resize; the image's pages "
                     f"are {listed}); each mask page must label its own image page's pixels one to one, so save "
                     "the mask as a multi-page TIFF whose pages have the image pages' sizes"))
-            if source.mask.classes is None and page.size and int(page.max()) > 255:
-                raise MaskError("mask_values", f"mask page {number} holds class id {int(page.max())}; ids above 255 "
-                                               "must be declared in the source's mask.classes (they make the masks "
-                                               "uint16)")
-            checked.append(check_mask(page, height=height, width=width, frames=1, classes=source.mask.classes))
+            checked.append(_checked(page, f"mask page {number}", source, height=height, width=width, frames=1))
     except MaskError as err:
         return _issue(ref, err.reason, f"{ref.path}: mask {path}: {err.message}")
     if source.mask.empty == "bad" and not any(page.any() for page in checked):
-        return _issue(ref, "mask_empty", f"{ref.path}: mask {path} is all background (0) and the source's "
-                                         "mask.empty is bad; fix the mask, or set empty: keep to pack it")
+        return _empty(ref, path)
     # each frame's samples get that frame's mask: the kind places a one-frame mask on one frame's samples
     frame_of = {page: number for number, page in enumerate(sorted({int(s.metadata.get("page", 0)) for s in samples}))}
     out: list[np.ndarray | None] = [None] * len(samples)
