@@ -497,6 +497,18 @@ def resolve_window(spec: WindowSpec, offer: FileVoi, *, fallback: bool = False) 
     return VoiTransform(name=name, function=offer.function, source=prefix + "file", center=center, width=width)
 
 
+def displays_inverted(ds: Dataset, photometric: str) -> bool:
+    """Whether a grey image displays its minimum white: MONOCHROME1 (PS3.3 C.7.6.3.1.2), or
+    MONOCHROME2 under Presentation LUT Shape (2050,0020) INVERSE (C.11.6.1.2: the output after
+    inversion is in P-values, as DCMTK renders it; a DX/MG/CR "for presentation" image may carry
+    it). MONOCHROME1 with INVERSE, the value the standard pairs with it, is inverted once, as
+    MONOCHROME1 alone is; IDENTITY, an absent or any other value change nothing. The one place
+    every rendering step (windows, a z-score's sign, padding's and the border's black) asks."""
+    if photometric == "MONOCHROME1":
+        return True
+    return photometric == "MONOCHROME2" and (text_value(ds, "PresentationLUTShape") or "").upper() == "INVERSE"
+
+
 def pixel_spacing(ds: Dataset, frame: int) -> tuple[float, float] | None:
     """(row, column) spacing in mm from Pixel Measures (Enhanced) or top-level Pixel Spacing;
     ``None`` where it is absent or malformed (what a sample records; where the job resamples or

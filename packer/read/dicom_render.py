@@ -25,6 +25,7 @@ from packer.read.dicom_attrs import (
     DamagedElement,
     MalformedValue,
     checked_pixel_spacing,
+    displays_inverted,
     file_voi,
     modality_transform,
     pixel_spacing,
@@ -114,6 +115,7 @@ def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
     value = _in_bits_stored(value, bits_stored, signed=signed)
     limit = _in_bits_stored(limit, bits_stored, signed=signed)
     return (value, limit if value is not None else None)
+
 
 
 def _constant(stored: np.ndarray, mask: np.ndarray | None, photometric: str = "") -> str | None:
@@ -302,10 +304,12 @@ def _flat_file_luts(ref: SampleRef, array: np.ndarray, stored: np.ndarray, paddi
 def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, mask: np.ndarray | None,
                   cfg: DicomTransformConfig, photometric: str, color_bits: int,
                   resample_from: tuple[float, float] | None,
-                  luma: bool = False) -> tuple[np.ndarray, dict[str, Any]] | Issue:
+                  luma: bool = False, inverted: bool = False) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """One frame → (its C×H×W output array, frame metadata) or an Issue. ``resample_from``: the
     Pixel Spacing a ``transform.dicom.spacing`` resample starts from (this frame's, or frame 0's
-    for a stack). ``luma``: a colour frame becomes its one-channel luma (:func:`render_luma`)."""
+    for a stack). ``luma``: a colour frame becomes its one-channel luma (:func:`render_luma`).
+    ``inverted``: a grey frame displays its minimum white
+    (:func:`~packer.read.dicom_attrs.displays_inverted`)."""
     spacing = pixel_spacing(ds, frame)
     # a resampled volume's slice stays unrounded (float32): the volume is quantised once, resampled
     output = UNROUNDED if cfg.unrounded else cfg.output
@@ -341,17 +345,17 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
             return flat
     specs = cfg.windows_for(text_value(ds, "Modality"))
     if cfg.output == "float16" and any(spec.normalises for spec in specs):
-        return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, photometric, spacing,
+        return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, inverted, spacing,
                                   finish)
     if cfg.output == "float16":
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask,
-                                          monochrome1=photometric == "MONOCHROME1")
+                                          monochrome1=inverted)
         except ValueError as err:  # values float16 cannot hold would be infinite: non_finite, as the README says
             return _issue(ref, "transform", "non_finite",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")
-        # the border fit pads with displays black too: MONOCHROME1's largest value, inverted later
-        black = float(image.max() if photometric == "MONOCHROME1" else image.min())
+        # the border fit pads with displays black too: an inverted display's largest value, inverted later
+        black = float(image.max() if inverted else image.min())
         return finish(image, black), _frame_metadata(ds, frame, modality, (), spacing)
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
@@ -360,7 +364,7 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         flat = _flat_windows(ref, stored[:, :, 0], mask, modality, vois, cfg.output, frame)
         if flat is not None:
             return flat
-    array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=photometric == "MONOCHROME1",
+    array = finish_stored(stored[:, :, 0], modality, vois, monochrome1=inverted,
                           padding=padding_values(ds), mask=mask, pixel_spacing=resample_from, spacing=cfg.spacing,
                           size=cfg.size, policy=cfg.resize, output=output)
     if not cfg.by_series:
@@ -372,13 +376,14 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
 
 def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, padding: np.ndarray,
                        modality: ModalityTransform, cfg: DicomTransformConfig, specs: tuple[WindowSpec, ...],
-                       photometric: str, spacing: tuple[float, float] | None,
+                       inverted: bool, spacing: tuple[float, float] | None,
                        finish: Callable[[np.ndarray, list[float]], np.ndarray]
                        ) -> tuple[np.ndarray, dict[str, Any]] | Issue:
     """A grey frame with ``output: float16`` and a normalisation among its windows: every window is
-    a channel (windows and percentiles in [0, 1], MONOCHROME1 inverted as displayed; a z-score of
-    the frame's modality values over its non-padding (``over: nonzero``: non-zero) pixels, negated
-    for MONOCHROME1 so that bright means dense there too, its record ``inverted: true``), padding
+    a channel (windows and percentiles in [0, 1], ``inverted`` (MONOCHROME1, or MONOCHROME2 under
+    Presentation LUT Shape INVERSE) as displayed; a z-score of the frame's modality values over its
+    non-padding (``over: nonzero``: non-zero) pixels, negated where ``inverted`` so that bright
+    means dense there too, its record ``inverted: true``), padding
     and fit's border black (0; a z-score over all pixels: the frame's lowest, since 0 is its mean:
     :func:`~packer.transform.intensity.zscore_black`). (Without a
     normalisation, float16 keeps its meaning: one channel of modality values.)
@@ -397,16 +402,16 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
             channel = apply_zscore(values, stats)
             record = {"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
                       **stats.to_json()}
-            if photometric == "MONOCHROME1":  # inverted as its windows are: -z (a value is mean - z·std)
+            if inverted:  # inverted as its windows are: -z (a value is mean - z·std)
                 np.subtract(np.float32(0.0), channel, out=channel)  # +0.0 where z is 0, never -0.0
                 record["inverted"] = True
             records.append(record)
             # padding and fit's border are black: 0 is the mean under over: all, so there the
             # frame's lowest z-score; under nonzero, 0 (the background zeros stay 0 too)
-            black = zscore_black(stats, inverted=photometric == "MONOCHROME1")
+            black = zscore_black(stats, inverted=inverted)
         else:
             voi = by_spec[spec]
-            channel = apply_voi(values, voi, monochrome1=photometric == "MONOCHROME1")
+            channel = apply_voi(values, voi, monochrome1=inverted)
             records.append(voi.to_json())
             black = 0.0
         channel[padding] = black
@@ -496,6 +501,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     mask = None
     if photometric in GRAYSCALE:
         mask = padding_mask(pixels[..., 0], *padding_values(ds))
+    inverted = displays_inverted(ds, photometric)
+    if inverted and photometric != "MONOCHROME1":  # what MONOCHROME1 says for itself: a float16 reader inverts
+        base_metadata = {**base_metadata, "presentation_lut_shape": "INVERSE"}
     why = _constant(pixels, mask, photometric)
     if why is not None and not cfg.by_series:
         return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
@@ -541,7 +549,7 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     for frame in range(frames):
         spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
-                                 photometric, color_bits, resample_from=spacing, luma=luma)
+                                 photometric, color_bits, resample_from=spacing, luma=luma, inverted=inverted)
         if isinstance(rendered, Issue):
             return rendered
         array, meta = rendered

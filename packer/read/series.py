@@ -734,14 +734,17 @@ def volume_blacks(stacked: np.ndarray, metadata: dict[str, Any], output: str) ->
     window and percentiles (and under ``uint8``/``uint16`` and for colour); a z-score over all
     voxels, the volume's lowest z-score (each slice's own, its padding already its lowest);
     float16 modality values with no window, the volume's smallest value, its largest for
-    MONOCHROME1, which displays black once inverted (a slice's padding already holds its own)."""
+    MONOCHROME1 (or MONOCHROME2 under Presentation LUT Shape INVERSE: the slice records
+    ``presentation_lut_shape``), which displays black once inverted (a slice's padding already
+    holds its own)."""
     channels = stacked.shape[0]
     photometric = str(metadata.get("photometric_interpretation", "") or "")
     if output != "float16" or photometric not in ("", "MONOCHROME1", "MONOCHROME2") or stacked.size == 0:
         return [0.0] * channels
     windows = metadata.get("windows") or []
     if not windows and channels == 1:  # modality values, no window
-        return [float(stacked.max() if photometric == "MONOCHROME1" else stacked.min())]
+        inverted = photometric == "MONOCHROME1" or metadata.get("presentation_lut_shape") == "INVERSE"
+        return [float(stacked.max() if inverted else stacked.min())]
     return [float(stacked[c].min()) if isinstance(w, dict) and w.get("source") == "zscore" and w.get("over") == "all"
             else 0.0 for c, w in enumerate(windows[:channels])] + [0.0] * max(0, channels - len(windows))
 

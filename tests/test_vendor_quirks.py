@@ -1,0 +1,85 @@
+"""Vendor quirks of real DICOM files: attributes beside the pixels that change what they mean.
+
+Presentation LUT Shape INVERSE on a MONOCHROME2 radiograph, Float Pixel Padding Value on float
+pixel data, a palette whose LUT Data does not hold the entries its descriptor declares.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dicom_files import config, image_dataset, make_ref, save, window
+
+from packer.config import WindowSpec
+from packer.read.dicom import read_dicom
+from packer.records import Sample
+
+CR = "1.2.840.10008.5.1.4.1.1.1"  # CR Image Storage
+# 12-bit stored values 0, 1365, 2730, 4095 under Window 2048/4096 (LINEAR): y = (s - 2047.5)/4095 + 1/2
+STORED = np.array([[0, 1365], [2730, 4095]], dtype=np.uint16)
+LEVELS = np.rint(np.clip((STORED - 2047.5) / 4095 + 0.5, 0, 1) * 255)  # 0, 85, 170, 255: dark → bright
+
+
+def read(path: Path, *windows: WindowSpec, **kwargs: Any) -> list[Sample]:
+    result = read_dicom(make_ref(path), config(*windows, **kwargs))
+    assert isinstance(result, list), f"{result.reason}: {result.message}"
+    return result
+
+
+def radiograph(tmp_path: Path, name: str, photometric: str, shape: str | None, stored: np.ndarray = STORED,
+               **attrs: Any) -> Path:
+    ds = image_dataset(stored, photometric=photometric, modality="CR", sop_class=CR, bits_stored=12,
+                       WindowCenter=2048, WindowWidth=4096, **attrs)
+    if shape is not None:
+        ds.PresentationLUTShape = shape
+    return save(ds, tmp_path / f"{name}.dcm")
+
+
+# ---------------------------------------------------------------- Presentation LUT Shape (2050,0020)
+
+
+def test_monochrome2_with_presentation_lut_shape_inverse_is_rendered_inverted(tmp_path: Path) -> None:
+    """PS3.3 C.11.6.1.2: INVERSE means the output after inversion is in P-values: the minimum
+    displays white, as a viewer (DCMTK) shows it. A MONOCHROME2 CR with INVERSE is packed as its
+    MONOCHROME1 twin is, and its sample says why (``presentation_lut_shape``)."""
+    sample = read(radiograph(tmp_path, "inverse", "MONOCHROME2", "INVERSE"))[0]
+    np.testing.assert_array_equal(sample.image[0], 255 - LEVELS)
+    assert sample.metadata["presentation_lut_shape"] == "INVERSE"
+    assert sample.metadata["photometric_interpretation"] == "MONOCHROME2"  # the file's, as written
+    twin = read(radiograph(tmp_path, "mono1", "MONOCHROME1", None))[0]
+    np.testing.assert_array_equal(sample.image, twin.image)
+
+
+@pytest.mark.parametrize(("photometric", "shape", "expected"), [
+    ("MONOCHROME2", "IDENTITY", LEVELS), ("MONOCHROME2", None, LEVELS),
+    ("MONOCHROME1", "INVERSE", 255 - LEVELS),  # the value the standard pairs with MONOCHROME1: inverted once
+    ("MONOCHROME1", "IDENTITY", 255 - LEVELS), ("MONOCHROME1", None, 255 - LEVELS)])
+def test_identity_absent_and_monochrome1_with_inverse_keep_their_polarity(
+        tmp_path: Path, photometric: str, shape: str | None, expected: np.ndarray) -> None:
+    sample = read(radiograph(tmp_path, "cr", photometric, shape))[0]
+    np.testing.assert_array_equal(sample.image[0], expected)
+    assert "presentation_lut_shape" not in sample.metadata
+
+
+def test_inverse_padding_float16_fit_border_and_zscore_follow_the_inverted_display(tmp_path: Path) -> None:
+    """Everything MONOCHROME1 does for its inversion, MONOCHROME2 + INVERSE does: padding stays
+    black after inversion; float16 modality values (kept as stored, inverted by the window applied
+    later) give padding and fit's border the largest real value; a z-score is negated and says
+    ``inverted: true``."""
+    stored = np.array([[0, 1365], [2730, 4000]], dtype=np.uint16)
+    path = radiograph(tmp_path, "pad", "MONOCHROME2", "INVERSE", stored, PixelPaddingValue=4000)
+    np.testing.assert_array_equal(read(path)[0].image[0], [[255, 170], [85, 0]])  # padding: black
+    np.testing.assert_array_equal(read(path, output="float16")[0].image[0], [[0, 1365], [2730, 2730]])
+    boxed = read(path, output="float16", size=(2, 4), resize="fit")[0].image[0]
+    assert boxed[:, 0].tolist() == [2730, 2730] and boxed[:, -1].tolist() == [2730, 2730]
+    zscore = WindowSpec(kind="zscore", name="zscore-all", over="all")
+    sample = read(path, zscore, window(2048, 4096), output="float16")[0]
+    real = np.array([0.0, 1365.0, 2730.0])
+    z = (real - real.mean()) / real.std()
+    np.testing.assert_allclose(sample.image[0], [[-z[0], -z[1]], [-z[2], -z[2]]], rtol=1e-3)  # padding: lowest -z
+    assert sample.metadata["windows"][0]["inverted"] is True
+    np.testing.assert_allclose(sample.image[1], [[1.0, 2 / 3], [1 / 3, 0.0]], atol=1e-3)
+
