@@ -15,7 +15,7 @@ from dicom_files import config, image_dataset, make_ref, save, window
 
 from packer.config import WindowSpec
 from packer.read.dicom import read_dicom
-from packer.records import Sample
+from packer.records import Issue, Sample
 
 CR = "1.2.840.10008.5.1.4.1.1.1"  # CR Image Storage
 # 12-bit stored values 0, 1365, 2730, 4095 under Window 2048/4096 (LINEAR): y = (s - 2047.5)/4095 + 1/2
@@ -83,3 +83,69 @@ def test_inverse_padding_float16_fit_border_and_zscore_follow_the_inverted_displ
     assert sample.metadata["windows"][0]["inverted"] is True
     np.testing.assert_allclose(sample.image[1], [[1.0, 2 / 3], [1 / 3, 0.0]], atol=1e-3)
 
+
+# ---------------------------------------------------------------- Float Pixel Padding Value (0028,0122)/(0028,0123)
+
+PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
+TISSUE = np.array([[0.5, 1.0, 1.5], [2.0, 2.5, 3.0]])
+
+
+def float_map(tmp_path: Path, name: str, values: np.ndarray, *, double: bool = False, **attrs: Any) -> Path:
+    """An MR Parametric Map of Float Pixel Data (Double Float Pixel Data where ``double``)."""
+    ds = image_dataset(np.zeros(values.shape, np.uint16), modality="MR", sop_class=PARAMETRIC_MAP, **attrs)
+    del ds.PixelData
+    bits = 64 if double else 32
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = bits, bits, bits - 1
+    stored = values.astype(np.float64 if double else np.float32)
+    if double:
+        ds.DoubleFloatPixelData = stored.tobytes()
+    else:
+        ds.FloatPixelData = stored.tobytes()
+    return save(ds, tmp_path / f"{name}.dcm")
+
+
+def padded(value: float) -> np.ndarray:
+    """:data:`TISSUE` with a left column of ``value`` (outside the field of view)."""
+    return np.concatenate([np.full((2, 1), value), TISSUE], axis=1)
+
+
+@pytest.mark.parametrize(("double", "attrs"), [
+    (False, {"FloatPixelPaddingValue": -3024.0}),
+    (True, {"DoubleFloatPixelPaddingValue": -3024.0})])
+def test_float_pixel_padding_value_masks_float_pixel_data(tmp_path: Path, double: bool, attrs: dict[str, Any]
+                                                          ) -> None:
+    """PS3.3 C.7.5.1.1.2/C.7.6.3: Float Pixel Data marks its padding with Float Pixel Padding Value
+    (0028,0122), Double Float Pixel Data with (0028,0123); (0028,0120) is for integer pixels only.
+    The padding is masked as the integer one is: under float16 it takes the frame's smallest real
+    value, a percentiles window's statistics leave it out, and a window renders it black."""
+    path = float_map(tmp_path, "map", padded(-3024.0), double=double, **attrs)
+    np.testing.assert_array_equal(read(path, output="float16")[0].image[0], padded(0.5))
+    percentiles = WindowSpec(kind="percentiles", name="p0-100", low=0.0, high=100.0, over="all")
+    sample = read(path, percentiles)[0]
+    stats = sample.metadata["windows"][0]
+    assert (stats["low"], stats["high"], stats["count"]) == (0.5, 3.0, 6)
+    np.testing.assert_array_equal(sample.image[0], padded(0.5) * 0 + np.rint((padded(0.5) - 0.5) / 2.5 * 255))
+
+
+def test_float_pixel_padding_range_limit_masks_every_value_between(tmp_path: Path) -> None:
+    """Float Pixel Padding Range Limit (0028,0124): every value between it and the padding value,
+    inclusive, in either order, is padding."""
+    values = padded(-3024.0)
+    values[1, 0] = -1000.0
+    path = float_map(tmp_path, "range", values, FloatPixelPaddingValue=-1000.0,
+                     FloatPixelPaddingRangeLimit=-3024.0)
+    np.testing.assert_array_equal(read(path, output="float16")[0].image[0], padded(0.5))
+
+
+def test_a_float_map_with_only_the_integer_pixel_padding_value_is_read_as_before(tmp_path: Path) -> None:
+    """(0028,0120) on float pixel data is not what the standard says, but a writer that put it
+    there meant padding: without a float padding value it is masked as it always was."""
+    path = float_map(tmp_path, "int-pad", padded(0.0), PixelPaddingValue=0)
+    np.testing.assert_array_equal(read(path, output="float16")[0].image[0], padded(0.5))
+
+
+def test_a_float_map_whose_padding_is_every_pixel_names_the_float_padding_value(tmp_path: Path) -> None:
+    path = float_map(tmp_path, "all-pad", np.full((2, 3), -3024.0), FloatPixelPaddingValue=-3024.0)
+    result = read_dicom(make_ref(path), config())
+    assert isinstance(result, Issue) and result.reason == "constant_image", result
+    assert "(0028,0122) Float Pixel Padding Value" in result.message, result.message

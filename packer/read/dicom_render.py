@@ -117,11 +117,60 @@ def padding_values(ds: Dataset) -> tuple[int | None, int | None]:
     return (value, limit if value is not None else None)
 
 
+#: Float Pixel Data's and Double Float Pixel Data's own padding elements (PS3.3 C.7.6.24,
+#: C.7.5.1.1.2): (value keyword, range limit keyword, the pair's tags as messages name them).
+_FLOAT_PADDING = {
+    "FloatPixelData": ("FloatPixelPaddingValue", "FloatPixelPaddingRangeLimit",
+                       "(0028,0122) Float Pixel Padding Value / (0028,0124) Range Limit"),
+    "DoubleFloatPixelData": ("DoubleFloatPixelPaddingValue", "DoubleFloatPixelPaddingRangeLimit",
+                             "(0028,0123) Double Float Pixel Padding Value / (0028,0125) Range Limit"),
+}
 
-def _constant(stored: np.ndarray, mask: np.ndarray | None, photometric: str = "") -> str | None:
+
+def _as_float(value: Any) -> float | None:
+    """An FL/FD element value as a float; None when absent or empty."""
+    if isinstance(value, list | tuple | MultiValue):
+        value = value[0] if value else None
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DamagedElement(f"{value!r} is not a number")
+    return float(value)
+
+
+def _float_padding(ds: Dataset) -> tuple[tuple[float | None, float | None], str] | None:
+    """(padding value, range limit) of a Float or Double Float Pixel Data image that carries its
+    float padding value, and the pair's tags; None for any other. Raises
+    :class:`DamagedElement` when either is not a number."""
+    for pixels, (value_key, limit_key, named) in _FLOAT_PADDING.items():
+        if pixels in ds and ds.get(value_key) is not None:
+            try:
+                value, limit = _as_float(ds.get(value_key)), _as_float(ds.get(limit_key))
+            except DamagedElement as err:
+                raise DamagedElement(f"{named}: {err}") from err
+            return (value, limit if value is not None else None), named.split(" / ")[0]
+    return None
+
+
+def frame_padding(ds: Dataset, stored: np.ndarray) -> tuple[np.ndarray, str]:
+    """The padding mask of grey ``stored`` pixels (any shape; the decoded values) and the
+    element that marks it, as messages name it: Float Pixel Data's (0028,0122) Float Pixel
+    Padding Value and (0028,0124) Range Limit, Double Float Pixel Data's (0028,0123) and
+    (0028,0125), compared as floats (PS3.3 C.7.5.1.1.2: (0028,0120) is for integer pixels);
+    else (0028,0120)/(0028,0121) (:func:`padding_values`; also read, as it always was, where a
+    float image carries it instead of its own). Raises :class:`DamagedElement`."""
+    floats = _float_padding(ds)
+    if floats is not None:
+        return padding_mask(stored, *floats[0]), floats[1]
+    return padding_mask(stored, *padding_values(ds)), "(0028,0120) Pixel Padding Value"
+
+
+def _constant(stored: np.ndarray, mask: np.ndarray | None, photometric: str = "",
+              padding: str = "(0028,0120) Pixel Padding Value") -> str | None:
     """Why the image carries no information (all real pixels equal), or None.
 
-    ``stored`` is (frames, H, W, samples), as decoded; ``mask`` (frames, H, W) marks padding.
+    ``stored`` is (frames, H, W, samples), as decoded; ``mask`` (frames, H, W) marks padding,
+    which the element ``padding`` marks.
     A YBR file's pixels were converted to RGB by the decoder and a palette's looked up, so the
     value quoted for ``photometric`` other than grayscale and RGB is said to be that RGB value,
     not the stored one (all-zero YBR samples are [0, 135, 0] in RGB)."""
@@ -129,7 +178,7 @@ def _constant(stored: np.ndarray, mask: np.ndarray | None, photometric: str = ""
     if mask is not None and mask.any():  # copying out the real pixels only when there is padding
         flat = flat[~mask.reshape(-1)]
         if flat.shape[0] == 0:
-            return "every pixel equals the (0028,0120) Pixel Padding Value"
+            return f"every pixel equals the {padding}"
     # a sparse probe rejects almost every real image at once; the full comparison runs only
     # when ~64 spread-out pixels all equal the first one
     if flat.shape[0] and bool((flat[:: max(1, len(flat) // 64)] == flat[0]).all()) and bool((flat == flat[0]).all()):
@@ -498,19 +547,20 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     it is stacked, :meth:`packer.read.dicom_kind.DicomSeries.combine`).
     """
     frames = pixels.shape[0]
-    mask = None
+    mask, padded_by = None, "(0028,0120) Pixel Padding Value"
     if photometric in GRAYSCALE:
-        mask = padding_mask(pixels[..., 0], *padding_values(ds))
+        mask, padded_by = frame_padding(ds, pixels[..., 0])
     inverted = displays_inverted(ds, photometric)
     if inverted and photometric != "MONOCHROME1":  # what MONOCHROME1 says for itself: a float16 reader inverts
         base_metadata = {**base_metadata, "presentation_lut_shape": "INVERSE"}
-    why = _constant(pixels, mask, photometric)
+    why = _constant(pixels, mask, photometric, padded_by)
     if why is not None and not cfg.by_series:
         return _issue(ref, "validate", "constant_image", f"{why}; the image carries no information")
     if why is not None:
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
-    blank = _constant_frames(pixels, mask, cfg, photometric) if why is None and frames > 1 and not stack else {}
+    blank = (_constant_frames(pixels, mask, cfg, photometric, padded_by)
+             if why is None and frames > 1 and not stack else {})
     if cfg.spacing is not None:  # resampled by it: a malformed one raises (unreadable), never read as absent
         for frame in range(1 if stack else frames):
             checked_pixel_spacing(ds, frame)
@@ -594,7 +644,7 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
 
 
 def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTransformConfig,
-                     photometric: str = "") -> dict[int, str]:
+                     photometric: str = "", padding: str = "(0028,0120) Pixel Padding Value") -> dict[int, str]:
     """Frame → the warning its sample carries, for each frame of a multi-frame file (split into
     samples; the file as a whole not constant) whose every real pixel is equal: a slice of a
     series (``cfg.by_series``) is context, as a constant single-frame slice is, and is counted
@@ -602,7 +652,7 @@ def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTran
     among a file's good ones is seen (the file is not a bad sample: its other frames are good)."""
     notes: dict[int, str] = {}
     for frame in range(pixels.shape[0]):
-        why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1], photometric)
+        why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1], photometric, padding)
         if why is None:
             continue
         notes[frame] = constant_slice_note(why) if cfg.by_series else (

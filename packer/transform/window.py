@@ -174,12 +174,14 @@ def apply_voi_lut(x: np.ndarray, lut_descriptor: tuple[int, int, int], lut_data:
     return np.clip(out, 0.0, 1.0).astype(dtype, copy=False)
 
 
-def padding_mask(stored: np.ndarray, padding_value: int | None, range_limit: int | None = None) -> np.ndarray:
+def padding_mask(stored: np.ndarray, padding_value: float | None, range_limit: float | None = None) -> np.ndarray:
     """Boolean mask of padding pixels, on *stored* values (PS3.3 C.7.5.1.1.2).
 
     With only Pixel Padding Value (0028,0120) the mask is ``stored == padding_value``; with
     Pixel Padding Range Limit (0028,0121) too, every value between the two, inclusive, in
-    either order. No padding value gives an all-False mask. Same shape as ``stored``.
+    either order. No padding value gives an all-False mask. Same shape as ``stored``. Float
+    Pixel Data's (0028,0122)/(0028,0124) and Double Float Pixel Data's (0028,0123)/(0028,0125)
+    are floats, compared as such.
     """
     stored = np.asarray(stored)
     if padding_value is None:
