@@ -149,3 +149,55 @@ def test_a_float_map_whose_padding_is_every_pixel_names_the_float_padding_value(
     result = read_dicom(make_ref(path), config())
     assert isinstance(result, Issue) and result.reason == "constant_image", result
     assert "(0028,0122) Float Pixel Padding Value" in result.message, result.message
+
+
+# ---------------------------------------------------------------- Palette Color LUT Data length
+
+
+def palette_image(tmp_path: Path, name: str, declared: int, bits: int, data: dict[str, bytes]) -> Path:
+    """A PALETTE COLOR image indexing entries 0..3, its descriptors declaring ``declared``
+    entries of ``bits`` bits, its Red/Green/Blue LUT Data the given bytes."""
+    ds = image_dataset(np.array([[0, 1], [2, 3]], dtype=np.uint8), photometric="PALETTE COLOR", modality="US")
+    for colour, raw in data.items():
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [declared, 0, bits])
+        ds[f"{colour}PaletteColorLookupTableDescriptor"].VR = "US"
+        setattr(ds, f"{colour}PaletteColorLookupTableData", raw)
+    return save(ds, tmp_path / f"{name}.dcm")
+
+
+def words(count: int) -> bytes:
+    return (np.arange(count) * 8000).astype("<u2").tobytes()
+
+
+@pytest.mark.parametrize(("entries", "holds"), [(7, "14 bytes (7 16-bit entries"), (9, "18 bytes (9 16-bit entries")])
+def test_a_palette_whose_lut_data_does_not_hold_its_declared_entries_is_decode_failed_naming_both(
+        tmp_path: Path, entries: int, holds: str) -> None:
+    """PS3.3 C.7.6.3.1.6: the descriptor's first value is the palette's entry count. LUT Data of 7
+    (or 9) 16-bit entries under a descriptor declaring 8 is a palette cut short (or a botched
+    descriptor), refused as a Modality LUT of the wrong count is: decode_failed naming the
+    palette's descriptor and data and both counts, never pydicom's "data type 'uint14' not
+    understood"."""
+    path = palette_image(tmp_path, "short", 8, 16, {colour: words(entries) for colour in ("Red", "Green", "Blue")})
+    result = read_dicom(make_ref(path), config())
+    assert isinstance(result, Issue) and (result.stage, result.reason) == ("read", "decode_failed"), result
+    message = result.message
+    assert "(0028,1101) Red Palette Color Lookup Table Descriptor declares 8 entries" in message, message
+    assert f"(0028,1201) Red Palette Color Lookup Table Data holds {holds}" in message, message
+    assert "short.dcm" in message and "not understood" not in message
+
+
+def test_one_colour_of_the_palette_cut_short_is_named(tmp_path: Path) -> None:
+    path = palette_image(tmp_path, "green", 4, 16, {"Red": words(4), "Green": words(3), "Blue": words(4)})
+    result = read_dicom(make_ref(path), config())
+    assert isinstance(result, Issue) and result.reason == "decode_failed", result
+    assert "(0028,1202) Green Palette Color Lookup Table Data holds 6 bytes" in result.message, result.message
+
+
+@pytest.mark.parametrize(("bits", "data"), [(16, words(4)), (8, bytes([0, 60, 120, 180])), (8, words(4))])
+def test_palettes_of_one_byte_or_one_word_an_entry_are_read(tmp_path: Path, bits: int, data: bytes) -> None:
+    """The two layouts a palette's entries come in: one 16-bit word each (2n bytes) or one byte
+    each (n bytes), whatever the descriptor's bits say (an 8-bit descriptor over words is read
+    as 16-bit, as pydicom reads it)."""
+    path = palette_image(tmp_path, "ok", 4, bits, {colour: data for colour in ("Red", "Green", "Blue")})
+    [sample] = read(path)
+    assert sample.image.shape == (3, 2, 2)

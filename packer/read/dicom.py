@@ -1316,6 +1316,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         problem = _check_frames(ref, ds, geometry)
         if problem is not None:
             return problem
+    if geometry.photometric == PALETTE and (short := _palette_length_problem(ds)) is not None:
+        return _issue(ref, "read", "decode_failed", short)
     plugin = _DECODERS[geometry.transfer_syntax]
     try:
         # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
@@ -1488,6 +1490,41 @@ def _wide_palette_note(ds: Dataset) -> str | None:
             f"1203) Palette Color Lookup Table Data holds 16-bit entries up to {largest}, which 8 bits cannot "
             "hold: the entries were read as 16-bit values over 0..65535 (as pydicom reads them), not clipped to "
             "255; if that is not what the file means, fix its descriptors (third value 16) or its entries")
+
+
+_PALETTE_COLOURS = (("Red", "1"), ("Green", "2"), ("Blue", "3"), ("Alpha", "4"))
+
+
+def _palette_length_problem(ds: Dataset) -> str | None:
+    """What is wrong with a PALETTE COLOR file whose Palette Color Lookup Table Data do not hold
+    the entries the (0028,1101) Red Palette Color Lookup Table Descriptor's first value declares
+    (PS3.3 C.7.6.3.1.6; 0 means 65536), else None. An entry is one 16-bit word (2n bytes) or one
+    byte (n bytes), the two layouts ``apply_color_lut`` reads (from the data's length); any
+    other length it fails on with its own dtype error ("data type 'uint14' not understood"),
+    which names nothing in the file. As for a Modality or VOI LUT of the wrong count
+    (:func:`~packer.read.dicom_attrs.read_lut`), the message names the descriptor, the data and
+    both counts. A segmented palette, or one whose descriptor is malformed, is left to the decoder."""
+    descriptor = ds.get("RedPaletteColorLookupTableDescriptor")
+    if descriptor is None:
+        return None
+    try:
+        entries, bits = int(descriptor[0]) % 65536 or 65536, int(descriptor[2])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    for colour, digit in _PALETTE_COLOURS:
+        data = ds.get(f"{colour}PaletteColorLookupTableData")
+        if not isinstance(data, bytes) or len(data) in (entries, 2 * entries) or (colour == "Alpha" and not data):
+            continue
+        size = len(data)
+        declared = (f"(0028,1101) Red Palette Color Lookup Table Descriptor declares {entries} entries of {bits} bits "
+                    f"but (0028,120{digit}) {colour} Palette Color Lookup Table Data holds {size} bytes "
+                    f"({size / 2:g} 16-bit entries, or {size} 8-bit ones), where {2 * entries} (one 16-bit word an "
+                    f"entry) or {entries} (one byte an entry) are expected")
+        if size < (2 * entries if bits > 8 else entries):  # looked up past its end: the last entry's colour
+            return f"{declared}; the palette is cut short: re-export the file"
+        return (f"{declared}: one of the two is wrong, and the palette cannot be read without guessing which; fix "
+                "the descriptors' (0028,1101-1103) first value or re-export the file")
+    return None
 
 
 def _declared_palette_bits(ds: Dataset) -> int:
