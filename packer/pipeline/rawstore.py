@@ -84,16 +84,25 @@ def _encoded(root: str) -> bool:
 
 
 def join_relpath(root: str, relpath: str) -> str:
-    """The URL of ``relpath`` (a file's real name, as a table row or the local listing gives it)
-    under the URL ``root``; ``..`` and absolute paths are resolved against the root's path
-    (``s3://b/raw/ct`` + ``../x.dcm`` → ``s3://b/raw/x.dcm``). Under an http(s) root the name is
-    percent-encoded (``a b.png`` → ``a%20b.png``, ``c#1.png`` → ``c%231.png``)."""
+    """The URL of ``relpath`` (a file's real name, as a table row names it) under the URL
+    ``root``; ``..`` and absolute paths are resolved against the root's path (``s3://b/raw/ct`` +
+    ``../x.dcm`` → ``s3://b/raw/x.dcm``). Under an http(s) root the name is percent-encoded
+    (``a b.png`` → ``a%20b.png``, ``c#1.png`` → ``c%231.png``). Not for an object a listing
+    gave, which is read by its own key (:func:`_listed_url`)."""
     scheme, rest = root.split("://", 1)
     host, _, path = rest.partition("/")
     if _encoded(root):
         relpath = quote(relpath, safe="/")
     joined = posixpath.normpath(posixpath.join("/" + path, relpath)).lstrip("/")
     return f"{scheme}://{host}/{joined}" if joined else f"{scheme}://{host}"
+
+
+def _listed_url(base: str, key: str) -> str:
+    """The URL of an object a listing gave, by its own ``key`` below the root's URL ``base``.
+    Never normalised, as :func:`join_relpath` normalises a table's cell: a store's keys are
+    literal, so ``raw/dog//d.png`` (a prefix that ended in ``/`` joined with ``/``) is another
+    object than ``raw/dog/d.png``, and reading the one for the other packs the wrong pixels."""
+    return f"{base}/{key}"
 
 
 def _hidden(relpath: str) -> bool:
@@ -122,12 +131,13 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
     except remote_errors() as err:
         raise storage_error(root, err, doing=f"{where}: listing the raw files") from err
     found = []
+    base = join_relpath(root, ".")
     for name, info in entries.items():
-        relpath = name.rstrip("/")[len(path) + 1:]
-        if _encoded(root):  # the listing's links are URL paths: the relative path is the file's real name
-            relpath = unquote(relpath)
+        key = name.rstrip("/")[len(path) + 1:]  # as the store names it (percent-encoded under http)
+        # the listing's links are URL paths: the relative path is the file's real name
+        relpath = unquote(key) if _encoded(root) else key
         if info.get("type", "file") == "file" and relpath and not _hidden(relpath):
-            found.append(RemoteFile(relpath=relpath, url=join_relpath(root, relpath), stat=raw_object(info)))
+            found.append(RemoteFile(relpath=relpath, url=_listed_url(base, key), stat=raw_object(info)))
     if _encoded(root):
         found = _with_headers(fs, found, [name for name, info in entries.items() if info.get("size") is None])
     return sorted(found, key=lambda f: f.relpath)
