@@ -68,3 +68,27 @@ def test_a_key_with_an_empty_segment_is_read_by_its_own_key_not_a_normalised_one
     result = process_chunk(ChunkTask(key="slashes", refs=tuple(found.refs), job=job, cache_dir=None,
                                      listed=remote_listing(found.refs, found.listed)))
     assert result.issues == () and len(result.samples) == 3
+
+
+def test_a_gzipped_nifti_object_keeps_its_compound_suffix_and_packs_as_from_a_local_root(
+        store: Store, tmp_path: Path) -> None:
+    """nibabel tells a NIfTI file by its name (``.nii`` or ``.nii.gz``): the local copy of
+    ``ct.nii.gz`` is ``raw.nii.gz``, not ``raw.gz``, and each of its 4 axial slices is a sample."""
+    import nibabel as nib
+
+    volume = nib.Nifti1Image(np.arange(8 * 8 * 4, dtype=np.int16).reshape(8, 8, 4), np.diag([1.0, 1.0, 2.0, 1.0]))
+    store.client.put_object(Bucket=BUCKET, Key="nifti/ct.NII.GZ", Body=gzip.compress(volume.to_bytes()))
+    store.client.put_object(Bucket=BUCKET, Key="nifti/mr.nii.gz", Body=gzip.compress(volume.to_bytes()))
+    job = job_for(tmp_path, {"kind": "nifti", "root": f"s3://{BUCKET}/nifti", "label": "none"},
+                  transform={"nifti": {"windows": [{"center": 0, "width": 2000}], "sample": "slice",
+                                       "axis": "axial"}})
+    found = discover(job)
+    ref = next(r for r in found.refs if r.relpath == "mr.nii.gz")
+    with fetched(ref, found.listed[ref.path], limits=LimitsConfig()) as copy:
+        assert isinstance(copy, SampleRef) and Path(copy.path).name == "raw.nii.gz"
+    upper = next(r for r in found.refs if r.relpath == "ct.NII.GZ")
+    with fetched(upper, found.listed[upper.path], limits=LimitsConfig()) as copy:
+        assert isinstance(copy, SampleRef) and Path(copy.path).name == "raw.NII.GZ"
+    result = process_chunk(ChunkTask(key="nifti", refs=(ref,), job=job, cache_dir=None,
+                                     listed=remote_listing([ref], found.listed)))
+    assert result.issues == () and len(result.samples) == 4

@@ -234,8 +234,7 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
         too_big = file_size_problem(size, limits)
         if too_big is not None:
             return Issue.of(ref, stage="read", reason="too_large", message=f"{url}: {too_big}")
-        # the copy keeps the suffix (readers name it in messages) but not the name (any length)
-        local = folder / ("raw" + posixpath.splitext(posixpath.basename(url))[1][:16])
+        local = folder / ("raw" + _copy_suffix(posixpath.basename(url)))
         if not (headers_only and size > HEAD_BYTES and _fetch_probed_ranges(ref, fs, path, size, local, limits)):
             fs.get_file(path, str(local))
     except FileNotFoundError as err:
@@ -251,6 +250,18 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
         return Issue.of(ref, stage="read", reason="unreadable",
                         message=f"{describe_error(url, err)}; the file was not fetched")
     return replace(ref, path=str(local))
+
+
+def _copy_suffix(name: str) -> str:
+    """The suffix a local copy of the file ``name`` keeps: the readers tell some kinds by it
+    (nibabel a NIfTI file by ``.nii`` or ``.nii.gz``) and name it in messages. The name itself
+    is dropped (any length, any characters). Where the name ends in ``.gz`` (any case) the
+    suffix before it is kept too, so ``ct.nii.gz`` becomes ``raw.nii.gz``, not ``raw.gz``;
+    each part is cut to 16 characters."""
+    stem, suffix = posixpath.splitext(name)
+    if suffix.lower() == ".gz":
+        return posixpath.splitext(stem)[1][:16] + suffix
+    return suffix[:16]
 
 
 class _ObjectChanged(Exception):
