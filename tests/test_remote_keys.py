@@ -92,3 +92,27 @@ def test_a_gzipped_nifti_object_keeps_its_compound_suffix_and_packs_as_from_a_lo
     result = process_chunk(ChunkTask(key="nifti", refs=(ref,), job=job, cache_dir=None,
                                      listed=remote_listing([ref], found.listed)))
     assert result.issues == () and len(result.samples) == 4
+
+
+def test_a_short_extension_less_file_under_a_dicom_url_root_is_described_as_under_a_local_root(
+        store: Store, tmp_path: Path) -> None:
+    """A 5-byte ``IM0002`` among a DICOM export's images is "a file of 5 bytes" from either root
+    (the listing said 5 bytes; "an empty file (0 bytes)" was false); an empty one is empty."""
+    files = {"IM0001": b"\0" * 128 + b"DICM" + b"rest", "IM0002": b"hello", "IM0003": b""}
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in files.items():
+        (local / name).write_bytes(data)
+        store.client.put_object(Bucket=BUCKET, Key=f"short/{name}", Body=data)
+
+    def described(root: str, folder: Path) -> dict[str, str]:
+        found = discover(job_for(folder, {"kind": "dicom", "name": "ct", "root": root}))
+        return {e.path.rsplit("/", 1)[-1]: e.detail for e in found.excluded}
+
+    (tmp_path / "job-s3").mkdir()
+    (tmp_path / "job-local").mkdir()
+    remote = described(f"s3://{BUCKET}/short", tmp_path / "job-s3")
+    assert sorted(remote) == ["IM0002", "IM0003"]
+    assert remote["IM0002"].startswith("a file of 5 bytes, shorter than a DICOM file's 132-byte preamble")
+    assert remote["IM0003"].startswith("an empty file (0 bytes)")
+    assert described(str(local), tmp_path / "job-local") == remote

@@ -253,17 +253,20 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     (``unsupported``: (relative path, URL, what it is) of each, in order; ``present``: where the
     relative path of every object under the root goes, listed or not), sorted by relative
     path. Files only a head can tell (extension-less DICOM candidates) cost one ranged read each
-    (concurrent); the others are not read."""
+    (concurrent); the others are not read. A file shorter than a head cannot be the kind's, but
+    where ``unsupported`` is asked for, its head is read too (one more ranged read), so that it
+    is described by its bytes as a local root's is ("a file of 5 bytes", not "an empty file")."""
     if not isinstance(source.root, str):
         raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
     kind = source_kind(source.kind)
     files = list_remote_files(source.root, storage_options=storage_options, where=f"sources.{source.name}.root")
     verdicts = [_verdict(kind, f.relpath) for f in files]
     unsure = [f for f, verdict in zip(files, verdicts, strict=True)
-              if verdict is None and kind.head_bytes and f.stat.size >= kind.head_bytes]
+              if verdict is None and kind.head_bytes
+              and (f.stat.size >= kind.head_bytes or (unsupported is not None and f.stat.size > 0))]
     heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
-    head_of = {f.relpath: head for f, head in zip(unsure, heads, strict=True)}  # a file shorter than a head: b""
+    head_of = {f.relpath: head for f, head in zip(unsure, heads, strict=True)}  # an empty file: b""
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
     if present is not None:
         present.update(f.relpath for f in files)
