@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -670,9 +671,9 @@ def test_walk_names_each_folder_it_cannot_list(tmp_path: Path, monkeypatch: pyte
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
     _deny(monkeypatch, tmp_path / "a" / "locked")
-    unlisted: list[tuple[str, str]] = []
+    unlisted: list[tuple[str, OSError]] = []
     assert _walk_relpaths(tmp_path, unlisted=unlisted) == ["a/1.png", "b/3.png"]
-    assert unlisted == [("a/locked", "Permission denied")]
+    assert [(rel, err.errno, err.strerror) for rel, err in unlisted] == [("a/locked", errno.EACCES, "Permission denied")]
 
 
 def test_a_file_behind_a_folder_without_permission_is_not_called_outside_the_root(

@@ -68,7 +68,7 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
 
 
 def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
-                   progress: Progress | None = None, unlisted: list[tuple[str, str]] | None = None,
+                   progress: Progress | None = None, unlisted: list[tuple[str, OSError]] | None = None,
                    aliases: list[tuple[str, str]] | None = None) -> list[str]:
     """POSIX paths relative to ``root`` of every file under it, hidden files and folders left
     out, sorted. Strings, not Paths: a Path costs several objects, and at 100k files discovery's
@@ -80,7 +80,7 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     gets too long, listing every file once per lap. Without ``follow_links``, a link to a folder
     under a hidden folder of the root is walked all the same, its files listed at the link's
     paths (they are nowhere else; each such folder once). A folder that cannot be listed (no read or
-    execute permission) goes into ``unlisted`` as (its relative path, why), where given: its files
+    execute permission, a path too long) goes into ``unlisted`` as (its relative path, the error), where given: its files
     are not silently missing. A folder not walked because its files are listed at other paths (a
     link to a folder under the root, ``kitty -> cat``; with ``follow_links``, any folder whose
     real folder was walked the first way) goes into ``aliases`` as (its relative path, the
@@ -93,7 +93,7 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     def refused(err: OSError) -> None:
         if unlisted is not None and err.filename is not None:
             rel = os.path.relpath(os.fspath(err.filename), top).replace(os.sep, "/")
-            unlisted.append((rel, err.strerror or str(err)))
+            unlisted.append((rel, err))
 
     real_top = os.path.realpath(top)
     pending, entered = [top], {real_top: ""}
@@ -219,7 +219,7 @@ def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> s
 
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
                     quiet: bool = False, unsupported: dict[str, str] | None = None,
-                    unlisted: list[tuple[str, str]] | None = None,
+                    unlisted: list[tuple[str, OSError]] | None = None,
                     aliases: list[tuple[str, str]] | None = None) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
@@ -328,7 +328,7 @@ def _link_out(path: Path, root: Path) -> Path | None:
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
                   unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
-                  unlisted: list[tuple[str, str]] | None = None, aliases: list[tuple[str, str]] | None = None
+                  unlisted: list[tuple[str, OSError]] | None = None, aliases: list[tuple[str, str]] | None = None
                   ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
@@ -427,19 +427,32 @@ def _aliased_class_warning(source: SourceConfig, aliases: Sequence[tuple[str, st
             "own, copy its files there instead of linking, or label the files with a table")
 
 
-def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, str]],
+def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, OSError]],
                             phi: Pseudonymizer | None) -> list[Issue]:
     """One ``unreadable`` record per folder under the root that could not be listed (no read or
-    execute permission): its files were not read, and nothing may be dropped unsaid."""
+    execute permission, a path longer than the OS allows): its files were not read, and nothing
+    may be dropped unsaid. The fix the message gives is the error's (:func:`_unlisted_fix`)."""
     issues = []
-    for rel, why in unlisted:
+    for rel, err in unlisted:
         folder = Path(source.root) / rel
+        why = err.strerror or str(err)
         issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(folder), stage="discover",
                             reason="unreadable",
                             message=f"{folder}: this folder cannot be listed ({why}), so none of its files was "
-                                    "read; make it readable by this user (chmod a+rx on it), or move it out of the "
-                                    "root"))
+                                    f"read; {_unlisted_fix(err)}"))
     return issues
+
+
+def _unlisted_fix(err: OSError) -> str:
+    """What makes a folder that could not be listed with ``err`` readable: permission for
+    EACCES/EPERM, a shorter path for ENAMETOOLONG (chmod cannot shorten it), and otherwise
+    what the OS said is the thing to fix."""
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "make it readable by this user (chmod a+rx on it), or move it out of the root"
+    if err.errno == errno.ENAMETOOLONG:
+        return ("its path is longer than the operating system allows (PATH_MAX); shorten the names of the folders "
+                "on its way or move it higher up, or move it out of the root")
+    return "fix what the operating system reports above (a disk error, a stale network mount), or move it out of the root"
 
 
 def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
@@ -1291,7 +1304,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     links: list[str] = []
     aliases: list[tuple[str, str]] = []
-    unlisted: list[tuple[str, str]] = []
+    unlisted: list[tuple[str, OSError]] = []
     unsupported: list[tuple[str, str, str]] = []
     present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,

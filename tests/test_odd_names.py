@@ -1,0 +1,59 @@
+"""Odd names under a local root: folders nested past PATH_MAX, names that are not valid UTF-8 on
+files and on folder links. Each is a record naming the file and the fix, never a crash, and
+``packer locate`` gives back the real name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import yaml
+
+from packer.config import load_job
+from packer.pipeline.discover import discover
+
+
+def write_png(path: bytes | Path, seed: int) -> None:
+    ok, encoded = cv2.imencode(".png", np.random.default_rng(seed).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    assert ok
+    with open(path, "wb") as out:
+        out.write(encoded.tobytes())
+
+
+def image_job(folder: Path, **overrides: Any) -> Path:
+    """A job file in ``folder`` over the image source ``folder/raw`` (labels from folders)."""
+    doc = {"name": "odd", "sources": [{"kind": "image", "name": "photos", "root": "raw", "label": "folder"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out", "phi": {"mode": "keep"},
+           **overrides}
+    (folder / "job.yaml").write_text(yaml.safe_dump(doc))
+    return folder / "job.yaml"
+
+
+def test_a_folder_nested_past_path_max_is_told_to_be_shortened_not_chmod_ed(tmp_path: Path) -> None:
+    """18 folders of 242-byte names make a path longer than PATH_MAX (4096 bytes on Linux): the
+    walk cannot list the deepest, and the fix is a shorter path; chmod cannot make it readable."""
+    for label in ("cat", "dog"):
+        (tmp_path / "raw" / label).mkdir(parents=True)
+        write_png(tmp_path / "raw" / label / "a.png", len(label))
+    fd = os.open(tmp_path / "raw" / "dog", os.O_RDONLY)
+    try:
+        for depth in range(18):  # made relative to an open folder: no path this long is ever passed
+            name = "x" * 240 + f"{depth:02d}"
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        deep = os.open("deep.png", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+        os.close(deep)
+    finally:
+        os.close(fd)
+    found = discover(load_job(image_job(tmp_path)))
+    assert sorted(r.relpath for r in found.refs) == ["cat/a.png", "dog/a.png"]
+    (issue,) = found.issues
+    assert issue.reason == "unreadable" and issue.path.startswith(str(tmp_path / "raw" / "dog" / ("x" * 240)))
+    assert "this folder cannot be listed (File name too long)" in issue.message
+    assert "longer than the operating system allows" in issue.message and "shorten" in issue.message
+    assert "chmod" not in issue.message
