@@ -57,3 +57,28 @@ def test_a_folder_nested_past_path_max_is_told_to_be_shortened_not_chmod_ed(tmp_
     assert "this folder cannot be listed (File name too long)" in issue.message
     assert "longer than the operating system allows" in issue.message and "shorten" in issue.message
     assert "chmod" not in issue.message
+
+
+def test_folder_links_whose_names_are_not_utf8_get_their_records_with_the_names_escaped(tmp_path: Path) -> None:
+    """A link ``cat/r\\xe9sultats -> ../dog`` (a Latin-1 name) and one ``cat/archiv\\xe9`` to a folder
+    outside the root crashed discovery (surrogates not allowed, hashing the name); each gets the
+    record a link of a UTF-8 name gets, its name escaped as a file's that is not valid UTF-8."""
+    for folder in ("raw/cat", "raw/dog", "outside"):
+        (tmp_path / folder).mkdir(parents=True)
+    write_png(tmp_path / "raw" / "cat" / "a.png", 1)
+    write_png(tmp_path / "raw" / "dog" / "b.png", 2)
+    write_png(tmp_path / "outside" / "c.png", 3)
+    raw = os.fsencode(tmp_path / "raw")
+    os.symlink(b"../dog", raw + b"/cat/r\xe9sultats")
+    os.symlink(b"../../outside", raw + b"/cat/archiv\xe9")
+    found = discover(load_job(image_job(tmp_path)))
+    assert sorted(r.relpath for r in found.refs) == ["cat/a.png", "dog/b.png"]
+    root = str(tmp_path / "raw")
+    (outside,) = found.issues
+    assert (outside.reason, outside.path) == ("outside_root", f"{root}/cat/archiv\\xe9")
+    assert outside.message.startswith(f"{root}/cat/archiv\\xe9 is a link to the folder {tmp_path / 'outside'}, "
+                                      "outside the source root")
+    (through,) = found.excluded
+    assert (through.why, through.path) == ("folder_link", f"{root}/cat/r\\xe9sultats/b.png")
+    assert f"this file is packed once, as {root}/dog/b.png" in through.detail
+    assert len({outside.sample_id, through.sample_id, *(r.sample_id for r in found.refs)}) == 4

@@ -67,6 +67,26 @@ def make_sample_id(source: str, relpath: str, phi: Pseudonymizer | None = None) 
     return f"{safe_key(source)}-{digest}"
 
 
+def _shown_name(name: str) -> str:
+    """``name`` (a path or a relative path as the OS gave it) as a record or a message may hold
+    it: where it is not valid UTF-8 (a Latin-1 name copied from an old export, whose bad bytes
+    Python holds as surrogates), those bytes escaped (``caf\\xe9.png``); otherwise ``name``."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return name
+
+
+def _name_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str:
+    """The sample id of the file or folder at ``relpath``: :func:`make_sample_id`'s, or for a name
+    that is not valid UTF-8 (which cannot be hashed as text), that of its escaped text
+    (:func:`_shown_name`) after a NUL no file name holds: the escaped text alone is also the name
+    of a file spelled with a real backslash (``caf\\xe9.png``), whose sample would share the id."""
+    shown = _shown_name(relpath)
+    return make_sample_id(source, relpath if shown is relpath else "\0" + shown, phi)
+
+
 def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
                    progress: Progress | None = None, unlisted: list[tuple[str, OSError]] | None = None,
                    aliases: list[tuple[str, str]] | None = None) -> list[str]:
@@ -369,10 +389,12 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
             target = link
         if target.is_relative_to(root):
             continue
-        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(link), stage="discover",
+        shown = _shown_name(str(link))
+        issues.append(Issue(sample_id=_name_id(source.name, rel, phi), path=shown, stage="discover",
                             reason="outside_root",
-                            message=f"{link} is a link to the folder {target}, outside the source root {source.root}; "
-                                    "its files were not read: move them in, or set safety.outside_root: allow"))
+                            message=f"{shown} is a link to the folder {_shown_name(str(target))}, outside the source "
+                                    f"root {source.root}; its files were not read: move them in, or set "
+                                    "safety.outside_root: allow"))
     return issues
 
 
@@ -398,9 +420,10 @@ def _aliased_files(source: SourceConfig, aliases: Sequence[tuple[str, str]], rel
             if seen in named:
                 continue
             out.setdefault(alias, []).append(Excluded(
-                make_sample_id(source.name, seen, phi), f"{root}/{seen}", "discover",
-                "folder_link", f"{link} and {folder} are one folder, reached through a folder link under the source "
-                f"root: this file is packed once, as {os.path.join(root, rel)}, not again at this path"))
+                _name_id(source.name, seen, phi), _shown_name(f"{root}/{seen}"), "discover", "folder_link",
+                f"{_shown_name(link)} and {_shown_name(folder)} are one folder, reached through a folder link under the "
+                f"source root: this file is packed once, as {_shown_name(os.path.join(root, rel))}, not again at this "
+                "path"))
     return out
 
 
@@ -434,9 +457,9 @@ def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, 
     may be dropped unsaid. The fix the message gives is the error's (:func:`_unlisted_fix`)."""
     issues = []
     for rel, err in unlisted:
-        folder = Path(source.root) / rel
+        folder = _shown_name(str(Path(source.root) / rel))
         why = err.strerror or str(err)
-        issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=str(folder), stage="discover",
+        issues.append(Issue(sample_id=_name_id(source.name, rel, phi), path=folder, stage="discover",
                             reason="unreadable",
                             message=f"{folder}: this folder cannot be listed ({why}), so none of its files was "
                                     f"read; {_unlisted_fix(err)}"))
@@ -469,11 +492,7 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
         try:
             rel.encode("utf-8")
         except UnicodeEncodeError:
-            shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            # hashed with a NUL no file name holds: the escaped text alone is also the name of a
-            # file spelled with a real backslash ('caf\\xe9.png'), whose sample would share the id
-            sample_id = make_sample_id(source.name, "\0" + shown, phi)
-            named = os.fsencode(path).decode("utf-8", "backslashreplace")
+            shown, sample_id, named = _shown_name(rel), _name_id(source.name, rel, phi), _shown_name(path)
             if only_table:
                 excluded.append(Excluded(sample_id, named, "discover", "not_in_table",
                                          f"its name '{shown}' is not valid UTF-8, so no table row names it "
