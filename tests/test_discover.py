@@ -673,7 +673,8 @@ def test_walk_names_each_folder_it_cannot_list(tmp_path: Path, monkeypatch: pyte
     _deny(monkeypatch, tmp_path / "a" / "locked")
     unlisted: list[tuple[str, OSError]] = []
     assert _walk_relpaths(tmp_path, unlisted=unlisted) == ["a/1.png", "b/3.png"]
-    assert [(rel, err.errno, err.strerror) for rel, err in unlisted] == [("a/locked", errno.EACCES, "Permission denied")]
+    assert [(rel, err.errno, err.strerror) for rel, err in unlisted] == [
+        ("a/locked", errno.EACCES, "Permission denied")]
 
 
 def test_a_file_behind_a_folder_without_permission_is_not_called_outside_the_root(

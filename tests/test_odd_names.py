@@ -82,3 +82,40 @@ def test_folder_links_whose_names_are_not_utf8_get_their_records_with_the_names_
     assert (through.why, through.path) == ("folder_link", f"{root}/cat/r\\xe9sultats/b.png")
     assert f"this file is packed once, as {root}/dog/b.png" in through.detail
     assert len({outside.sample_id, through.sample_id, *(r.sample_id for r in found.refs)}) == 4
+
+
+def test_locate_gives_back_the_real_bytes_of_a_name_that_is_not_utf8(tmp_path: Path) -> None:
+    """``caf\\xe9.png`` (Latin-1) is an unreadable bad sample whose record holds the name escaped;
+    ``packer locate -z`` printed that escaped text, which is the name of another file here
+    (``caf\\\\xe9.png``, with a real backslash): xargs -0 opened the wrong one. Under -z the
+    name's own bytes come out; a line quotes it as a JSON string that gives them back, while
+    the backslash-named file's line is its bare name."""
+    import json
+
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    folder = tmp_path / "raw" / "c"
+    folder.mkdir(parents=True)
+    latin1 = os.fsencode(folder) + b"/caf\xe9.png"
+    write_png(latin1, 1)
+    write_png(folder / "caf\\xe9.png", 2)
+    write_png(folder / "ok.png", 3)
+    job = image_job(tmp_path)
+    found = discover(load_job(job))
+    (bad,) = found.issues
+    assert bad.reason == "unreadable" and bad.path == f"{folder}/caf\\xe9.png"
+    literal = next(r.sample_id for r in found.refs if r.relpath == "c/caf\\xe9.png")
+    assert literal != bad.sample_id
+
+    nul = CliRunner().invoke(main, ["locate", "-z", str(job), bad.sample_id, literal])
+    assert nul.exit_code == 0, nul.output
+    assert nul.stdout_bytes.split(b"\0")[:-1] == [bad.sample_id.encode() + b"\t" + latin1,
+                                                   literal.encode() + b"\t" + os.fsencode(folder) + b"/caf\\xe9.png"]
+    lines = CliRunner().invoke(main, ["locate", str(job), bad.sample_id, literal])
+    assert lines.exit_code == 0, lines.output
+    shown = dict(line.split("\t") for line in lines.stdout_bytes.decode("utf-8").splitlines())
+    assert shown[bad.sample_id] == f'"{folder}/caf\\udce9.png"'
+    assert os.fsencode(json.loads(shown[bad.sample_id])) == latin1
+    assert shown[literal] == f"{folder}/caf\\xe9.png"

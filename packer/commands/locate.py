@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import click
@@ -24,8 +26,11 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     """Print the raw file behind each sample KEY of JOB, one "KEY<TAB>PATH" line per key.
 
     A path holding a tab, a line break or another control character (or starting with a double
-    quote) is printed quoted, as a JSON string ("new\\nline.png"), so every line stays one key
-    and one path; -z prints paths as they are, each record ended by a NUL byte.
+    quote), or a name that is not valid UTF-8, is printed quoted, as a JSON string
+    ("new\\nline.png"; each byte that is not UTF-8 as \\udcXX, "caf\\udce9.png" for the
+    Latin-1 byte E9: Python's os.fsencode(json.loads(...)) gives the name's bytes back), so every
+    line stays one key and one path; -z prints paths as they are, their bytes as the file system
+    holds them, each record ended by a NUL byte.
 
     A pseudonymized dataset, its leakage audit (leakage.json, validate --json/--junit) and its
     report name samples by key, never by path. This lists JOB's sources again and makes each
@@ -52,8 +57,8 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
     for key, path in found.items():
         if path is None:
             continue
-        if null:
-            click.echo(f"{key}\t{path}\0", nl=False)
+        if null:  # the name's own bytes, also where they are not UTF-8 (xargs -0 opens that file)
+            click.echo(f"{key}\t".encode() + os.fsencode(path) + b"\0", nl=False)
         else:
             click.echo(f"{key}\t{_one_line(str(path))}")
     missing = [key for key, path in found.items() if path is None and key not in refused]
@@ -66,9 +71,16 @@ def locate_command(job: Path, keys: tuple[str, ...], storage_option: tuple[str, 
         raise ConfigError("; ".join(problems))
 
 
+#: The characters by which Python holds a file name's bytes that are not UTF-8 (surrogateescape)
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
 def _one_line(path: str) -> str:
     """``path``, or where it holds a control character (a tab or line break would split its
-    line) or starts with a double quote, the JSON string of it (quoted, escaped, non-ASCII kept)."""
-    if path.startswith('"') or any(ord(c) < 32 or ord(c) == 127 for c in path):
-        return json.dumps(path, ensure_ascii=False)
+    line), starts with a double quote or holds bytes that are not UTF-8, the JSON string of it
+    (quoted, escaped, non-ASCII kept; each such byte as its surrogate's escape, ``\\udce9``, which
+    no name of UTF-8 gives, so the line names one file: the Latin-1 ``caf\\xe9.png``
+    is ``"caf\\udce9.png"``, the file literally named ``caf\\xe9.png`` is that bare text)."""
+    if path.startswith('"') or any(ord(c) < 32 or ord(c) == 127 for c in path) or _UNDECODED.search(path):
+        return _UNDECODED.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(path, ensure_ascii=False))
     return path

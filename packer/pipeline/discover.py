@@ -87,6 +87,13 @@ def _name_id(source: str, relpath: str, phi: Pseudonymizer | None = None) -> str
     return make_sample_id(source, relpath if shown is relpath else "\0" + shown, phi)
 
 
+def _note_real(real_paths: dict[str, str] | None, sample_id: str, path: str, shown: str) -> None:
+    """Keep ``path`` (as the OS gave it) in ``real_paths`` by ``sample_id`` where its record holds
+    it escaped (``shown``, :func:`_shown_name`): ``packer locate`` prints the real name."""
+    if real_paths is not None and shown != path:
+        real_paths[sample_id] = path
+
+
 def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | None = None,
                    progress: Progress | None = None, unlisted: list[tuple[str, OSError]] | None = None,
                    aliases: list[tuple[str, str]] | None = None) -> list[str]:
@@ -99,13 +106,14 @@ def _walk_relpaths(root: Path, follow_links: bool = False, links: list[str] | No
     back to a folder above it (``a/loop -> ..``) is not walked again and again until the path
     gets too long, listing every file once per lap. Without ``follow_links``, a link to a folder
     under a hidden folder of the root is walked all the same, its files listed at the link's
-    paths (they are nowhere else; each such folder once). A folder that cannot be listed (no read or
-    execute permission, a path too long) goes into ``unlisted`` as (its relative path, the error), where given: its files
-    are not silently missing. A folder not walked because its files are listed at other paths (a
-    link to a folder under the root, ``kitty -> cat``; with ``follow_links``, any folder whose
-    real folder was walked the first way) goes into ``aliases`` as (its relative path, the
-    relative path its files are listed under; "" for the root), where given: its files are one
-    each, listed once, and :func:`_aliased_files` accounts for the paths not listed."""
+    paths (they are nowhere else; each such folder once). A folder that cannot be listed (no read
+    or execute permission, a path too long) goes into ``unlisted`` as (its relative path, the
+    error), where given: its files are not silently missing. A folder not walked because its
+    files are listed at other paths (a link to a folder under the root, ``kitty -> cat``; with
+    ``follow_links``, any folder whose real folder was walked the first way) goes into
+    ``aliases`` as (its relative path, the relative path its files are listed under; "" for the
+    root), where given: its files are one each, listed once, and :func:`_aliased_files` accounts
+    for the paths not listed."""
     top = os.fspath(root)
     found: list[str] = []
     walked: dict[tuple[int, int], str] = {}
@@ -369,7 +377,7 @@ def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Ma
 
 
 def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudonymizer | None,
-                        named: Container[str] = ()) -> list[Issue]:
+                        named: Container[str] = (), real_paths: dict[str, str] | None = None) -> list[Issue]:
     """One ``outside_root`` record per link to a folder outside the source root: its files are
     not read, and nothing may be dropped unsaid. A link to a folder inside the root gets none:
     its files are listed at their own paths, and each path through the link is a ``folder_link``
@@ -389,8 +397,9 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
             target = link
         if target.is_relative_to(root):
             continue
-        shown = _shown_name(str(link))
-        issues.append(Issue(sample_id=_name_id(source.name, rel, phi), path=shown, stage="discover",
+        shown, sample_id = _shown_name(str(link)), _name_id(source.name, rel, phi)
+        _note_real(real_paths, sample_id, str(link), shown)
+        issues.append(Issue(sample_id=sample_id, path=shown, stage="discover",
                             reason="outside_root",
                             message=f"{shown} is a link to the folder {_shown_name(str(target))}, outside the source "
                                     f"root {source.root}; its files were not read: move them in, or set "
@@ -399,7 +408,8 @@ def _folder_link_issues(source: SourceConfig, links: Sequence[str], phi: Pseudon
 
 
 def _aliased_files(source: SourceConfig, aliases: Sequence[tuple[str, str]], relpaths: Sequence[str],
-                   phi: Pseudonymizer | None, named: Container[str] = ()) -> dict[str, list[Excluded]]:
+                   phi: Pseudonymizer | None, named: Container[str] = (),
+                   real_paths: dict[str, str] | None = None) -> dict[str, list[Excluded]]:
     """One ``folder_link`` record per file seen through a folder not walked because its files are
     listed at other paths (``aliases``, :func:`_walk_relpaths`: ``kitty -> cat``, a link to a folder
     already under the root): each such file is packed once, under the path it is listed at, and
@@ -419,11 +429,13 @@ def _aliased_files(source: SourceConfig, aliases: Sequence[tuple[str, str]], rel
             seen = f"{alias}/{rel[len(prefix):]}"
             if seen in named:
                 continue
+            sample_id, path = _name_id(source.name, seen, phi), f"{root}/{seen}"
+            _note_real(real_paths, sample_id, path, _shown_name(path))
             out.setdefault(alias, []).append(Excluded(
-                _name_id(source.name, seen, phi), _shown_name(f"{root}/{seen}"), "discover", "folder_link",
-                f"{_shown_name(link)} and {_shown_name(folder)} are one folder, reached through a folder link under the "
-                f"source root: this file is packed once, as {_shown_name(os.path.join(root, rel))}, not again at this "
-                "path"))
+                sample_id, _shown_name(path), "discover", "folder_link",
+                f"{_shown_name(link)} and {_shown_name(folder)} are one folder, reached through a folder link under "
+                f"the source root: this file is packed once, as {_shown_name(os.path.join(root, rel))}, not again at "
+                "this path"))
     return out
 
 
@@ -451,15 +463,16 @@ def _aliased_class_warning(source: SourceConfig, aliases: Sequence[tuple[str, st
 
 
 def _unlisted_folder_issues(source: SourceConfig, unlisted: Sequence[tuple[str, OSError]],
-                            phi: Pseudonymizer | None) -> list[Issue]:
+                            phi: Pseudonymizer | None, real_paths: dict[str, str] | None = None) -> list[Issue]:
     """One ``unreadable`` record per folder under the root that could not be listed (no read or
     execute permission, a path longer than the OS allows): its files were not read, and nothing
     may be dropped unsaid. The fix the message gives is the error's (:func:`_unlisted_fix`)."""
     issues = []
     for rel, err in unlisted:
-        folder = _shown_name(str(Path(source.root) / rel))
-        why = err.strerror or str(err)
-        issues.append(Issue(sample_id=_name_id(source.name, rel, phi), path=folder, stage="discover",
+        real, sample_id = str(Path(source.root) / rel), _name_id(source.name, rel, phi)
+        folder, why = _shown_name(real), err.strerror or str(err)
+        _note_real(real_paths, sample_id, real, folder)
+        issues.append(Issue(sample_id=sample_id, path=folder, stage="discover",
                             reason="unreadable",
                             message=f"{folder}: this folder cannot be listed ({why}), so none of its files was "
                                     f"read; {_unlisted_fix(err)}"))
@@ -475,10 +488,12 @@ def _unlisted_fix(err: OSError) -> str:
     if err.errno == errno.ENAMETOOLONG:
         return ("its path is longer than the operating system allows (PATH_MAX); shorten the names of the folders "
                 "on its way or move it higher up, or move it out of the root")
-    return "fix what the operating system reports above (a disk error, a stale network mount), or move it out of the root"
+    return ("fix what the operating system reports above (a disk error, a stale network mount), or move it out of "
+            "the root")
 
 
-def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
+def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None,
+                       real_paths: dict[str, str] | None = None
                        ) -> tuple[list[tuple[str, str]], list[Issue], list[Excluded]]:
     """The listed files whose names are text, and one ``unreadable`` record per file whose name
     is not valid UTF-8 (a Latin-1 name copied from an old export): such a name cannot be hashed,
@@ -493,6 +508,7 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
             rel.encode("utf-8")
         except UnicodeEncodeError:
             shown, sample_id, named = _shown_name(rel), _name_id(source.name, rel, phi), _shown_name(path)
+            _note_real(real_paths, sample_id, path, named)
             if only_table:
                 excluded.append(Excluded(sample_id, named, "discover", "not_in_table",
                                          f"its name '{shown}' is not valid UTF-8, so no table row names it "
@@ -1253,8 +1269,8 @@ def _unsupported_note(unsupported: Sequence[tuple[str, str, str]]) -> str:
 
 
 def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, str, str]],
-                       placed: Placed, table: Path | str | None, phi: Pseudonymizer | None
-                       ) -> list[Excluded]:
+                       placed: Placed, table: Path | str | None, phi: Pseudonymizer | None,
+                       real_paths: dict[str, str] | None = None) -> list[Excluded]:
     """One ``unsupported_format`` record per file of a format the source's kind finds but cannot
     read (a WebP image under an image source: :meth:`~packer.read.kinds.SourceKind.unsupported`),
     its detail saying what it is and what to do. A file the table's file columns name (a mask)
@@ -1270,9 +1286,10 @@ def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, st
     for rel, path, what in unsupported:
         if rel in named:
             continue
-        shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+        shown = _shown_name(rel)
         sample_id = make_sample_id(source.name, shown, phi)
-        at = os.fsencode(path).decode("utf-8", "backslashreplace")
+        at = _shown_name(path)
+        _note_real(real_paths, sample_id, path, at)
         if only_table and rel not in rows and rel.rsplit("/", 1)[-1] not in row_names:
             out.append(Excluded(sample_id, at, "discover", "not_in_table",
                                 f"{table} names no such file (files: table)"))
@@ -1328,7 +1345,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,
                                   present=present, unlisted=unlisted, aliases=aliases)
-    files, unnamed, unnamed_out = _undecodable_names(source, files, phi)
+    real_paths: dict[str, str] = {}  # by sample id, where a record holds the path escaped
+    files, unnamed, unnamed_out = _undecodable_names(source, files, phi, real_paths)
     masks_out: list[Excluded] = []
     if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
         files, masks_out = _without_mask_named(source, files, phi)
@@ -1351,13 +1369,13 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     excluded: list[Excluded] = [*unnamed_out, *masks_out]
     rows = placed.rows
     if unsupported:
-        excluded.extend(_unsupported_files(source, unsupported, placed, table, phi))
+        excluded.extend(_unsupported_files(source, unsupported, placed, table, phi, real_paths))
         rows = _rows_of_readable(source, rows, unsupported)  # an unsupported file's row is said by its record
     # a link a row names is that row's record (_unlisted_rows), not a second one of its own
-    issues: list[Issue] = _folder_link_issues(source, links, phi, named=rows) if links else []
-    linked = _aliased_files(source, aliases, relpaths, phi, named=rows) if aliases else {}
+    issues: list[Issue] = _folder_link_issues(source, links, phi, named=rows, real_paths=real_paths) if links else []
+    linked = _aliased_files(source, aliases, relpaths, phi, named=rows, real_paths=real_paths) if aliases else {}
     excluded.extend(record for records in linked.values() for record in records)
-    issues.extend(_unlisted_folder_issues(source, unlisted, phi))
+    issues.extend(_unlisted_folder_issues(source, unlisted, phi, real_paths))
     issues.extend(unnamed)
     for rel, refused in sorted(unplaced.items()):  # one record per file, however many rows name it
         issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=_unlisted_path(source, rel),
@@ -1386,7 +1404,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     hint = header_entity_hint(source, refs, records.columns if records else (), rows,
                               hide_ids=phi is not None and phi.active)
     return SourceFound(refs, issues, listed, excluded, warnings_said, placed.rows_filtered, unlabeled, hint,
-                       own_entity)
+                       own_entity, real_paths)
 
 
 @dataclass(frozen=True)
@@ -1404,6 +1422,8 @@ class SourceFound:
     entity_hint: str | None = None
     #: :func:`entity_warning`: said unless another source's files share this one's entities
     own_entity_warning: str | None = None
+    #: by sample id, the real path of each record whose path is escaped (not valid UTF-8)
+    real_paths: dict[str, str] = field(default_factory=dict)
 
 
 _PATIENT_COLUMN = re.compile(r"patient|subject|mrn|participant|person|case[ _-]?id", re.IGNORECASE)
@@ -1567,6 +1587,9 @@ class Discovery:
     #: by source name, what to warn of once the probe finds every file its own entity
     #: (:func:`header_entity_hint`, :func:`own_entity_warnings`)
     entity_hints: dict[str, str] = field(default_factory=dict)
+    #: by sample id, the path as the OS gives it of each record whose ``path`` holds it escaped
+    #: (a name that is not valid UTF-8: :func:`_shown_name`), for ``packer locate``
+    real_paths: dict[str, str] = field(default_factory=dict)
 
 
 def _path_names(relpaths: Sequence[str]) -> set[str]:
@@ -1611,6 +1634,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     rows_filtered = 0
     unlabeled: dict[str, str] = {}
     hints: dict[str, str] = {}
+    real_paths: dict[str, str] = {}
     own_entity: dict[int, str] = {}  # where in ``said`` each source's entity_warning goes: by source name
     allow_outside = job.safety.outside_root == "allow"
     for index, source in enumerate(job.sources):
@@ -1630,6 +1654,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said.extend(found.warnings)
         rows_filtered += found.rows_filtered
         unlabeled.update(found.unlabeled)
+        real_paths.update(found.real_paths)
         if found.entity_hint is not None:
             hints[source.name] = found.entity_hint
     refs = RefTable.concat(tables)
@@ -1646,7 +1671,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         refs = RefTable.of(unique)
         said.extend(renamed)
     return Discovery(refs=refs, issues=issues, listed=listed, excluded=excluded, warnings=said,
-                     rows_filtered=rows_filtered, unlabeled=unlabeled, entity_hints=hints)
+                     rows_filtered=rows_filtered, unlabeled=unlabeled, entity_hints=hints, real_paths=real_paths)
 
 
 def _sharing_entities(refs: RefTable) -> set[str]:
@@ -1741,7 +1766,9 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     or a tile's key (``<id>-f0003``, ``<id>-p00001-t00000_00128``: :func:`packer.keys.parse_key`)
     and a volume's (its first file's id) name their file. Nothing is decoded. ``refused``: where
     the key of a file the job has names a part that file cannot be cut into (a frame of a photo,
-    a tile of a job that cuts none) goes, with why."""
+    a tile of a job that cuts none) goes, with why. A path is the file's real name, as the OS
+    gives it, also where its record holds it escaped (not valid UTF-8: its bad bytes are
+    surrogates here, which :func:`os.fsencode` turns back into them)."""
     found = discover(job, phi, storage_options=storage_options)
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     kinds = dict(zip(found.refs.column("sample_id"), found.refs.column("kind"), strict=True))
@@ -1749,6 +1776,7 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
         files.setdefault(issue.sample_id, issue.path)
     for left_out in found.excluded:  # and so are files left out on purpose (filtered, not in the table)
         files.setdefault(left_out.sample_id, left_out.path)
+    files.update(found.real_paths)  # a name that is not valid UTF-8: its record holds it escaped
     out: dict[str, str | None] = {}
     heads: dict[str, bytes] = {}
     for key in keys:
