@@ -967,6 +967,21 @@ def _redacted_paths(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "sources": sources, "split": split}
 
 
+def _written_root(base: Path, spec: str, root: Path | str) -> Path | str:
+    """The root a source without ``name:`` is named after: the path as the job writes it, made
+    absolute against ``base`` with ``.`` and ``..`` folded in (``os.path.normpath``) but no symlink
+    followed, so ``../data/photos`` names a source ``photos`` whether written relative or absolute
+    and wherever the link ``data/photos`` points (a "latest -> snapshot" link named it after the
+    snapshot folder, and repointing the link at a byte-identical copy changed every sample key and
+    the dataset_hash). ``root``, the location the files are read from, where the written path has
+    no last segment of its own (``/``); a URL as written."""
+    local = local_path(spec) if is_url(spec) else Path(spec)
+    if local is None:
+        return root
+    written = Path(os.path.normpath(base / local))
+    return written if written.name else root
+
+
 def _root_segment(root: Path | str) -> str:
     """The last segment of a root folder or URL, as it is spelled (``s3://bucket/raw/ct`` → ``ct``)."""
     return root.name if isinstance(root, Path) else root.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
@@ -1082,8 +1097,8 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         header_where=kind.header_conditions(tuple(c for c in conditions if c.key in in_header), f"{where}.where"),
         mask=mask,
         kind=kind.name,
-        name=_written_name(str(raw["name"]), where) if raw.get("name") else (_named_after_root(root, where)
-                                                                              or f"source{index}"),
+        name=_written_name(str(raw["name"]), where) if raw.get("name") else (
+            _named_after_root(_written_root(base, raw["root"], root), where) or f"source{index}"),
         root=root,
         root_spec=raw["root"],
         entity=kind.default_entity if entity_path else str(entity_raw["column"]) if entity_column else entity_raw,
@@ -1746,7 +1761,8 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     )
     if phi.mode == "pseudonymize":
         for index, (raw_source, source) in enumerate(zip(doc["sources"], sources, strict=True)):
-            if not raw_source.get("name") and _PERSONAL_NAME.search(_root_segment(source.root)):
+            named_after = _written_root(base, raw_source["root"], source.root)
+            if not raw_source.get("name") and _PERSONAL_NAME.search(_root_segment(named_after)):
                 raise ConfigError(
                     f"sources[{index}]: its name defaults to its root folder's name, which may "
                     "identify a patient (a DICOM person name's ^, or a calendar date, which phi: pseudonymize never "
