@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -92,16 +93,19 @@ class Pseudonymizer:
         return hmac.new(self.key, f"{domain}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
     def entity(self, raw: str) -> str:
-        """The entity id written to outputs: ``e-`` + 20 hex of HMAC, or the raw id with ``keep``.
-        Under pseudonymization the raw id is noted for :mod:`packer.redact`: no error message prints it."""
+        """The entity id written to outputs: ``e-`` + 20 hex of HMAC, or the raw id with ``keep``,
+        either of the id in NFC (:func:`entity_text`), so that one id in two Unicode forms is one
+        entity. Under pseudonymization the raw id is noted for :mod:`packer.redact`: no error
+        message prints it."""
+        text = entity_text(raw)
         if not self.active:
-            return raw
-        note_names((raw,))
-        return f"e-{self._mac('entity', raw)[:20]}"
+            return text
+        note_names((raw, text) if text != raw else (raw,))
+        return f"e-{self._mac('entity', text)[:20]}"
 
     def lookalike(self, raw: str) -> str:
-        """What tells entity ids apart that differ only in case, spacing or leading zeros
-        (:func:`entity_form`): under pseudonymization a keyed digest of that form, so the client
+        """What tells entity ids apart that differ only in case, spacing, leading zeros or
+        compatibility form (:func:`entity_form`): under pseudonymization a keyed digest of that form, so the client
         holds no raw id; the form itself with ``keep``."""
         form = entity_form(raw)
         return self._mac("entity-form", form)[:20] if self.active else form
@@ -125,13 +129,25 @@ class Pseudonymizer:
 _LEADING_ZEROS = re.compile(r"(?<![0-9])0+(?=[0-9])")
 
 
+def entity_text(raw: str) -> str:
+    """An entity id as packer compares and writes it: in NFC, as class folders, table cells and
+    split lists are compared. ``Müller`` with one code point for the ü (as Linux keeps a folder
+    name) and with ``u`` and a combining diaeresis (NFD, as a macOS export writes it) print alike
+    and are one id: they were two entities, which the split could put in train and in test. An id
+    already in NFC, as every ASCII id is, is itself."""
+    return raw if raw.isascii() else unicodedata.normalize("NFC", raw)
+
+
 def entity_form(raw: str) -> str:
-    """An entity id with case, whitespace and the leading zeros of each run of digits removed:
-    ``MRN0042``, ``mrn0042``, `` MRN 42`` and ``MRN00042`` share one form, the way one record
-    number looks when two systems export it. Two ids with one form are likely one patient, so
-    the audit reports them (``entity_lookalikes``); they are never merged, since only the data's
-    owner can tell."""
-    return "".join(_LEADING_ZEROS.sub("", raw).split()).casefold()  # runs of digits as written, then spaces
+    """An entity id with its compatibility forms folded (NFKC: full-width ``ＭＲＮ００４２`` is
+    ``MRN0042``, as structure names compare), then case, whitespace and the leading zeros of each
+    run of digits removed: ``MRN0042``, ``mrn0042``, `` MRN 42`` and ``MRN00042`` share one form,
+    the way one record number looks when two systems export it. Two ids with one form are likely
+    one patient, so the audit reports them (``entity_lookalikes``); they are never merged, since
+    only the data's owner can tell (ids that differ only in NFC against NFD are one id already:
+    :func:`entity_text`)."""
+    text = "".join(_LEADING_ZEROS.sub("", unicodedata.normalize("NFKC", raw)).split())  # digit runs' zeros, spaces
+    return unicodedata.normalize("NFKC", text.casefold())  # casefold may leave what NFKC folds (NFKC_Casefold)
 
 
 def _parse(value: str) -> datetime:

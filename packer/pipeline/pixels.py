@@ -478,6 +478,8 @@ class _Settle:
                 if self._phi.active:
                     kept = tuple(cell for cell in sample.ref.extra if cell[0] == self._keep)
                     sample = replace(sample, ref=replace(sample.ref, entity=entity, extra=kept))
+                elif entity != sample.ref.entity:  # with keep, the id in NFC (Pseudonymizer.entity)
+                    sample = replace(sample, ref=replace(sample.ref, entity=entity))
             self.table.append(sample)
         return replace(chunk, samples=())
 
@@ -492,7 +494,7 @@ class _Settle:
 
     def lookalikes(self) -> tuple[tuple[str, ...], ...]:
         """The groups of two or more entity ids (as written to outputs) whose raw ids differ only
-        in case, spacing or leading zeros, each sorted, in sorted order."""
+        in case, spacing, leading zeros or compatibility form, each sorted, in sorted order."""
         return tuple(sorted(tuple(sorted(ids)) for ids in self._twins.values()))
 
 
@@ -524,8 +526,8 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
     Returns the chunk results in key order, without their samples, every sample in a table, in
-    the order the results arrived, and the groups of entity ids that differ only in case, spacing
-    or leading zeros (:meth:`_Settle.lookalikes`).
+    the order the results arrived, and the groups of entity ids that differ only in case, spacing,
+    compatibility form or leading zeros (:meth:`_Settle.lookalikes`).
 
     Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
