@@ -2,8 +2,12 @@
 lands before it is loaded.
 
 Importing the command line (click, numpy, pyarrow, dask) takes a fraction of a second; a
-Ctrl-C then would end in Python's own traceback. Here it ends as one during a command does:
-one line, exit 130.
+Ctrl-C then would end in Python's own traceback, and a SIGTERM (a CI job or batch scheduler
+cancelled right after launch) would kill the process by the signal with nothing said. Here
+each ends as one during a command does: one line, exit 130 or 143. The SIGTERM handler lives
+only while the command line loads (and only where SIGTERM had Python's default: one a parent
+ignored, or a handler of a program calling ``main()``, is left alone); the command's own,
+installed by :mod:`packer.commands`, takes over from there.
 
 Python decodes file names, and encodes what it prints, by the locale: under a Latin-1 one
 (``de_DE.ISO-8859-1``) ``café.png`` was listed as ``cafÃ©.png`` (its row a missing file, or its
@@ -16,7 +20,9 @@ UTF-8 mode (PEP 540) where the locale's encoding is another: it starts itself ag
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from types import FrameType
 
 
 def main() -> None:
@@ -25,9 +31,21 @@ def main() -> None:
             and os.path.isfile(sys.argv[0])):  # the script itself (not `python -c` calling main())
         os.environ["PYTHONUTF8"] = "1"  # for every process it starts (dask's workers, subprocesses)
         os.execv(sys.executable, [sys.executable, "-X", "utf8", sys.argv[0], *sys.argv[1:]])
+    stopped_by: list[int] = []
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        stopped_by.append(signum)
+        raise KeyboardInterrupt  # out of the import under way, handled below as a Ctrl-C is
+
+    sigterm_default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if sigterm_default:
+        signal.signal(signal.SIGTERM, terminate)
     try:
         from packer.cli import main as cli
     except KeyboardInterrupt:
-        sys.stderr.write("\npacker: interrupted\n")
-        sys.exit(130)  # 128 + SIGINT, as shells report it
+        sys.stderr.write("\npacker: stopped by SIGTERM\n" if stopped_by else "\npacker: interrupted\n")
+        sys.exit(128 + (signal.SIGTERM if stopped_by else signal.SIGINT))  # 143 or 130, as shells report them
+    finally:
+        if sigterm_default:  # the command's handler (packer.commands) takes SIGTERM only from the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     cli()
