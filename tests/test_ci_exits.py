@@ -10,6 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from packer.cli import main
+from tests.test_dicom_exports import export_job, write_export
+
 REPO = Path(__file__).resolve().parents[1]
 
 _CANCELLED_WHILE_LOADING = textwrap.dedent("""
@@ -68,3 +73,25 @@ def test_once_loaded_the_command_handles_sigterm_itself_and_a_parents_choice_is_
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         assert run.stdout.splitlines()[-1] == expected
+
+
+def test_validate_says_where_its_left_out_files_are_listed_and_its_stdout_is_one_line(tmp_path: Path) -> None:
+    """A build lists the files left out on purpose in excluded.jsonl; packer validate writes no such
+    file (its list is the report's excluded.records), so its log must not send anyone to one. The
+    line is a progress note, on stderr: validate's stdout is its opening line alone (README, 141)."""
+    job = export_job(tmp_path, tmp_path / "raw")
+    write_export(tmp_path / "raw")
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work")}
+    run = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "--json",
+                                    str(tmp_path / "v.json")], env=env)
+    assert run.exit_code == 0, run.output
+    assert len(run.stdout.splitlines()) == 1 and "input files, running on" in run.stdout
+    assert ("5 files left out on purpose by their headers (not_image 2, not_requested 3); not bad samples, listed "
+            "in the validate report's excluded.records") in run.stderr
+    assert "excluded.jsonl" not in run.output and not list(tmp_path.rglob("excluded.jsonl"))
+
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync"], env=env)
+    assert built.exit_code == 0, built.output
+    assert "5 files left out on purpose by their headers (not_image 2, not_requested 3); not bad samples, listed " \
+           "in excluded.jsonl" in built.stderr
+    assert len(list((tmp_path / "out").rglob("excluded.jsonl"))) == 1

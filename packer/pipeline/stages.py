@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from packer.badsamples import sort_issues
+from packer.badsamples import REPORT_FILE, sort_issues
 from packer.config import JobConfig, SplitConfig
 from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
@@ -87,6 +87,24 @@ from packer.targets.base import cell_number
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "conflicts", "split", "audit", "plan", "pack")
+
+
+@dataclass(frozen=True)
+class Listings:
+    """Where the run's messages say its lists are: the audit's findings (``audit``), the bad
+    samples (``bad``) and the files left out on purpose (``excluded``). A build writes them as
+    files beside its versions (:data:`BUILD_LISTINGS`); ``packer validate`` writes none of them,
+    they are parts of its report (``--json``, ``ValidationResult.report``: :data:`VALIDATE_LISTINGS`)."""
+
+    audit: str
+    bad: str
+    excluded: str
+
+
+BUILD_LISTINGS = Listings(audit=LEAKAGE_FILE, bad=REPORT_FILE, excluded=EXCLUDED_FILE)
+# named alike for the command and the Python call, so that the two reports are one document
+VALIDATE_LISTINGS = Listings(audit="the validate report's audit", bad="the validate report's bad_samples.records",
+                             excluded="the validate report's excluded.records")
 
 
 @dataclass(frozen=True)
@@ -159,16 +177,17 @@ def _make_cache_folder(cache_dir: Path) -> None:
 
 def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode: bool = True,
             quiet: bool = False, storage_options: dict[str, Any] | None = None, refer: bool = True,
-            listed_in: str = LEAKAGE_FILE) -> Prepared:
+            listings: Listings = BUILD_LISTINGS) -> Prepared:
     """Stages discover to audit of ``job``. Does not raise on leakage: :func:`run_stages` decides.
 
     With ``decode`` False (``validate --quick``) only headers are read: duplicate rules
     cannot run and are disabled for this audit. ``storage_options`` configure the stores of
     raw inputs given as URLs (on the client and on the workers). ``refer``: per-file reuse may
     hold unchanged files' samples by reference (:attr:`~packer.pipeline.pixels.ChunkTask.refer`).
-    ``listed_in``: where the warnings say the audit's findings are listed (leakage.json for a
-    build; packer validate writes none).
+    ``listings``: where the messages say the audit's findings, the bad samples and the files left
+    out are listed (files for a build; packer validate writes none: parts of its report).
     """
+    listed_in = listings.audit
     phi = pseudonymizer_for(job.phi, job.job_path)
     found = discover(job, phi, storage_options=storage_options, quiet=quiet)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
@@ -217,16 +236,17 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         issues.extend(replace(i, message=unlabeled[i.path]) if i.reason == "missing_label" and i.path in unlabeled
                       else i for i in decoded_issues)
         if probed_out and not quiet:  # not bad samples: the progress lines did not count them
+            # a progress line (stderr, as the others): stdout holds the opening line alone
             print(f"packer: {job.name}: {len(probed_out)} files left out on purpose by their headers "
                   f"({describe_counts(Counter(e.why for e in probed_out))}); not bad samples, listed in "
-                  f"{EXCLUDED_FILE}", flush=True)
+                  f"{listings.excluded}", file=sys.stderr, flush=True)
         excluded.extend(probed_out)
         # a broken file or two beside them does not make the left-out files' cause a bad fraction
         if not len(samples) and excluded and len(excluded) >= len(issues):
             raise _nothing_to_pack(job, excluded, issues, show_paths=not phi.active)
         source_codes, source_names = samples.codes("source")
         empty = empty_sources_warning(job, {source_names[c] for c in np.unique(source_codes).tolist()}, issues,
-                                      excluded)
+                                      excluded, listings)
         if empty is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {empty}", file=sys.stderr, flush=True)
             warned.append(("sources", empty))
@@ -283,7 +303,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                              quiet=quiet)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg, listed_in)),
-                          ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listed_in)),
+                          ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listings)),
                           ("instance_uids", shared_instances_warning(shared_instances_of(samples), job.job_path)),
                           ("entity_lookalikes", lookalikes_warning(audit, listed_in)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1])),
@@ -392,7 +412,7 @@ def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg
 
 
 def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Issue],
-                          excluded: Sequence[Excluded]) -> str | None:
+                          excluded: Sequence[Excluded], listings: Listings = BUILD_LISTINGS) -> str | None:
     """A warning naming each source of a job of several that packs no sample although it has files
     (each bad or left out: a cut download, a wrong setting for that source alone), or None. Within
     ``validate.max_bad_fraction`` such a build succeeds, and the dataset lacks that source's samples
@@ -423,8 +443,8 @@ def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Is
         said.append(f"source {source.name!r} packed no sample: {what}")
     if not said:
         return None
-    return ("; ".join(said) + "; the dataset holds none of its samples, nor the classes only it has (bad_samples.jsonl "
-            f"and {EXCLUDED_FILE} say why for each file): fix that source's files or settings, or remove it")
+    return ("; ".join(said) + f"; the dataset holds none of its samples, nor the classes only it has ({listings.bad} "
+            f"and {listings.excluded} say why for each file): fix that source's files or settings, or remove it")
 
 
 def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
@@ -556,7 +576,7 @@ def id_like_class_warning(job: JobConfig, codes: np.ndarray, names: Sequence[Any
             f"{what}")
 
 
-def conflicts_warning(found: LabelConflicts, policy: str = "warn", listed_in: str = LEAKAGE_FILE) -> str | None:
+def conflicts_warning(found: LabelConflicts, policy: str = "warn", listings: Listings = BUILD_LISTINGS) -> str | None:
     """A sentence for the build's and validate's stderr when copies of one image disagree, or None.
 
     ``policy``: the job's ``split.duplicates.label_conflict``; it says what happens to them (under
@@ -566,7 +586,7 @@ def conflicts_warning(found: LabelConflicts, policy: str = "warn", listed_in: st
     samples = sum(len(group.members) for group in found.groups)
     if found.dropped:
         done = (f"{samples} samples left out before the split (label_conflict: drop_group; each file left out whole "
-                f"listed in {EXCLUDED_FILE})")
+                f"listed in {listings.excluded})")
     elif policy == "fail":
         done = ("the leakage audit fails (split.duplicates.label_conflict: fail, exit 4): fix the labels, or set "
                 "label_conflict: drop_group to leave those groups out")
@@ -574,7 +594,7 @@ def conflicts_warning(found: LabelConflicts, policy: str = "warn", listed_in: st
         done = "packed as they are (split.duplicates.label_conflict: warn; fail or drop_group to stop it)"
     return (f"{len(found.groups)} group(s) of copies of one image ({samples} samples) carry different targets or "
             f"masks: label noise, or two patients mixed up; {done}; each group is listed under label_conflicts in "
-            f"{listed_in}")
+            f"{listings.audit}")
 
 
 def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:
@@ -705,11 +725,10 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     the pack pass frees as it goes (:class:`~packer.pipeline.spill.SpillConsumer`) unless
     ``keep_spill``.
     """
-    # packer validate writes no leakage.json: its findings are in its report (--json, ValidationResult.report),
-    # named alike for both, so that the two reports are one document
-    listed_in = LEAKAGE_FILE if through == "pack" else "the validate report's audit"
+    # packer validate writes no leakage.json, bad_samples.jsonl nor excluded.jsonl: they are parts of its report
+    listings = BUILD_LISTINGS if through == "pack" else VALIDATE_LISTINGS
     prepared = _check(job, executor, cache_dir=cache_dir, decode=decode, quiet=quiet,
-                      storage_options=storage_options, refer=not keep_spill, listed_in=listed_in)
+                      storage_options=storage_options, refer=not keep_spill, listings=listings)
     if prepared.files_cached and not quiet:
         print(f"packer: reused {prepared.files_cached} of {prepared.inputs} files from the build cache "
               "(their bytes' hashes checked out)", flush=True)
