@@ -4,6 +4,7 @@ command line still loads, out of open files, and what ``packer validate`` tells 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -95,3 +96,59 @@ def test_validate_says_where_its_left_out_files_are_listed_and_its_stdout_is_one
     assert "5 files left out on purpose by their headers (not_image 2, not_requested 3); not bad samples, listed " \
            "in excluded.jsonl" in built.stderr
     assert len(list((tmp_path / "out").rglob("excluded.jsonl"))) == 1
+
+
+_TABLE_OUT_OF_FILES = textwrap.dedent("""
+    import os, resource, sys
+    from packer.config import load_job
+    from packer.errors import PackerError
+    from packer.pipeline.tables import read_records
+
+    source = load_job(sys.argv[1]).sources[0]
+    read_records(source)  # everything it imports, imported
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:  # every descriptor the limit allows taken: the table's open is refused with EMFILE
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        read_records(source)
+    except PackerError as err:
+        for fd in held:
+            os.close(fd)
+        print(type(err).__name__, err.exit_code, err)
+""")
+
+
+def test_out_of_open_files_reading_the_label_table_is_exit_6_not_the_tables_fault(tmp_path: Path) -> None:
+    """A CI container's low `ulimit -n` is the machine's condition (README exit 6: raise `ulimit -n`,
+    never blamed on a file): the table reader said "cannot read the table" and exit 2, as for a
+    damaged table."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "labels.csv").write_text("path,label,entity\na.png,cat,p1\n", encoding="utf-8")
+    job = tmp_path / "job.yaml"
+    job.write_text("name: t\nsources:\n  - kind: image\n    root: raw\n    table: raw/labels.csv\n"
+                   "split: {by: entity, ratios: {train: 1.0}}\npack: {format: webdataset}\noutput: out\n",
+                   encoding="utf-8")
+    run = subprocess.run([sys.executable, "-c", _TABLE_OUT_OF_FILES, str(job)], env=dict(os.environ,
+                         PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("ResourceError 6 "), run.stdout
+    assert "raise the open-file limit (`ulimit -n" in run.stdout and "cannot read the table" not in run.stdout
+
+
+def test_out_of_open_files_starting_the_local_dask_cluster_is_exit_6_with_the_ulimit_fix(tmp_path: Path) -> None:
+    """The local cluster's worker processes failing to start for want of descriptors ended with
+    exit 1 and advice about an `if __name__ == "__main__":` guard, which a command has no use for."""
+    write_export(tmp_path / "raw")
+    job = export_job(tmp_path, tmp_path / "raw")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PACKER_WORK_DIR=str(tmp_path / "work"))
+    run = subprocess.run([sys.executable, "-m", "packer.cli", "validate", str(job), "--workers", "1", "-q"],
+                         env=env, capture_output=True, text=True, timeout=300,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20)))
+    said = [line for line in run.stderr.splitlines() if line.startswith("packer: error")]
+    assert run.returncode == 6, run.stderr
+    assert said and "raise the open-file limit (`ulimit -n" in said[-1] and "__main__" not in said[-1]

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, surface
+from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, exhausted, surface
 from packer.manifest import decoding_libraries
 
 T = TypeVar("T")
@@ -670,13 +670,24 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
         except RuntimeError as err:
             if "failed to start" not in str(err):
                 raise
+            # out of open files or memory (a CI container's low `ulimit -n`): the machine's
+            # condition, exit 6 with its fix, found in the chain dask raised it through
+            cause: BaseException | None = err
+            seen: set[int] = set()
+            while cause is not None and id(cause) not in seen:
+                seen.add(id(cause))
+                resource = exhausted(cause, "a pipe or socket of the local dask cluster") \
+                    if isinstance(cause, OSError) else None
+                if resource is not None:
+                    raise resource from err
+                cause = cause.__cause__ or cause.__context__
             script = unguarded_script()
             if script is not None:  # the workers ran its call again and refused it: a usage error
                 raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
                                   f"({str(err).rstrip('.')}): {UNGUARDED_SCRIPT}") from err
             raise PackerError(f"the local dask cluster's worker processes did not start "
-                              f"({str(err).rstrip('.')}). If packer is called from a script: "
-                              f"{UNGUARDED_SCRIPT}") from err
+                              f"({str(err).rstrip('.')}); run it again, or run in this process "
+                              f"({surface().option('scheduler', 'sync')}) to see what stops them") from err
         try:
             client = Client(cluster)
             _one_opencv_thread(client)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from packer.config import JoinConfig, SourceConfig, TableConfig
-from packer.errors import ConfigError
+from packer.errors import ConfigError, exhausted
 from packer.pipeline.labels import Refused, from_row, target_columns
 from packer.pipeline.rawstore import read_remote_bytes
 from packer.progress import stage_progress
@@ -440,6 +440,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
     except csv.Error as err:
         raise unreadable_csv(path, err) from err
     except (OSError, EOFError) as err:  # EOFError, BadGzipFile: a cut or damaged .gz
+        resource = exhausted(err, path) if isinstance(err, OSError) else None
+        if resource is not None:  # out of open files or memory: the machine's condition, not the table's
+            raise resource from err
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})"
                           f"{_nested_copy_hint(path) if isinstance(err, FileNotFoundError) else ''}") from err
 
