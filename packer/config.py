@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from packer.errors import ConfigError, blocking_file
+from packer.errors import ConfigError, blocking_file, exhausted
 from packer.files import parse_byte_size
 from packer.records import safe_key
 from packer.schemas import schema_defaults, validate_document
@@ -2207,8 +2207,8 @@ def load_job(path: str | Path) -> JobConfig:
     job_path = Path(path)
     try:
         text = job_path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
+    except OSError as err:  # out of open files or memory is the machine's condition (exit 6), not the job's
+        raise exhausted(err, job_path) or ConfigError(f"{job_path}: cannot read the job file ({err.strerror})") from err
     except UnicodeDecodeError as err:  # a binary file, or a job saved in another encoding
         line = job_path.read_bytes()[:err.start].count(b"\n") + 1
         raise ConfigError(f"{job_path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at line {line}); a job "

@@ -152,3 +152,40 @@ def test_out_of_open_files_starting_the_local_dask_cluster_is_exit_6_with_the_ul
     said = [line for line in run.stderr.splitlines() if line.startswith("packer: error")]
     assert run.returncode == 6, run.stderr
     assert said and "raise the open-file limit (`ulimit -n" in said[-1] and "__main__" not in said[-1]
+
+
+_JOB_OUT_OF_FILES = textwrap.dedent("""
+    import os, resource, sys
+    from packer.config import load_job
+    from packer.errors import PackerError
+
+    load_job(sys.argv[1])  # everything it imports, imported
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:  # every descriptor the limit allows taken: the job file's open is refused with EMFILE
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        load_job(sys.argv[1])
+    except PackerError as err:
+        for fd in held:
+            os.close(fd)
+        print(type(err).__name__, err.exit_code, err)
+""")
+
+
+def test_out_of_open_files_reading_the_job_file_is_exit_6_not_the_jobs_fault(tmp_path: Path) -> None:
+    """The job file met with no descriptor left said "cannot read the job file" and exit 2, a config
+    error; like the table's, it is the machine's condition: exit 6 with the ulimit fix."""
+    (tmp_path / "raw").mkdir()
+    job = tmp_path / "job.yaml"
+    job.write_text("name: t\nsources:\n  - kind: image\n    root: raw\n    label: none\n"
+                   "split: {by: entity, ratios: {train: 1.0}}\npack: {format: webdataset}\noutput: out\n",
+                   encoding="utf-8")
+    run = subprocess.run([sys.executable, "-c", _JOB_OUT_OF_FILES, str(job)], env=dict(os.environ,
+                         PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("ResourceError 6 "), run.stdout
+    assert "raise the open-file limit (`ulimit -n" in run.stdout and "job.yaml" in run.stdout
