@@ -6,13 +6,25 @@ Plain helpers (``REPO``, ``clean_environment``, ``demo_job_doc``, ``write_job``,
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import clean_environment
+from tests.helpers import OPENCV_LIMITS_PREFIX, clean_environment
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Remove OpenCV's image-size limits (``OPENCV_IO_MAX_IMAGE_*``) before any test module is
+    collected: OpenCV reads them once, when it loads, and test modules import it while they are
+    collected, before :func:`hermetic_environment` runs (which removes them again, for what
+    starts after it)."""
+    assert "cv2" not in sys.modules, "OpenCV loaded before the conftest could remove its size limits"
+    for name in [name for name in os.environ if name.startswith(OPENCV_LIMITS_PREFIX)]:
+        del os.environ[name]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,8 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 #: configures through the environment, does: every packer setting (``PACKER_PHI_KEY``,
 #: ``PACKER_WORK_DIR``, ``PACKER_TUNE_MALLOC``, ...), everything botocore reads under s3fs
 #: (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``,
-#: ``AWS_DEFAULT_REGION``, ``AWS_CONFIG_FILE``, ...) and OpenCV's image-size limits.
-HERMETIC_PREFIXES = ("PACKER_", "AWS_", "CV_IO_MAX_IMAGE_")
+#: ``AWS_DEFAULT_REGION``, ``AWS_CONFIG_FILE``, ...), OpenCV's image-size limits
+#: (:data:`OPENCV_LIMITS_PREFIX`) and the name of their C++ constants, which packer's too_large
+#: message mentions where it is set.
+OPENCV_LIMITS_PREFIX = "OPENCV_IO_MAX_IMAGE_"
+HERMETIC_PREFIXES = ("PACKER_", "AWS_", OPENCV_LIMITS_PREFIX, "CV_IO_MAX_IMAGE_")
 #: torchrun's variables: the loader takes its default rank and world size from them, the example
 #: training script a launch by torchrun from TORCHELASTIC_RUN_ID.
 HERMETIC_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

@@ -34,7 +34,7 @@ HOSTILE = {
     "RANK": "1",                                      # the loader would read half of each split
     "WORLD_SIZE": "2",
     "TORCHELASTIC_RUN_ID": "hostile",                 # examples/train.py would start a process group
-    "CV_IO_MAX_IMAGE_PIXELS": "16",                   # OpenCV would refuse every image
+    "OPENCV_IO_MAX_IMAGE_PIXELS": "16",               # OpenCV would refuse every image
 }
 
 #: One test per variable above that reads it, and the check below. Each passes only with the
@@ -53,7 +53,7 @@ SELECTION = (
     # TORCHELASTIC_RUN_ID: the example takes it as a torchrun launch
     "tests/test_loader_train.py::test_example_trains_checkpoints_and_resumes_mid_epoch",
     # TMPDIR (here a file: Python falls back to /tmp, the seeds are written to $TMPDIR itself),
-    # CV_IO_MAX_IMAGE_PIXELS
+    # OPENCV_IO_MAX_IMAGE_PIXELS (read when OpenCV loads, while the tests are collected)
     "tests/test_fuzz.py::test_unmutated_seeds_read_cleanly",
 )
 

@@ -165,10 +165,10 @@ def test_tiff_with_huge_tiles_is_too_large(tmp_path: Path, no_decode: None) -> N
 
 def test_opencv_pixel_limit_is_checked_from_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        no_decode: None) -> None:
-    monkeypatch.setenv("CV_IO_MAX_IMAGE_PIXELS", "1000")
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "1000")
     path = tmp_path / "small.png"
     path.write_bytes(png_bytes(100, 20))
-    too_large(probe_image(image_ref(path)), "over OpenCV's CV_IO_MAX_IMAGE_PIXELS 1000", "2000")
+    too_large(probe_image(image_ref(path)), "over OpenCV's OPENCV_IO_MAX_IMAGE_PIXELS 1000", "2000")
 
 
 def test_file_bigger_than_the_decoded_limit_is_not_read(tmp_path: Path, no_decode: None) -> None:

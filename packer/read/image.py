@@ -6,7 +6,7 @@
 - :func:`read_image` checks the file's structure (a cut file is ``truncated`` even where
   the decoder would fill the missing part), checks the header against the job's size limits
   (``too_large`` before the decoder allocates anything, see :mod:`packer.read.limits`; also
-  OpenCV's own ``CV_IO_MAX_IMAGE_*`` limits and, for TIFF, the tile or strip buffer libtiff
+  OpenCV's own ``OPENCV_IO_MAX_IMAGE_*`` limits and, for TIFF, the tile or strip buffer libtiff
   allocates), decodes it once with OpenCV
   (``IMREAD_UNCHANGED``: 16-bit and alpha survive), applies the JPEG EXIF / TIFF
   Orientation where OpenCV did not (:func:`decoder_orients`), validates the pixels and hands
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import tempfile
 import zlib
@@ -81,19 +82,27 @@ from packer.transform.image import (
 )
 from packer.transform.tiff_strips import TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO
 
-# OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize);
-# the same environment variables raise its limits.
-_CV_LIMITS = (("CV_IO_MAX_IMAGE_WIDTH", 1 << 20), ("CV_IO_MAX_IMAGE_HEIGHT", 1 << 20),
-              ("CV_IO_MAX_IMAGE_PIXELS", 1 << 30))
+# OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize),
+# with limits it reads from these environment variables once, when the library loads. Its C++
+# constants are named CV_IO_MAX_IMAGE_*, but no variable of that name is read: the too_large
+# message says so where one is set (packer's own advice used to name them).
+_CV_LIMITS = (("OPENCV_IO_MAX_IMAGE_WIDTH", 1 << 20), ("OPENCV_IO_MAX_IMAGE_HEIGHT", 1 << 20),
+              ("OPENCV_IO_MAX_IMAGE_PIXELS", 1 << 30))
+# OpenCV's parse of a size setting (core/src/system.cpp): digits, then nothing, KB or MB in one of
+# three spellings. Any other value makes OpenCV abort while it loads, before packer runs at all.
+_CV_LIMIT_VALUE = re.compile(r"([0-9]+)(KB|Kb|kb|MB|Mb|mb)?")
 
 
 # --- size limits -----------------------------------------------------------------------------
 
 def _opencv_limit(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
+    """The limit OpenCV enforces for ``name`` in this environment: the variable's value as OpenCV
+    parses it (``4194304``, ``4MB``: × 2**20, ``64KB``: × 2**10), or ``default`` when it is unset."""
+    match = _CV_LIMIT_VALUE.fullmatch(os.environ.get(name, ""))
+    if match is None:
         return default
+    number, unit = match.groups()
+    return int(number) << {None: 0, "k": 10, "m": 20}[unit[0].lower() if unit else None]
 
 
 @dataclass(frozen=True)
@@ -166,14 +175,20 @@ def _check_pages_size(images: list[tuple[Ifd, ImageHeader]], limits: LimitsConfi
 
 
 def _check_opencv_limits(header: ImageHeader, size_text: str) -> None:
+    """Raise Defect("too_large") where OpenCV would refuse to decode ``header``'s image: its width,
+    height or pixel count over the limit OpenCV reads from ``OPENCV_IO_MAX_IMAGE_*``."""
+    values = {"OPENCV_IO_MAX_IMAGE_WIDTH": header.width, "OPENCV_IO_MAX_IMAGE_HEIGHT": header.height,
+              "OPENCV_IO_MAX_IMAGE_PIXELS": header.height * header.width}
     for name, default in _CV_LIMITS:
         limit = _opencv_limit(name, default)
-        value = {"CV_IO_MAX_IMAGE_WIDTH": header.width,
-                 "CV_IO_MAX_IMAGE_HEIGHT": header.height}.get(name, header.height * header.width)
-        if value > limit:
-            raise Defect("too_large", f"{size_text}: {value} is over OpenCV's {name} {limit}, so OpenCV would "
-                                       f"refuse it; if the file is genuine, set the environment variable {name} "
-                                       "higher on every worker (and raise limits.max_pixels to match)")
+        if values[name] > limit:
+            alias = name.removeprefix("OPEN")
+            unread = (f"; {alias}, which is set here, is only the name of OpenCV's C++ constant and changes "
+                      "nothing" if alias in os.environ else "")
+            raise Defect("too_large", f"{size_text}: {values[name]} is over OpenCV's {name} {limit}, so OpenCV "
+                                      f"would refuse it; if the file is genuine, set the environment variable {name} "
+                                      "higher where every worker starts (OpenCV reads it when it loads), and raise "
+                                      f"limits.max_pixels to match{unread}")
 
 
 # --- public API ------------------------------------------------------------------------------
@@ -215,7 +230,7 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
     ``unreadable`` (OSError, zero bytes), ``unsupported`` (unknown signature),
     ``truncated`` (ends inside the header), ``decode_failed`` (malformed header),
     ``bad_shape`` (zero height or width), ``too_large`` (file size, pixels or decoded size
-    over ``limits``, or over OpenCV's ``CV_IO_MAX_IMAGE_*``), ``unexpected_error``.
+    over ``limits``, or over OpenCV's ``OPENCV_IO_MAX_IMAGE_*``), ``unexpected_error``.
 
     A TIFF's header is its first IFD's: the probe does not walk the IFD chain, so for a
     multi-page TIFF it describes (and checks against ``limits``) the first page only;
