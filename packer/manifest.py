@@ -50,6 +50,14 @@ _BYTE_SHAPING = ("numpy", "opencv-python-headless", "pydicom", "pylibjpeg", "pyl
 #: key the build cache and are checked on a cluster's workers (:func:`decoding_libraries`), but are
 #: not in the manifest, so no dataset's hash moved when the check came
 _VERDICT_SHAPING = ("simplejpeg",)
+#: Environment variables that decide which files are refused: OpenCV's image-size limits
+#: (``OPENCV_IO_MAX_IMAGE_WIDTH``, ``_HEIGHT``, ``_PIXELS``; packer.read.image checks them first,
+#: as ``too_large``). Those set key the build cache under :data:`DECODING_ENVIRONMENT`; unset, the
+#: key is what it was before they were in it.
+_VERDICT_SHAPING_VARIABLES = "OPENCV_IO_MAX_IMAGE_"
+#: The entry of :func:`decoding_libraries` that holds :data:`_VERDICT_SHAPING_VARIABLES`' values: a
+#: setting, not a library, so a cluster's check of its workers' libraries leaves it out.
+DECODING_ENVIRONMENT = "decoding environment"
 _RESTORE = "restore the manifest from the registry copy or rebuild"
 
 
@@ -100,13 +108,20 @@ def decoding_libraries(extra: Iterable[str] = ()) -> dict[str, str]:
     (:data:`_VERDICT_SHAPING`): what keys the build cache's decoded samples and verdicts, and what
     every worker of a cluster must run. Its ``packer`` entry also names packer's code
     (:func:`source_digest`), so a packer upgrade decodes every file again; the manifest records
-    :func:`library_versions`, which leaves the digest out, so no ``dataset_hash`` depends on it."""
+    :func:`library_versions`, which leaves the digest out, so no ``dataset_hash`` depends on it.
+    Where one of OpenCV's size limits is set in this process's environment, the entry
+    :data:`DECODING_ENVIRONMENT` holds them (``NAME=value``, sorted), so a verdict made under
+    other limits is not reused; none set, there is no such entry."""
     versions = {**library_versions(extra), "packer": f"{__version__} source {source_digest()}"}
     for name in _VERDICT_SHAPING:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
+    settings = sorted(f"{name}={value}" for name, value in os.environ.items()
+                      if name.startswith(_VERDICT_SHAPING_VARIABLES))
+    if settings:
+        versions[DECODING_ENVIRONMENT] = " ".join(settings)
     return versions
 
 

@@ -1,5 +1,5 @@
-"""OpenCV's own image-size limits: packer checks the variables OpenCV reads and names them in its
-advice.
+"""OpenCV's own image-size limits: packer checks the variables OpenCV reads, names them in its
+advice, and keys the build cache on them.
 
 OpenCV refuses an image wider or taller than 2**20 pixels, or of more than 2**30 pixels, unless
 ``OPENCV_IO_MAX_IMAGE_WIDTH``, ``_HEIGHT`` or ``_PIXELS`` say otherwise; it reads them once, when
@@ -17,7 +17,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import yaml
 
+from packer.config import load_job
+from packer.manifest import DECODING_ENVIRONMENT, decoding_libraries, library_versions
+from packer.pipeline.build import BuildOptions, BuildResult, build
 from tests.helpers import REPO
 
 #: 2 × 1,048,600: 24 columns over OpenCV's default width limit of 1,048,576, 2 MB of pixels.
@@ -78,3 +82,45 @@ def test_the_c_constants_name_is_no_setting_and_the_message_says_so(strip: Path)
     assert found["reason"] == "too_large" and found["opencv"] is None
     assert "CV_IO_MAX_IMAGE_WIDTH, which is set here, is only the name of OpenCV's C++ constant" in str(
         found["message"])
+
+
+def test_the_limits_key_the_cache_only_where_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    unset = decoding_libraries()
+    assert set(unset) == {*library_versions(), "simplejpeg"}  # the keys of every build without them
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "500")
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_WIDTH", "4MB")
+    assert decoding_libraries() == {**unset, DECODING_ENVIRONMENT:
+                                    "OPENCV_IO_MAX_IMAGE_PIXELS=500 OPENCV_IO_MAX_IMAGE_WIDTH=4MB"}
+
+
+def _build(folder: Path, out: str, cache: str) -> BuildResult:
+    """Four 16×16 and four 32×32 grey PNGs, each its own entity, built with ``cache`` as the build cache."""
+    raw = folder / "raw"
+    if not raw.exists():
+        rows = []
+        for i in range(8):
+            side = 16 if i % 2 else 32
+            (raw / f"P{i}").mkdir(parents=True)
+            assert cv2.imwrite(str(raw / f"P{i}/a.png"), np.random.default_rng(i).integers(0, 255, (side, side),
+                                                                                            dtype=np.uint8))
+            rows.append(f"P{i}/a.png,{'ab'[i % 2]},P{i}")
+        (raw / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
+    job = folder / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+        "transform": {"image": {"size": [16, 16], "color": "gray"}}, "validate": {"max_bad_fraction": 0.75},
+        "pack": {"format": "webdataset"}, "output": out}, sort_keys=False))
+    return build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False,
+                                             cache_dir=folder / cache))
+
+
+def test_a_warm_cache_refuses_what_a_fresh_build_refuses_under_a_lower_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 32×32 image is 1,024 pixels: over ``OPENCV_IO_MAX_IMAGE_PIXELS=500``, whose check runs
+    before OpenCV decodes (so it holds in this process, whose OpenCV loaded without it)."""
+    assert _build(tmp_path, "warm-out", "warm").manifest["bad_samples"]["by_reason"] == {}
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "500")
+    warm, fresh = _build(tmp_path, "warm-out", "warm"), _build(tmp_path, "fresh-out", "fresh")
+    assert fresh.manifest["bad_samples"]["by_reason"] == {"too_large": 4}
+    assert warm.manifest["dataset_hash"] == fresh.manifest["dataset_hash"]

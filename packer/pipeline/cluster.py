@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, TypeVar, overload
 
 from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, exhausted, surface
-from packer.manifest import decoding_libraries
+from packer.manifest import DECODING_ENVIRONMENT, decoding_libraries
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -87,7 +87,8 @@ def environment(extra: tuple[str, ...] = ()) -> Environment:
     (:func:`packer.manifest.decoding_libraries`; ``extra``: a job's source-kind libraries). A worker
     whose environment differs from the client's would pack other bytes under the client's recorded
     versions: :func:`check_workers` and every task (:func:`_run`) refuse it."""
-    return _environment_probe(tuple(name for name in decoding_libraries(extra) if name != "packer"))()
+    return _environment_probe(tuple(name for name in decoding_libraries(extra)
+                                    if name not in ("packer", DECODING_ENVIRONMENT)))()
 
 
 def _library_names(expected: Environment) -> tuple[str, ...]:
