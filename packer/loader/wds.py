@@ -6,7 +6,9 @@ packer's tar shards are plain WebDataset shards (``<key>.cls``, ``.json``, ``.np
 manifest and ``_index.parquet`` know. This helper adds exactly that, as stages on a stock
 ``webdataset.WebDataset``: a shard whose tar headers a stock reader must not act on (a sparse
 member, whose holes Python's tar reader fills to whatever size the header declares) is refused
-before webdataset opens it (:func:`safe_shards`); every shard read must give every sample the index lists for it (a
+before webdataset opens it (:func:`safe_shards`), and each shard is opened as the local file it
+is (:func:`open_shards`: webdataset's own opener parses its name as a URL, cutting a folder named
+``runs/exp#3`` at its ``#``); every shard read must give every sample the index lists for it (a
 shard cut short, or a damaged tar header, ends webdataset's read of it early and silently: the
 samples it never reached are named, :func:`whole_shards`), and every sample's checksum is checked
 against the one the index records (the same check as ``ShardDataset(verify="sample")``,
@@ -82,12 +84,14 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     if handler is not None:
         kwargs["handler"] = handler
     dataset = webdataset.WebDataset([str(s.path) for s in info.shards], **kwargs)
-    # before webdataset opens a shard: its tar reader would fill a sparse member's holes
     openers = [n for n, stage in enumerate(dataset.pipeline)
                if isinstance(stage, (webdataset.cache.StreamingOpen, webdataset.cache.FileCache))]
     if len(openers) != 1:  # a webdataset whose pipeline this does not know: never read unchecked
         raise RuntimeError(f"internal error: webdataset {webdataset.__version__}'s pipeline has {len(openers)} shard "
                            "openers where wds_dataset expects one; pin webdataset to the version packer requires")
+    # the shards are local files, opened by path: webdataset's opener would parse each as a URL
+    dataset.pipeline[openers[0]] = functools.partial(open_shards, handler=handler)
+    # before a shard is opened: its tar reader would fill a sparse member's holes
     dataset.pipeline.insert(openers[0], functools.partial(safe_shards, handler=handler))
     if listed:  # before the checksum stage, so that a sample it refuses still counts as reached
         dataset = dataset.compose(functools.partial(whole_shards, listed=listed, handler=handler))
@@ -113,6 +117,28 @@ def safe_shards(shards: Iterable[Any], *, handler: Callable[[BaseException], boo
                                "build: rebuild the dataset or get it again from its source", shard=shard)
         if handler is None or not handler(error):
             raise error
+
+
+def open_shards(shards: Iterable[Any], *, handler: Callable[[BaseException], bool] | None) -> Iterator[dict[str, Any]]:
+    """Each of ``shards`` (webdataset's ``dict(url=...)`` items, or plain paths: local shard files)
+    opened for reading, as webdataset's opener yields it (``dict(url=, stream=, local_path=)``),
+    but by its path as it is: webdataset's ``StreamingOpen`` opens ``urlparse(url).path``, which
+    ends a path at a ``#`` or ``?`` in a folder's name. (A ``cache_dir`` option has no cache to
+    fill: the files are local already.) Each is closed when the next is asked for, or the read
+    stops. An OSError opening one is raised, or handed to ``handler`` (True: the next shard is
+    opened; False: no more are)."""
+    for item in shards:
+        path = str(item["url"] if isinstance(item, dict) else item)
+        try:
+            stream = open(path, "rb")
+        except OSError as err:
+            if handler is None:
+                raise
+            if handler(err):
+                continue
+            return
+        with stream:  # the next stage reads the shard to its end before it asks for the next one
+            yield {"url": path, "stream": stream, "local_path": path}
 
 
 def whole_shards(samples: Iterable[dict[str, Any]], *, listed: Mapping[str, tuple[int, tuple[str, ...]]],
