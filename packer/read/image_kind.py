@@ -1,7 +1,8 @@
 """The ``image`` source kind: PNG, JPEG, TIFF and BMP files, decoded with OpenCV, labelled by a table or folders.
 
-Lists every file with an image suffix; a file of another image format (WebP, GIF, ...) is left
-out as ``unsupported_format``, saying to convert it (:meth:`ImageKind.unsupported`). Entity and
+Lists every file with an image suffix; a file of another image format (WebP, GIF, ...; a
+whole-slide scan, .svs, .ndpi, ...) is left out as ``unsupported_format``, saying to convert it
+(:meth:`ImageKind.unsupported`). Entity and
 time come from the source's table (a file of a table-less ``label: folder`` or ``label: none``
 source is its own entity). The reader is
 :mod:`packer.read.image`; its samples are uint8 RGB or grey, one per page (TIFF) or tile.
@@ -43,7 +44,17 @@ UNSUPPORTED_IMAGE_FORMATS = {
     ".pbm": "Netpbm", ".pgm": "Netpbm", ".ppm": "Netpbm", ".pnm": "Netpbm", ".pfm": "PFM",
     ".exr": "OpenEXR", ".hdr": "Radiance HDR", ".ras": "Sun raster", ".sr": "Sun raster", ".tga": "TGA",
     ".ico": "ICO", ".psd": "Photoshop", ".svg": "SVG", ".dng": "DNG raw", ".cr2": "Canon raw",
-    ".nef": "Nikon raw", ".arw": "Sony raw",
+    ".nef": "Nikon raw", ".arw": "Sony raw", ".pcx": "PCX", ".jxr": "JPEG XR", ".wdp": "JPEG XR",
+    ".hdp": "JPEG XR", ".xpm": "XPM", ".xbm": "XBM",
+}
+
+#: Whole-slide scans, by suffix: left out as ``unsupported_format`` too, with the route packer does
+#: read (DICOM whole-slide files, whose levels a dicom source packs as tiles). Most are TIFF inside
+#: (.svs, .ndpi, .scn, .bif), but a slide's base level is tens of gigapixels, its tiles in a
+#: pyramid a TIFF page reader does not know.
+WHOLE_SLIDE_FORMATS = {
+    ".svs": "Aperio SVS", ".ndpi": "Hamamatsu NDPI", ".scn": "Leica SCN", ".mrxs": "3DHISTECH MIRAX",
+    ".vsi": "Olympus VSI", ".czi": "Zeiss CZI", ".bif": "Ventana BIF",
 }
 
 #: Suffixes of formats packer reads, under a name it does not list: renaming is the fix.
@@ -110,12 +121,22 @@ class ImageKind(SourceKind):
         if suffix in RENAMED_IMAGE_SUFFIXES:
             return (f"a {suffix} file is not listed: {read}; if it is one of them, rename it to "
                     f"{RENAMED_IMAGE_SUFFIXES[suffix]}")
+        if suffix in WHOLE_SLIDE_FORMATS:
+            return (f"a whole-slide image ({WHOLE_SLIDE_FORMATS[suffix]}, {suffix}), which packer does not read: "
+                    f"{read}, and a slide is far too large to decode whole; convert it to DICOM whole-slide files "
+                    "(VL Whole Slide Microscopy, e.g. with wsidicomizer) and read them with a source of kind: dicom, "
+                    "which packs a level's tiles, or cut it into PNG tiles yourself (e.g. with OpenSlide)")
+        if suffix == ".apng":
+            return (f"an animated PNG (.apng), which packer does not read: {read}, and an animated PNG is refused "
+                    "(its frames after the first would be lost); save each frame as its own PNG (e.g. ffmpeg -i "
+                    "in.apng frame%04d.png), or, if it holds one frame, rename it to .png")
         what = UNSUPPORTED_IMAGE_FORMATS.get(suffix)
         if what is None:
             return None
         frames = " (each frame of an animated one becomes its own PNG)" if suffix == ".gif" else ""
-        return (f"a {what} image ({suffix}), which packer does not read: {read}; convert it to PNG (lossless)"
-                f"{frames}, e.g. with ImageMagick: magick mogrify -format png *{suffix}")
+        article = "an" if what[0] in "AEIOUX" else "a"
+        return (f"{article} {what} image ({suffix}), which packer does not read: {read}; convert it to PNG "
+                f"(lossless){frames}, e.g. with ImageMagick: magick mogrify -format png *{suffix}")
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> ImageTransformConfig:
         tile = raw.get("tile")
