@@ -76,3 +76,37 @@ def test_apng_pcx_jpeg_xr_and_xpm_are_left_out_as_unsupported_format(tmp_path: P
     assert detail["c.pcx"][1].startswith("a PCX image (.pcx), which packer does not read")
     assert detail["d.xpm"][1].startswith("an XPM image (.xpm), which packer does not read")
     assert detail["e.jxr"][1].startswith("a JPEG XR image (.jxr), which packer does not read")
+
+
+def test_a_dicom_file_named_jpg_is_told_the_rename_a_dicom_source_needs(tmp_path: Path) -> None:
+    """A DICOM source never reads a file named as an image (README: the image suffixes are never
+    read as DICOM), so "read it with a source of kind: dicom" alone was a dead end: the advice
+    says to rename it to .dcm, and a dicom source over the root then lists it."""
+    from dicom_files import ct_dataset, ct_pixels, save
+
+    from packer.config import ImageTransformConfig
+    from packer.read.image import read_image
+    from packer.records import Issue, SampleRef
+
+    root = tmp_path / "raw"
+    for i in range(2):
+        save(ct_dataset(ct_pixels((16, 16), seed=i)), root / f"IM{i}.dcm")
+    scan = save(ct_dataset(ct_pixels((16, 16), seed=9)), root / "scan.jpg")
+    ref = SampleRef(sample_id="scan", source="photos", kind="image", path=str(scan), relpath="scan.jpg",
+                    label=None, entity="scan", time=None)
+    issue = read_image(ref, ImageTransformConfig(size=(16, 16)))
+    assert isinstance(issue, Issue) and issue.reason == "unsupported"
+    assert "a DICOM file (DICM at byte 128) named .jpg" in issue.message
+    assert "rename it to .dcm, which a kind: dicom source reads" in issue.message, issue.message
+
+    def dicom_files() -> list[str]:
+        doc = {"name": "ct", "sources": [{"kind": "dicom", "root": str(root), "label": "none"}],
+               "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+               "transform": {"dicom": {"windows": [{"center": 40, "width": 400}]}},
+               "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+        (tmp_path / "ct.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        return sorted(ref.relpath or "" for ref in discover(load_job(tmp_path / "ct.yaml")).refs)
+
+    assert dicom_files() == ["IM0.dcm", "IM1.dcm"]  # kind: dicom alone does not read scan.jpg
+    scan.rename(root / "scan.dcm")
+    assert dicom_files() == ["IM0.dcm", "IM1.dcm", "scan.dcm"]

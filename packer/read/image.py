@@ -201,12 +201,14 @@ def _unsupported(ref: SampleRef, head: bytes, dicm: bytes = b"") -> Issue:
     """The Issue of a file whose first bytes (``head``: up to 16, all of a shorter file) name no
     format; ``truncated`` when the whole file is the start of a signature. ``dicm``: its bytes
     128-131, which say ``DICM`` in a DICOM file (a DICOM file among the photos is told to go to a
-    DICOM source, not to be converted to PNG)."""
+    DICOM source, not to be converted to PNG; renamed first, since a DICOM source never reads a
+    file named as an image)."""
     if dicm == b"DICM":
+        ext = os.path.splitext(ref.path)[1] or "(no extension)"
         return Issue.of(ref, stage="read", reason="unsupported",
-                        message=f"{_name(ref)}: a DICOM file (DICM at byte 128) in an image source, which reads PNG, "
-                                "JPEG, TIFF and BMP; read it with a source of kind: dicom (a job may have both), "
-                                "or move it out of this root")
+                        message=f"{_name(ref)}: a DICOM file (DICM at byte 128) named {ext} in an image source, which "
+                                "reads PNG, JPEG, TIFF and BMP; rename it to .dcm, which a kind: dicom source reads (a "
+                                f"job may have both; it never reads a file named {ext}), or move it out of this root")
     cut = cut_signature(head)
     if cut is not None:
         return Issue.of(ref, stage="read", reason="truncated",
