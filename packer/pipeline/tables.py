@@ -1087,6 +1087,40 @@ def _folder_below(cells: Sequence[str], listed: Sequence[str]) -> str | None:
     return found.pop() if found else None
 
 
+def _folder_link_on_way(root: str, rel: str) -> tuple[str, str] | None:
+    """Where the path ``rel`` under the local ``root`` passes through a link to a folder inside
+    the root, which the listing does not enter (its files are listed at their real paths): the
+    link's relative path and the file's real one. None where no folder on its way is a link, or
+    the link leads out of the root (that is ``outside_root``'s), or it cannot be resolved."""
+    parts = rel.split("/")
+    try:
+        real_root = Path(root).resolve()
+        for i in range(1, len(parts)):
+            if not Path(root, *parts[:i]).is_symlink():
+                continue
+            real = Path(root, rel).resolve()
+            if not real.is_relative_to(real_root):
+                return None
+            return "/".join(parts[:i]), real.relative_to(real_root).as_posix()
+    except (OSError, RuntimeError):  # a loop, a folder without permission: no diagnosis
+        return None
+    return None
+
+
+def _through_folder_links(source: SourceConfig, cells: Sequence[str], listed: set[str]) -> tuple[str, str, str] | None:
+    """Whether a table's cells name listed files through a link to a folder inside the root
+    (``raw/latest -> v2``, rows ``latest/0.png``): the first such cell, its link and the file's
+    real relative path; None where none of the first 1,000 does (or the root is a URL)."""
+    table, root = source.table_map, os.fspath(source.root)
+    if table is None or "://" in root:
+        return None
+    for cell in cells[:1000]:
+        linked = _folder_link_on_way(root, _rebase(cell, table, root))
+        if linked is not None and linked[1] in listed:
+            return cell, *linked
+    return None
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
                     hide_paths: bool = False) -> ConfigError:
     """Why no row names a listed file, with an example of each (not under PHI pseudonymization,
@@ -1099,7 +1133,13 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
     suffix = _missing_suffix(cells, names) if table.template is None else None
     listed_set = set(listed)
     backslashed = next((c for c in cells[:1000] if "\\" in c and c in listed_set), None)
-    if backslashed is not None:  # a Windows zip unpacked where \ is no separator: one file, named with backslashes
+    linked = _through_folder_links(source, cells, listed_set)
+    if linked is not None:  # the files are there, at the paths the rows give: say why they are not read so
+        fix = ("the rows name the files through a link to a folder inside the root, which the listing does not "
+               "enter: it names each file once, at its real path" + ("" if hide_paths else (
+                   f" (the cell {linked[0]!r} goes through the link {linked[1]!r}; the file is listed as "
+                   f"{linked[2]!r})")) + "; write the rows with the real folder's paths")
+    elif backslashed is not None:  # a Windows zip unpacked where \ is no separator: one file, named with backslashes
         fix = ("a backslash in the cells is read as a folder separator (a table written on Windows), but the files "
                "under the root have backslashes in their names" + ("" if hide_paths else f" ({backslashed!r} is one "
                "file)") + ": an archive made on Windows was unpacked without making its folders; unpack it "
