@@ -46,6 +46,7 @@ from packer.pipeline.tables import (
     Placed,
     TableRow,
     escapes_root,
+    folder_link_on_way,
     normalize_time,
     place_rows,
     read_records,
@@ -1130,7 +1131,7 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
                                         f"root {source.root}; move the file in, or set safety.outside_root: allow"))
             continue
         if not by_name and (rel in present if remote else present_here):  # there, but not listed
-            linked = None if remote else _through_folder_link(Path(source.root), rel)
+            linked = None if remote else folder_link_on_way(source.root, rel)
             why = (f"(it is reached through the link {linked[0]} to a folder inside the root, and the listing "
                    f"names each file at its real path: write the row as {linked[1]!r})" if linked is not None else
                    f"(it lists {kind.looked_for}; hidden files and folders are skipped); point the row at one of "
@@ -1205,26 +1206,6 @@ def _leaves_root(source: SourceConfig, rel: str, row: TableRow, table: Path | st
                 f"path_base: write it as {below!r}, as the other rows are, or, where every cell is written from the "
                 f"root, drop {key}.path_base")
     return f"{said}; give a path inside the root, or set safety.outside_root: allow"
-
-
-def _through_folder_link(root: Path, rel: str) -> tuple[str, str] | None:
-    """Where the path ``rel`` under ``root`` passes through a link to a folder inside the root
-    (the walk does not enter those: their files are listed at their real paths): the link's
-    relative path and the file's real relative path. None where it does not."""
-    parts = rel.split("/")
-    real_root = root.resolve()
-    for i in range(1, len(parts)):
-        folder = root.joinpath(*parts[:i])
-        try:
-            if not folder.is_symlink():
-                continue
-            real = (root / rel).resolve()
-        except (OSError, RuntimeError):  # a loop, a folder without permission: no better advice than the default
-            return None
-        if real.is_relative_to(real_root):
-            return "/".join(parts[:i]), real.relative_to(real_root).as_posix()
-        return None
-    return None
 
 
 def _remote_folder(present: Sequence[str], rel: str) -> bool:

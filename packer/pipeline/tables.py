@@ -1087,11 +1087,12 @@ def _folder_below(cells: Sequence[str], listed: Sequence[str]) -> str | None:
     return found.pop() if found else None
 
 
-def _folder_link_on_way(root: str, rel: str) -> tuple[str, str] | None:
+def folder_link_on_way(root: str | Path, rel: str) -> tuple[str, str] | None:
     """Where the path ``rel`` under the local ``root`` passes through a link to a folder inside
     the root, which the listing does not enter (its files are listed at their real paths): the
     link's relative path and the file's real one. None where no folder on its way is a link, or
-    the link leads out of the root (that is ``outside_root``'s), or it cannot be resolved."""
+    the link leads out of the root (that is ``outside_root``'s), or it cannot be resolved. For a
+    row's ``missing_file`` record (discovery) and the no-row-matches error alike."""
     parts = rel.split("/")
     try:
         real_root = Path(root).resolve()
@@ -1115,7 +1116,7 @@ def _through_folder_links(source: SourceConfig, cells: Sequence[str], listed: se
     if table is None or "://" in root:
         return None
     for cell in cells[:1000]:
-        linked = _folder_link_on_way(root, _rebase(cell, table, root))
+        linked = folder_link_on_way(root, _rebase(cell, table, root))
         if linked is not None and linked[1] in listed:
             return cell, *linked
     return None
