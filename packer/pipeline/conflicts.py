@@ -224,12 +224,15 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     return LabelConflicts(groups=tuple(found), masks_compared=(masks is not None) if has_masks else None)
 
 
-def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Excluded]:
+def conflict_exclusions(samples: SampleTable, found: LabelConflicts,
+                        files: Mapping[str, tuple[tuple[str, str], ...]] | None = None) -> list[Excluded]:
     """One ``label_conflict`` record (``excluded.jsonl``) per file whose samples ``drop_group``
     left out (``found.dropped``), every one of them: the samples' keys, the group's size, how it
     was linked and what disagreed. A file some of whose samples (tiles, pages, frames) still
     pack is a packed file, counted once as such: its dropped samples are named in ``leakage.json``
-    (the group's members, ``dropped``), not as a file left out."""
+    (the group's members, ``dropped``), not as a file left out. ``files``: by sample key, the
+    files a sample stands for whole (a volume's series, :class:`packer.pipeline.split.HeldFiles`):
+    each of them is left out with it, one record a file."""
     packed = _files_still_packed(samples, found.dropped)
     paths: dict[str, str] = {}
     dropped_keys: dict[str, list[str]] = defaultdict(list)
@@ -250,9 +253,11 @@ def conflict_exclusions(samples: SampleTable, found: LabelConflicts) -> list[Exc
             ref = samples[row].ref
             if ref.sample_id in packed:  # the file's other samples pack: a packed file
                 continue
-            paths[ref.sample_id] = ref.path
-            dropped_keys[ref.sample_id].append(samples.value("key", row))
-            whys.setdefault(ref.sample_id, why)
+            key = samples.value("key", row)
+            for sample_id, path in (files or {}).get(key, ((ref.sample_id, ref.path),)):
+                paths[sample_id] = path
+                dropped_keys[sample_id].append(key)
+                whys.setdefault(sample_id, why)
     return [Excluded(sample_id=sample_id, path=paths[sample_id], stage="split", why="label_conflict",
                      detail=f"sample{'s' if len(dropped_keys[sample_id]) > 1 else ''} "
                             f"{', '.join(dropped_keys[sample_id])}: {whys[sample_id]}")

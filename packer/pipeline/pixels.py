@@ -44,6 +44,7 @@ from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
+from packer.pipeline.split import HeldFiles
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.kinds import Grouping, series_incomplete, source_kind, source_libraries, with_channels
@@ -522,12 +523,14 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
                 decode: bool = True, quiet: bool = False, phi: Pseudonymizer | None = None,
                 listed: Mapping[str, RawObject] | None = None, storage_options: dict[str, Any] | None = None,
                 sig_dir: Path | None = None,
-                refer: bool = True) -> tuple[list[ChunkResult], SampleTable, tuple[tuple[str, ...], ...]]:
+                refer: bool = True) -> tuple[list[ChunkResult], SampleTable, tuple[tuple[str, ...], ...], HeldFiles]:
     """Run the pixel pass (or the header pass when ``decode`` is False) over all refs.
 
     Returns the chunk results in key order, without their samples, every sample in a table, in
-    the order the results arrived, and the groups of entity ids that differ only in case, spacing,
-    compatibility form or leading zeros (:meth:`_Settle.lookalikes`).
+    the order the results arrived, the groups of entity ids that differ only in case, spacing,
+    compatibility form or leading zeros (:meth:`_Settle.lookalikes`), and what the samples of
+    grouped files hold of other files (:func:`held_files`: from headers, so the same with and
+    without ``decode``).
 
     Refs whose path is a URL need ``listed`` (:attr:`packer.pipeline.discover.Discovery.listed`): each
     task gets its files' entries, for the cache key and the size limit, and ``storage_options``
@@ -550,8 +553,10 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
     table = refs if isinstance(refs, RefTable) else RefTable.of(refs)
     results: list[ChunkResult] = []
     group_tasks: list[ChunkTask] = []
+    held = HeldFiles()
     for grouping, rows in _grouped_rows(table, job):
         grouped, early = _assemble_groups(executor, grouping, [table[i] for i in rows], make, nonce, quiet)
+        held = held_files(grouping, grouped, job, held)
         results.append(settle.chunk(early))
         if decode:
             group_tasks.extend(make(group.refs, group) for group in grouped)
@@ -573,7 +578,24 @@ def process_all(job: JobConfig, executor: Executor, refs: Sequence[SampleRef], *
         results.append(settle.chunk(result))
         progress.update(result.files, bad=len(result.issues))
     progress.close()
-    return sorted(results, key=lambda r: r.key), settle.table.finish(release=True), settle.lookalikes()
+    return sorted(results, key=lambda r: r.key), settle.table.finish(release=True), settle.lookalikes(), held
+
+
+def held_files(grouping: Grouping, groups: Sequence[Any], job: JobConfig, held: HeldFiles | None = None) -> HeldFiles:
+    """``held`` (none by default) with what the samples of the assembled ``groups`` hold of other
+    files (:meth:`~packer.read.kinds.Grouping.spans`, from the header pass's times): a sample's
+    latest time where one of its files is later than its own, and every file of a sample that
+    stands for its files whole (a volume)."""
+    latest = dict(held.latest) if held is not None else {}
+    files = dict(held.files) if held is not None else {}
+    for group in groups:
+        for span in grouping.spans(group, job):
+            own, last = span.files[0].time, span.latest
+            if own is not None and last is not None and last > own:  # ISO text: it orders as times do
+                latest[span.key] = last
+            if span.whole and len(span.files) > 1:
+                files[span.key] = tuple((ref.sample_id, ref.path) for ref in span.files)
+    return HeldFiles(latest=latest, files=files)
 
 
 def _grouped_rows(table: RefTable, job: JobConfig) -> list[tuple[Grouping, list[int]]]:

@@ -31,7 +31,7 @@ import hashlib
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, overload
 
@@ -58,6 +58,20 @@ from packer.pipeline.splitlists import split_from_column, split_from_lists
 from packer.progress import Progress, stage_progress
 from packer.records import Excluded, Issue, SpilledSample
 from packer.targets import ClassTarget
+
+
+@dataclass(frozen=True)
+class HeldFiles:
+    """What the split needs to know of the samples that hold other files' pixels (neighbour
+    stacks, volumes: :meth:`packer.read.kinds.Grouping.spans`), from the header pass, by sample key.
+
+    ``latest``: the latest record time of the files a sample holds, where it is later than the
+    sample's own (a time split times such a sample by it). ``files``: each file, as (sample id,
+    path), that a sample stands for whole (a volume's series, its own file first): leaving the
+    sample out leaves each of them out, one record a file."""
+
+    latest: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
 
 def entity_unit(entity: str, seed: int) -> float:
@@ -652,7 +666,8 @@ def _spread_labels(groups: Sequence[SplitGroup], counts: np.ndarray, out: dict[i
 def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: NearLinks | None = None, *,
                   strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
                   leave_out: frozenset[int] = frozenset(), quiet: bool = False,
-                  stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None) -> Assignment:
+                  stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None,
+                  held: HeldFiles | None = None) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
@@ -666,16 +681,21 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     ``volume``), timed by their latest slice under ``drop_straddlers``
     (:func:`packer.read.dicom_kind.timed_by_latest_slice`), as the records of those it leaves out
     say. ``bad``: for ``by: list``, the files refused as bad samples by their name under
-    ``split.match``, with their reason (:func:`packer.pipeline.splitlists.split_from_lists`)."""
+    ``split.match``, with their reason (:func:`packer.pipeline.splitlists.split_from_lists`).
+    ``held``: what those samples hold of other files, from headers
+    (:func:`packer.pipeline.pixels.held_files`): a volume ``drop_straddlers`` leaves out has one
+    ``straddles_cutoff`` record per file of its series, as every input file is counted once."""
     with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
-        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad)
+        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad, held)
 
 
 def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strata: Strata,
             pseudonym: Callable[[str], str] | None, leave_out: frozenset[int], progress: Progress,
-            stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None) -> Assignment:
+            stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None,
+            held: HeldFiles | None = None) -> Assignment:
     """:func:`assign_splits`, counting the groups placed in ``progress`` (its total set once the
     groups are known; a given split's groups all at once)."""
+    held = held or HeldFiles()
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
     progress.total = len(groups)
     if cfg.given:
@@ -754,12 +774,16 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
                                  f"the first record of its split group (its entity and {others} other "
                                  f"entit{'y' if others == 1 else 'ies'} whose images duplicate one another, kept "
                                  "in one split)")
-                        dropped.setdefault(ref.sample_id, Excluded.of(
-                            ref, stage="split", why="straddles_cutoff",
-                            detail=f"record time {time}{timed.get(stacked.get(ref.source, ''), '')} falls in {own}, "
-                                   f"but {whose} put it in {target}; "
-                                   "left out by split.entity_policy: drop_straddlers (first_seen keeps it, in its "
-                                   "group's split)"))
+                        detail = (f"record time {time}{timed.get(stacked.get(ref.source, ''), '')} falls in {own}, "
+                                  f"but {whose} put it in {target}; "
+                                  "left out by split.entity_policy: drop_straddlers (first_seen keeps it, in its "
+                                  "group's split)")
+                        # a volume stands for every file of its series: one record a file, each counted once
+                        key = table.value("key", i)
+                        for sample_id, path in held.files.get(key, ((ref.sample_id, ref.path),)):
+                            dropped.setdefault(sample_id, Excluded(
+                                sample_id=sample_id, path=path, stage="split", why="straddles_cutoff",
+                                detail=detail if sample_id == ref.sample_id else f"a file of volume {key}: {detail}"))
                         continue
                 split[i] = code_of[target]
                 if cfg.folds and target != "test":

@@ -215,7 +215,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
         if cache_dir is None:  # packer validate (packer build checks its cache and roots itself)
             executor.require_shared([*_shared_scratch(sig_dir), *shared_roots(job)])
-        chunks, table, lookalikes = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode,
+        chunks, table, lookalikes, held = process_all(job, executor, refs, cache_dir=cache_dir, decode=decode,
                                                 quiet=quiet, phi=phi, listed=listed,
                                                 storage_options=storage_options, sig_dir=sig_dir, refer=refer)
         del refs, listed  # the settled samples carry their own (probed) refs
@@ -291,12 +291,12 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     kind = target_class(job.sources[0].target.kind)
     conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None)
     if conflicts.dropped:
-        excluded.extend(conflict_exclusions(samples, conflicts))
+        excluded.extend(conflict_exclusions(samples, conflicts, held.files))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
                                stacked={s.name: job.dicom.sample for s in job.sources
                                         if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None},
-                               bad=_listed_bad(job, split_cfg, issues, phi))
+                               bad=_listed_bad(job, split_cfg, issues, phi), held=held)
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,

@@ -45,7 +45,16 @@ from packer.read.dicom_masks import (
 )
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
 from packer.read.dicom_series import HeaderFingerprint
-from packer.read.kinds import Grouping, Probed, RangedFile, SourceKind, register, series_incomplete, with_channels
+from packer.read.kinds import (
+    Grouping,
+    Probed,
+    RangedFile,
+    SampleSpan,
+    SourceKind,
+    register,
+    series_incomplete,
+    with_channels,
+)
 from packer.read.series import (
     Series,
     assemble,
@@ -555,6 +564,26 @@ class DicomSeries(Grouping):
                  else frame_key(series.refs[index].sample_id, frame))
                 for i, (index, frame) in enumerate(series.slices)
                 if not skip or k <= i < count - k]
+
+    def spans(self, group: Series | AnnotatedSeries, job: JobConfig) -> list[SampleSpan]:
+        """A volume holds every file of its series and stands for them all (``whole``); a neighbour
+        stack holds its centre's file and its ``k`` neighbours' on each side (fewer at an end, whose
+        repeated end slice is a file it already holds); a slice, its own file."""
+        series = group.series if isinstance(group, AnnotatedSeries) else group
+        counted = self.counted(group, job)
+        if job.dicom.sample == "volume":
+            return [SampleSpan(key=key, files=tuple(series.refs), whole=True) for _, key in counted]
+        k = job.dicom.neighbors if job.dicom.by_series else 0
+        frames = Counter(index for index, _ in series.slices)  # keyed as :meth:`counted` keys them
+        position = {key: i for i, key in enumerate(
+            series.refs[index].sample_id if frames[index] == 1 else frame_key(series.refs[index].sample_id, frame)
+            for index, frame in series.slices)}
+        out = []
+        for ref, key in counted:
+            i = position[key]
+            near = [series.refs[index] for index, _ in series.slices[max(i - k, 0):i + k + 1]]
+            out.append(SampleSpan(key=key, files=(ref, *dict.fromkeys(r for r in near if r is not ref))))
+        return out
 
 
 def _localizers_left_out(records: Sequence[Issue], drop: bool) -> tuple[Issue | Excluded, ...]:

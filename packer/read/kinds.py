@@ -323,6 +323,26 @@ class SourceKind:
         return False
 
 
+@dataclass(frozen=True)
+class SampleSpan:
+    """The files one sample of a group holds pixels of, from headers: ``key`` as the pixel pass
+    keys the sample, ``files`` its own file first, then the others it holds, in order. ``whole``:
+    the sample stands for every one of ``files`` (a volume: each file is packed, or left out, with
+    it), not only for its own (a neighbour stack, whose neighbours are context and are samples of
+    their own)."""
+
+    key: str
+    files: tuple[SampleRef, ...]
+    whole: bool = False
+
+    @property
+    def latest(self) -> str | None:
+        """The latest record time among :attr:`files` (ISO text orders as the split compares it),
+        or None where none has one."""
+        times = [ref.time for ref in self.files if ref.time is not None]
+        return max(times) if times else None
+
+
 class Grouping:
     """Files of one kind grouped before decoding: the header facts of each file (on workers),
     the groups from those (on the client), and a group's samples from its files' (on a worker).
@@ -375,6 +395,12 @@ class Grouping:
     def counted(self, group: Any, job: JobConfig) -> list[tuple[SampleRef, str]]:
         """(ref, key) of each sample the group would make, from headers alone (``validate --quick``)."""
         raise NotImplementedError
+
+    def spans(self, group: Any, job: JobConfig) -> list[SampleSpan]:
+        """For each sample the group would make (as :meth:`counted` keys it), the files whose
+        pixels it holds, from headers: what a time split times it by (its latest file) and what
+        leaving it out leaves out. Default: each sample holds its own file only."""
+        return [SampleSpan(key=key, files=(ref,)) for ref, key in self.counted(group, job)]
 
 
 def register(kind: SourceKind) -> SourceKind:

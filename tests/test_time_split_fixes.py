@@ -1,0 +1,64 @@
+"""Time splits over samples that hold several files' pixels (volumes, neighbour stacks), and
+time columns of tables: every input file counted once, each sample timed by its latest file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from packer.exclusions import read_excluded
+from tests.test_series import _write_series
+from tests.test_targets import _build, _job
+
+CUTOFFS = {"valid": "2024-01-01", "test": "2024-07-01"}
+
+
+def test_a_volume_left_out_by_drop_straddlers_leaves_out_and_counts_every_file_of_its_series(tmp_path: Path) -> None:
+    """P1's first scan (2023) puts P1 in train; its second (2024-08, test's period) is a 5-slice
+    volume ``drop_straddlers`` leaves out. Its 5 files are left out, not its first one: each has
+    its own ``straddles_cutoff`` record, the manifest counts 5, and the 5 P1 files of 2023 and the
+    5 of P2 are the 10 packed (README: one record per file; every input file counted once)."""
+    raw = tmp_path / "raw"
+    _write_series(raw / "early", slices=5, seed=1, patient="P1", series_uid="1.2.826.0.1.7.1",
+                  overrides={i: {"AcquisitionDateTime": "20230301100000"} for i in range(5)})
+    late = _write_series(raw / "late", slices=5, seed=2, patient="P1", series_uid="1.2.826.0.1.7.2",
+                         overrides={i: {"AcquisitionDateTime": "20240801100000"} for i in range(5)})
+    noise = np.random.default_rng(3).integers(0, 3000, size=(5, 16, 16), dtype=np.int16)  # no copy of P1's
+    _write_series(raw / "other", slices=5, seed=3, patient="P2", series_uid="1.2.826.0.1.7.3",
+                  overrides={i: {"AcquisitionDateTime": "20240201100000", "PixelData": noise[i].tobytes()}
+                             for i in range(5)})
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none", "time": ["AcquisitionDateTime"]}],
+               split={"by": "time", "cutoffs": CUTOFFS, "entity_policy": "drop_straddlers",
+                      "balance": {"accept": True}},
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": "volume"}})
+    result = _build(job)
+    records = [r for r in read_excluded(result.version_dir / "excluded.jsonl") if r["why"] == "straddles_cutoff"]
+    assert sorted(Path(r["path"]).name for r in records) == sorted(p.name for p in late)
+    assert len({r["sample_id"] for r in records}) == 5
+    inputs = result.manifest["inputs"]
+    assert inputs["files"] == 15 and inputs["excluded"] == {"straddles_cutoff": 5}
+    assert result.manifest["splits"]["train"]["samples"] == 1 and result.manifest["splits"]["valid"]["samples"] == 1
+
+
+def test_a_volume_left_out_by_a_label_conflict_leaves_out_and_counts_every_file_of_its_series(tmp_path: Path) -> None:
+    """Two patients' exports of one 4-slice series, labelled differently, under
+    ``label_conflict: drop_group``: both volumes are left out, and with them their 8 files, one
+    ``label_conflict`` record a file (not one a volume), beside P3's 4 packed files."""
+    raw = tmp_path / "raw"
+    paths = {p: _write_series(raw / p, slices=4, seed=1, patient=p, series_uid=f"1.2.826.0.1.8.{n}")
+             for n, p in enumerate(("P1", "P2"))}  # pixels alike: one image, two patients
+    noise = np.random.default_rng(5).integers(0, 3000, size=(4, 16, 16), dtype=np.int16)
+    paths["P3"] = _write_series(raw / "P3", slices=4, seed=2, patient="P3", series_uid="1.2.826.0.1.8.9",
+                                overrides={i: {"PixelData": noise[i].tobytes()} for i in range(4)})
+    table = raw / "labels.csv"
+    table.write_text("path,label\n" + "".join(f"{path.relative_to(raw).as_posix()},{'ab'[n % 2]}\n"
+                                              for n, p in enumerate(paths) for path in paths[p]))
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(raw), "labels": str(table)}],
+               split={"by": "entity", "ratios": {"train": 1.0}, "duplicates": {"label_conflict": "drop_group"}},
+               transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": "volume"}})
+    result = _build(job)
+    records = [r for r in read_excluded(result.version_dir / "excluded.jsonl") if r["why"] == "label_conflict"]
+    assert sorted(r["path"] for r in records) == sorted(str(p) for p in paths["P1"] + paths["P2"])
+    assert result.manifest["inputs"]["excluded"] == {"label_conflict": 8}
+    assert result.manifest["splits"]["train"]["samples"] == 1
