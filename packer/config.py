@@ -1979,10 +1979,10 @@ def _check_split_not_read(index: int, source: SourceConfig, split: SplitConfig) 
              table.path: f"the column naming each file (path: {table.path})"}
     roles.update({column: "a column of its label (label:), which holds classes, not split names"
                   for column in (source.target.columns if source.target.origin == "table" else ())})
-    if source.time_path is None and source.time:
-        roles[source.time[0]] = (f"the source's time column (time: {source.time[0]}), which holds dates, not split "
-                                 "names; to split by date use split: {by: time, cutoffs: ...}, or name the time "
-                                 "column another (time: <column>)")
+    for column in source.time if source.time_path is None else ():
+        roles[column] = (f"the source's time column (time: {column}), which holds dates, not split "
+                         "names; to split by date use split: {by: time, cutoffs: ...}, or name the time "
+                         "column another (time: <column>)")
     if source.entity_path is None:
         roles[source.entity] = (f"the source's entity column (entity: {source.entity}), which holds entity ids, not "
                                 "split names; to keep each entity's files in one split use split: {by: entity} (with "

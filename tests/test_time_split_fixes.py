@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
+import pytest
 
+from packer.config import load_job
+from packer.errors import ConfigError
 from packer.exclusions import read_excluded
+from packer.pipeline.build import BuildOptions, build
+from tests.helpers import write_job
 from tests.test_series import _write_series
 from tests.test_targets import _build, _job
+from tests.test_time_split import photo
 
 CUTOFFS = {"valid": "2024-01-01", "test": "2024-07-01"}
 
@@ -62,3 +69,41 @@ def test_a_volume_left_out_by_a_label_conflict_leaves_out_and_counts_every_file_
     assert sorted(r["path"] for r in records) == sorted(str(p) for p in paths["P1"] + paths["P2"])
     assert result.manifest["inputs"]["excluded"] == {"label_conflict": 8}
     assert result.manifest["splits"]["train"]["samples"] == 1
+
+
+def _photos_with_two_time_columns(folder: Path, time: list[str]) -> Path:
+    """Four PNGs whose table has two time columns: ``scanned`` filled for all but x2, ``taken`` an
+    ISO date for x2 and, for x3, a date that would put it in another split than its ``scanned``."""
+    raw = folder / "raw"
+    raw.mkdir(parents=True)
+    rows = ["path,label,entity,scanned,taken"]
+    for i, (entity, scanned, taken) in enumerate([("A", "2023-02-01", ""), ("B", "2024-08-01", ""),
+                                                   ("C", "", "2024-02-01"), ("D", "2024-03-01", "2023-01-01")]):
+        assert cv2.imwrite(str(raw / f"x{i}.png"), photo(i))
+        rows.append(f"x{i}.png,{'ab'[i % 2]},{entity},{scanned},{taken}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    doc = {"name": "timed", "sources": [{"name": "photos", "kind": "image", "root": "raw", "table": "raw/labels.csv",
+                                         "time": time}],
+           "split": {"by": "time", "cutoffs": CUTOFFS, "balance": {"accept": True}},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"}, "output": "out"}
+    return write_job(folder, doc)
+
+
+def test_a_table_sources_time_list_is_a_fallback_read_in_order(tmp_path: Path) -> None:
+    """``time: [scanned, taken]``: each row's time is its first cell that reads as a date, as a
+    DICOM source's keywords are tried in order: C, with no ``scanned``, is timed by ``taken``
+    (valid) where it was a ``missing_time`` bad sample; D keeps its ``scanned`` (valid), though
+    its ``taken`` would put it in train."""
+    result = build(load_job(_photos_with_two_time_columns(tmp_path, ["scanned", "taken"])),
+                   BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    splits = {s: result.manifest["splits"][s]["samples"] for s in ("train", "valid", "test")}
+    assert splits == {"train": 1, "valid": 2, "test": 1}
+    assert result.manifest["bad_samples"]["total"] == 0
+
+
+def test_every_column_of_a_table_sources_time_list_must_be_in_the_header(tmp_path: Path) -> None:
+    """A misspelt second column of ``time:`` was never read and never checked: it is a config
+    error naming the column, the field and the header's close name."""
+    with pytest.raises(ConfigError, match=r"missing column 'taken_at' \(named by time\); did you mean 'taken'"):
+        build(load_job(_photos_with_two_time_columns(tmp_path, ["scanned", "taken_at"])),
+              BuildOptions(scheduler="sync", quiet=True, html_report=False))

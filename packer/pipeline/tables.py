@@ -760,7 +760,8 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
         if source.entity_path is None:
             wanted.setdefault(source.entity, "entity")
         if source.time_path is None and source.time_required:  # a misspelled time: was no error at all
-            wanted.setdefault(source.time[0], "time")
+            for column in source.time:  # every column of a fallback list, not only the first
+                wanted.setdefault(column, "time")
     fields = {f.name for f in source.fields}
     for condition in source.where:
         if condition.key not in fields:
@@ -1350,10 +1351,11 @@ class _RowReader:
         self.hide_paths = hide_paths
         header = source_kind(source.kind).identity_in_header
         self.entity_column = None if header or source.entity_path is not None else source.entity
-        self.time_column = None if header or source.time_path is not None else source.time[0]
+        #: the columns giving the row's time, in order: the first non-empty cell that reads as a time
+        self.time_columns: tuple[str, ...] = () if header or source.time_path is not None else tuple(source.time)
         self.target_columns = target_columns(source.target)
         self.file_columns = frozenset(source.file_columns())
-        self.fixed = frozenset({self.table.path, "label", self.entity_column, self.time_column,
+        self.fixed = frozenset({self.table.path, "label", self.entity_column, *self.time_columns,
                                 *self.target_columns}) - self.file_columns
 
     def place(self, rel: str, rows: list[tuple[int, Record]], placed: Placed) -> None:
@@ -1454,6 +1456,14 @@ class _RowReader:
             return ""
         return self.records.where(number, record, [column])
 
+    def _raw_time(self, record: Record) -> str:
+        """The row's time cell: the first of the source's ``time:`` columns whose cell reads as a
+        time (a fallback list, as a DICOM source's keywords are), else the first non-empty one (its
+        ``missing_time`` record then says it is unreadable), else ``""``."""
+        cells = [(record.get(column) or "").strip() for column in self.time_columns]
+        filled = [cell for cell in cells if cell]
+        return next((cell for cell in filled if normalize_time(cell) is not None), filled[0] if filled else "")
+
     def row(self, number: int, record: Record, rel: str) -> TableRow:
         """A record as a TableRow: its target, entity and time, and its other cells (with the
         fields of the file's path ``rel``)."""
@@ -1462,7 +1472,7 @@ class _RowReader:
             where = self.records.where(number, record, self.target_columns)
             label = from_row(self.source.target, record, where, self.known)
         refused = label if isinstance(label, Refused) and not label.empty else None
-        raw_time = (record.get(self.time_column) or "").strip() if self.time_column else None
+        raw_time = self._raw_time(record) if self.time_columns else None
         extra = []
         for k, v in record.items():
             if k in self.fixed:
