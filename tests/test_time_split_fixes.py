@@ -4,6 +4,7 @@ time columns of tables: every input file counted once, each sample timed by its 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -13,6 +14,8 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.exclusions import read_excluded
 from packer.pipeline.build import BuildOptions, build
+from packer.pipeline.datacheck import validate_job
+from packer.pipeline.split import split_codes
 from tests.helpers import write_job
 from tests.test_series import _write_series
 from tests.test_targets import _build, _job
@@ -107,3 +110,56 @@ def test_every_column_of_a_table_sources_time_list_must_be_in_the_header(tmp_pat
     with pytest.raises(ConfigError, match=r"missing column 'taken_at' \(named by time\); did you mean 'taken'"):
         build(load_job(_photos_with_two_time_columns(tmp_path, ["scanned", "taken_at"])),
               BuildOptions(scheduler="sync", quiet=True, html_report=False))
+
+
+def _midnight_scan(tmp_path: Path, policy: str, sample: Any) -> Path:
+    """P1's scan running past midnight into test's cutoff day (slices 0-2 on 2024-06-30, 3-4 on
+    2024-07-01: its first record puts P1 in valid), beside P2 in train and P3 in test."""
+    raw = tmp_path / "raw"
+    if not raw.exists():
+        times = ["20240630235956", "20240630235957", "20240630235959", "20240701000001", "20240701000002"]
+        _write_series(raw / "midnight", slices=5, seed=1, patient="P1", series_uid="1.2.826.0.1.9.1",
+                      overrides={i: {"AcquisitionDateTime": t} for i, t in enumerate(times)})
+        for n, (patient, day) in enumerate((("P2", "20230101"), ("P3", "20240801")), start=2):
+            noise = np.random.default_rng(n).integers(0, 3000, size=(5, 16, 16), dtype=np.int16)
+            _write_series(raw / patient, slices=5, seed=n, patient=patient, series_uid=f"1.2.826.0.1.9.{n}",
+                          overrides={i: {"AcquisitionDateTime": f"{day}100000", "PixelData": noise[i].tobytes()}
+                                     for i in range(5)})
+    return _job(tmp_path / policy, [{"kind": "dicom", "root": str(raw), "label": "none",
+                                     "time": ["AcquisitionDateTime"]}],
+                split={"by": "time", "cutoffs": CUTOFFS, "entity_policy": policy, "balance": {"accept": True}},
+                transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": sample,
+                                     **({"size": [16, 16]} if sample != "volume" else {})}})
+
+
+@pytest.mark.parametrize("sample", [{"neighbors": 1, "edge": "replicate"}, "volume"])
+def test_a_stack_is_timed_by_its_latest_slice_under_both_policies_and_in_a_quick_check(tmp_path: Path,
+                                                                                       sample: Any) -> None:
+    """Slice 2's stack holds slice 3 (test's period), as do slices 3 and 4's: ``drop_straddlers``
+    leaves those 3 out, ``validate --quick`` (headers only) leaves out the same, and under
+    ``first_seen`` the ``time_order`` rule names exactly them (README: the records
+    ``drop_straddlers`` would leave out); it compared each stack's centre time and missed slice
+    2's, and ``--quick`` left out only the stacks centred past the cutoff. The volume holds slice
+    3 too: it is placed in test by it under either policy and in ``--quick``, where ``first_seen``
+    put it in valid by its first slice, test's pixels in valid, and ``time_order`` said nothing."""
+    def left_out(result: Any) -> set[str]:
+        return {e.sample_id for e in result.prepared.excluded if e.why == "straddles_cutoff"}
+
+    def quiet_check(policy: str, quick: bool = False) -> Any:
+        return validate_job(load_job(_midnight_scan(tmp_path, policy, sample)), quick=quick, scheduler="sync",
+                            quiet=True)
+
+    def samples_per_split(result: Any) -> list[int]:
+        codes = split_codes(result.prepared.samples, result.prepared.assignment.split)
+        return np.bincount(codes.astype(np.int64), minlength=3).tolist()
+
+    checks = {"drop": quiet_check("drop_straddlers"), "quick": quiet_check("drop_straddlers", quick=True),
+              "first_seen": quiet_check("first_seen")}
+    (rule,) = [r for r in checks["first_seen"].prepared.audit.rules if r.rule == "time_order"]
+    flagged = {m["key"] for f in rule.findings for m in f.get(f"{f.get('from', 'train')}_samples", [])}
+    if sample == "volume":  # P2 in train, P1's volume and P3 in test; nothing left out, nothing out of order
+        assert all(samples_per_split(r) == [1, 0, 2] for r in checks.values())
+        assert not left_out(checks["drop"]) and not left_out(checks["quick"]) and not flagged
+        return
+    dropped = left_out(checks["drop"])
+    assert len(dropped) == 3 and left_out(checks["quick"]) == dropped and flagged == dropped

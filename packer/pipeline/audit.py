@@ -60,7 +60,7 @@ from packer.pipeline.conflicts import LabelConflicts
 from packer.pipeline.dedup import components_of, exact_groups, exact_groups_of
 from packer.pipeline.nearcopy import NearLinks
 from packer.pipeline.sampletable import SampleTable, as_table
-from packer.pipeline.split import Assignment, measure_balance, split_codes
+from packer.pipeline.split import Assignment, HeldFiles, measure_balance, split_codes
 from packer.progress import stage_progress
 from packer.records import SpilledSample
 
@@ -132,13 +132,18 @@ class _Samples:
     entities: tuple[str | None, ...]
     show_paths: bool
     exact: list[list[int]]
+    #: per row, its time as the split compared it (:meth:`~packer.pipeline.split.HeldFiles.timed`:
+    #: a neighbour stack's or a volume's latest file's), as a ``pyarrow`` string array
+    times: Any = None
 
     @classmethod
-    def of(cls, samples: Sequence[SpilledSample], split: Mapping[str, str], show_paths: bool) -> _Samples:
+    def of(cls, samples: Sequence[SpilledSample], split: Mapping[str, str], show_paths: bool,
+           held: HeldFiles | None = None) -> _Samples:
         table = as_table(samples)
         entity_codes, entities = table.codes("entity")
+        times = table.arrow("time") if held is None or not held.latest else pa.array(held.timed(table), pa.string())
         return cls(table=table, split_codes=split_codes(table, split), entity_codes=entity_codes,
-                   entities=entities, show_paths=show_paths, exact=exact_groups_of(table))
+                   entities=entities, show_paths=show_paths, exact=exact_groups_of(table), times=times)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -357,7 +362,7 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
     ``valid_samples_after``, ``valid_samples``, ``latest_valid``; both give ``starts`` (and,
     where it holds records, the later split's ``earliest``)."""
     latest = ranges[earlier][1]
-    times = samples.table.arrow("time")
+    times = samples.times
     held = _timed(samples, earlier)
     findings: list[dict[str, Any]] = []
     for later in later_splits:
@@ -367,7 +372,7 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
         # UTF-8 byte order is code point order, as str comparison
         from_then = pc.fill_null(pc.greater_equal(times, pa.scalar(starts)), False)
         rows = np.flatnonzero(held & from_then.to_numpy(zero_copy_only=False)).tolist()
-        after = sorted(rows, key=lambda i: (samples.value("time", i) or "", samples.value("key", i)), reverse=True)
+        after = sorted(rows, key=lambda i: (times[i].as_py() or "", samples.value("key", i)), reverse=True)
         finding: dict[str, Any] = {} if earlier == "train" else {"from": earlier}
         finding.update({
             "split": later, f"{earlier}_samples_after": len(after),
@@ -392,7 +397,7 @@ def _timed(samples: _Samples, split: str) -> np.ndarray:
 def _time_order(samples: _Samples, cfg: SplitConfig, show_dates: bool) -> tuple[RuleResult, dict[str, tuple[str, str]]]:
     ranges: dict[str, tuple[str, str]] = {}
     if not samples.table.field_text("time").null.all():
-        times = samples.table.arrow("time")
+        times = samples.times
         for split in SPLITS:
             held = _timed(samples, split)
             if held.any():
@@ -473,7 +478,8 @@ RULES = 9
 def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, cfg: SplitConfig,
                      links: NearLinks | None = None, *, show_paths: bool = True,
                      show_dates: bool = True, conflicts: LabelConflicts | None = None,
-                     lookalikes: Sequence[Sequence[str]] = (), quiet: bool = False) -> LeakageAudit:
+                     lookalikes: Sequence[Sequence[str]] = (), quiet: bool = False,
+                     held: HeldFiles | None = None) -> LeakageAudit:
     """Run every rule on the final assignment (recomputed from the samples, not trusted).
 
     ``show_paths``/``show_dates`` False (PHI pseudonymization) keep raw relative paths and
@@ -481,14 +487,16 @@ def audit_assignment(samples: Sequence[SpilledSample], assignment: Assignment, c
     ``conflicts``: the label conflicts found before the split (:mod:`packer.pipeline.conflicts`;
     None: none). ``lookalikes``: the groups of entity ids whose raw ids differ only in case,
     spacing or leading zeros (:func:`packer.pipeline.pixels.process_all`). A long audit shows an
-    ``audit`` progress line (rules run, of :data:`RULES`) unless ``quiet``.
+    ``audit`` progress line (rules run, of :data:`RULES`) unless ``quiet``. ``held``: what the
+    samples hold of other files (:class:`~packer.pipeline.split.HeldFiles`): ``time_order``
+    compares a neighbour stack or a volume by its latest file's time, as the split places it.
     """
     with stage_progress("audit", RULES, unit="rules", quiet=quiet) as progress:
         def counted(found: list[RuleResult]) -> list[RuleResult]:
             progress.update(len(found))
             return found
 
-        fields = _Samples.of(samples, assignment.split, show_paths)
+        fields = _Samples.of(samples, assignment.split, show_paths, held)
         links = links if links is not None else NearLinks.empty()
         time_rule, ranges = _time_order(fields, cfg, show_dates)
         progress.update()

@@ -73,6 +73,24 @@ class HeldFiles:
     latest: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
+    def timed(self, table: SampleTable) -> list[str | None]:
+        """Each row's time as a time split compares it (ISO text, None where it has none): its
+        sample's latest file's (:attr:`latest`), else its own. A neighbour stack or a volume holds
+        its later files' pixels, so it is placed, left out (``drop_straddlers``) and audited
+        (``time_order``) by the latest of them under either policy, from headers alike in a build
+        and in ``validate --quick``; its record keeps its own time under ``first_seen``."""
+        import pyarrow as pa
+
+        times = table.column("time")
+        if not self.latest:
+            return times
+        hits = pc.is_in(table.arrow("key"), value_set=pa.array(sorted(self.latest)))
+        for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
+            own, last = times[i], self.latest[table.value("key", i)]
+            if own is not None and last > own:  # under drop_straddlers the pixel pass already gave it
+                times[i] = last
+        return times
+
 
 def entity_unit(entity: str, seed: int) -> float:
     """Map (seed, entity) to a uniform number in [0, 1) with sha256 (stable across machines)."""
@@ -678,13 +696,14 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     group and no split, as if they had not been found. A long split shows a ``split`` progress
     line (split groups placed, the grouping's time included) unless ``quiet``. ``stacked``: the
     sources (by name) whose samples are neighbour stacks or volumes of series (``neighbors``,
-    ``volume``), timed by their latest slice under ``drop_straddlers``
-    (:func:`packer.read.dicom_kind.timed_by_latest_slice`), as the records of those it leaves out
-    say. ``bad``: for ``by: list``, the files refused as bad samples by their name under
+    ``volume``), timed by their latest slice (``held``), as the records of those
+    ``drop_straddlers`` leaves out say. ``bad``: for ``by: list``, the files refused as bad samples by their name under
     ``split.match``, with their reason (:func:`packer.pipeline.splitlists.split_from_lists`).
     ``held``: what those samples hold of other files, from headers
-    (:func:`packer.pipeline.pixels.held_files`): a volume ``drop_straddlers`` leaves out has one
-    ``straddles_cutoff`` record per file of its series, as every input file is counted once."""
+    (:func:`packer.pipeline.pixels.held_files`): a time split places and leaves out each sample
+    by the latest of its files' times under either policy (:meth:`HeldFiles.timed`), and a volume
+    ``drop_straddlers`` leaves out has one ``straddles_cutoff`` record per file of its series, as
+    every input file is counted once."""
     with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
         return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad, held)
 
@@ -729,7 +748,7 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
             fixed[g] = wanted.pop()
     cutoffs = dict(cfg.cutoffs)
     group_split: dict[int, str] = {}
-    times = table.column("time") if cfg.by == "time" else None  # only a time split reads them
+    times = held.timed(table) if cfg.by == "time" else None  # only a time split reads them
     if times is not None:
         for g, group in enumerate(groups):
             by_time = split_for_time(_group_time(group, times), cutoffs)

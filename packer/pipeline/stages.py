@@ -300,7 +300,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
-                             quiet=quiet)
+                             quiet=quiet, held=held)
     for code, warning in (("split_shares", balance), *(("split", w) for w in assignment.warnings),
                           ("accepted_leaks", accepted_leaks(audit, split_cfg, listed_in)),
                           ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listings)),

@@ -637,7 +637,10 @@ def timed_by_latest_slice(stacked: list[Sample], slices: Sequence[Sample], job: 
     (``entity_policy: drop_straddlers``): a stack's pixels hold its neighbours', so one whose
     neighbour falls in a later split is left out with that neighbour, and never packs it into the
     earlier split. Elsewhere (``first_seen`` keeps every record in its group's split) a sample
-    keeps its centre's (a volume: its first slice's) time."""
+    keeps its centre's (a volume: its first slice's) time. The split itself times every such
+    sample by its latest slice from the header pass, under either policy and in ``validate
+    --quick`` (:meth:`DicomSeries.spans`, :class:`packer.pipeline.split.HeldFiles`): this only
+    makes the packed record's time say what the split compared."""
     if job.split.by != "time" or job.split.entity_policy != "drop_straddlers":
         return stacked
     out = []
