@@ -8,6 +8,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pydicom
 import pytest
 
 from packer.config import load_job
@@ -163,3 +164,33 @@ def test_a_stack_is_timed_by_its_latest_slice_under_both_policies_and_in_a_quick
         return
     dropped = left_out(checks["drop"])
     assert len(dropped) == 3 and left_out(checks["quick"]) == dropped and flagged == dropped
+
+
+def _own_entity_warnings(result: Any) -> list[str]:
+    return [said for code, said in result.prepared.warnings if code == "entities" and "its own entity" in said]
+
+
+def test_volumes_of_one_series_per_patient_are_not_taken_for_files_each_its_own_entity(tmp_path: Path) -> None:
+    """Four patients, one 3-slice series each, in folders named by patient id, packed as volumes:
+    4 samples of 4 entities, but 12 files, 3 a patient, so no file is its own entity; the
+    warning that "each of its 4 files is its own entity ... leakage protection is off" counted
+    volumes as files. The same files with one PatientID per file (an anonymiser's) still warn."""
+    raw = tmp_path / "raw"
+    for n in range(4):
+        noise = np.random.default_rng(n).integers(0, 3000, size=(3, 16, 16), dtype=np.int16)
+        _write_series(raw / f"PAT{n:04d}", slices=3, seed=n, patient=f"PAT{n:04d}", series_uid=f"1.2.826.0.1.6.{n}",
+                      overrides={i: {"PixelData": noise[i].tobytes()} for i in range(3)})
+
+    def checked(name: str, sample: Any) -> Any:
+        job = _job(tmp_path / name, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                   transform={"dicom": {"windows": [{"center": 1000, "width": 3000}], "sample": sample,
+                                        **({"size": [16, 16]} if sample != "volume" else {})}})
+        return validate_job(load_job(job), scheduler="sync", quiet=True)
+
+    assert _own_entity_warnings(checked("volumes", "volume")) == []
+    for n, path in enumerate(sorted(raw.rglob("*.dcm"))):  # one id per file: each file its own entity
+        ds = pydicom.dcmread(path)
+        ds.PatientID = f"ANON{n:03d}"
+        ds.save_as(path)
+    (said,) = _own_entity_warnings(checked("slices", "slice"))
+    assert "each of its 12 files is its own entity" in said

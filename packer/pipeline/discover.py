@@ -1530,18 +1530,22 @@ def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[s
             f"the files: {fix}")
 
 
-def own_entity_warnings(hints: Mapping[str, str], sources: Sequence[str], entities: Sequence[int]) -> list[str]:
+def own_entity_warnings(hints: Mapping[str, str], sources: Sequence[str], entities: Sequence[int],
+                        files: Sequence[int] | None = None) -> list[str]:
     """The warnings of :func:`header_entity_hint` (``hints``: by source name) for each source
-    whose probed samples (``sources``, ``entities``: each sample's source name and entity code, as
-    :meth:`~packer.pipeline.sampletable.SampleTable.codes` gives them) are each their own entity."""
+    whose probed files are each their own entity: ``sources``, ``entities``: each sample's source
+    name and entity code, as :meth:`~packer.pipeline.sampletable.SampleTable.codes` gives them;
+    ``files``: how many files each sample stands for (a volume: its series'; default one each),
+    so that one volume a patient is a patient's files together, not files each their own."""
     said = []
-    by_source: dict[str, list[int]] = defaultdict(list)
-    for name, entity in zip(sources, entities, strict=True):
+    by_source: dict[str, Counter[int]] = defaultdict(Counter)
+    for n, (name, entity) in enumerate(zip(sources, entities, strict=True)):
         if name in hints:
-            by_source[name].append(entity)
+            by_source[name][entity] += files[n] if files is not None else 1
     for name, found in by_source.items():
-        if len(found) >= 2 and len(set(found)) == len(found):
-            said.append(f"source {name!r}: each of its {len(found)} files is its own entity (its headers name a "
+        total = sum(found.values())
+        if total >= 2 and all(count == 1 for count in found.values()):
+            said.append(f"source {name!r}: each of its {total} files is its own entity (its headers name a "
                         "different one each), so leakage protection is off: no patient can be kept in one split. "
                         f"{hints[name]}")
     return said
