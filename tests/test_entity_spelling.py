@@ -82,3 +82,31 @@ def test_a_full_width_id_beside_its_ascii_spelling_is_reported_as_a_lookalike_no
     assert index.entity_id.nunique() == 8
     look = json.loads((version / "leakage.json").read_text())["rules"]["entity_lookalikes"]
     assert look["count"] == 1
+
+
+def test_a_pinned_table_naming_an_id_in_nfd_pins_the_patient_written_in_nfc(tmp_path: Path) -> None:
+    """A pinned table saved on a Mac writes ``Müller`` decomposed; the samples' id is NFC. The pin
+    named no sample (a stray-pin warning) and the patient went where the ratios sent it."""
+    (tmp_path / "pins.csv").write_text(f"entity,split\n{NFD},test\n", encoding="utf-8")
+    people = [NFC] + [f"P{i:02d}" for i in range(10)]
+    k = 0
+    for person in people:
+        (tmp_path / "raw" / person).mkdir(parents=True)
+        for i in range(2):
+            k += 1
+            pixels = np.random.default_rng(k).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            assert cv2.imwrite(str(tmp_path / "raw" / person / f"{i}.png"), pixels)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "pins", "sources": [{"kind": "image", "name": "photos", "root": "raw", "label": "none",
+                                     "entity": {"component": 0}}],
+        "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1,
+                  "pinned": "pins.csv", "balance": {"accept": True}},
+        "transform": {"image": {"color": "rgb"}}, "pack": {"format": "webdataset"}, "output": "out"},
+        sort_keys=False, allow_unicode=True))
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    version = Path(result.manifest_path).parent
+    index = pq.read_table(version / "_index.parquet").to_pandas()
+    assert set(index[index.entity_id == NFC].split) == {"test"}
+    warned = (version / "warnings.jsonl").read_text() if (version / "warnings.jsonl").exists() else ""
+    assert "pinned" not in warned, warned

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from packer.config import SPLITS, SplitConfig
 from packer.errors import ConfigError
+from packer.phi import entity_text
 from packer.pipeline.dedup import UnionFind, components_of, exact_groups_of
 from packer.pipeline.nearcopy import (
     EXACT_LIMIT,
@@ -561,7 +562,8 @@ def read_pinned_rows(path: Path, *, hide_values: bool = False) -> dict[str, tupl
     the row for a bad split or a repeat; never the entity's raw id (a patient's record number,
     which a message would carry into CI logs): the row tells the user which it is. ``hide_values``
     (PHI pseudonymization): nor a split cell that is no split's name (a row whose cells were
-    swapped holds the id there)."""
+    swapped holds the id there). Entity ids are read in NFC (:func:`~packer.phi.entity_text`), as
+    samples' are: ``Müller`` written decomposed pins the patient written composed."""
     from packer.pipeline.tables import (
         long_cells,
         not_utf8,
@@ -581,7 +583,8 @@ def read_pinned_rows(path: Path, *, hide_values: bool = False) -> dict[str, tupl
             for row in reader:
                 number = head.above + reader.line_num  # the line the row ends on, as a text editor numbers it
                 unclosed_at_end(path, head, number, row, reader.fieldnames)
-                entity, split = (row["entity"] or "").strip(), (row["split"] or "").strip()
+                # an id in NFC, as the data's are (entity_text): a table saved on a Mac pins its NFD form
+                entity, split = entity_text((row["entity"] or "").strip()), (row["split"] or "").strip()
                 swallowed_lines(path, number, "entity", entity, "an entity id")
                 swallowed_lines(path, number, "split", split, "a split name")
                 if split not in SPLITS:
