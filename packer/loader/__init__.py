@@ -45,7 +45,8 @@ Bad data. A shard that fails its size check (always) or sha256 (``verify="shard"
 before reading), a sample whose checksum is not the one ``_index.parquet`` records
 (``verify="sample"``, the default: every sample, as it is read), a truncated archive or an
 undecodable sample raises :class:`ShardReadError` naming shard and key; ``on_error="skip"`` skips and counts them
-(``loader.skipped``, ``loader.skipped_samples``, in the state) up to ``max_skipped``.
+(``loader.skipped``, ``loader.skipped_samples``, in the state) up to ``max_skipped`` per epoch
+(each epoch counts afresh: the same damaged sample read every epoch is not more bad data).
 
 Memory. A worker holds fewer than ``shuffle_buffer`` decoded samples read ahead of their
 turn (the workers of a rank about that many together); a held Parquet sample keeps its

@@ -427,7 +427,12 @@ class ShardLoader:
     refuses raises :class:`MixedShapesError` here, in the main process. Each ``iter()`` runs the current
     epoch from its start, except the first after ``load_state_dict``, which runs the rest of
     the saved epoch.
-    ``skipped``/``skipped_samples``: samples skipped so far in this run (``on_error="skip"``).
+    ``skipped``/``skipped_samples``: samples this rank skipped so far in the current epoch
+    (``on_error="skip"``), counted against ``max_skipped``, a cap per epoch: each ``iter()`` that
+    runs an epoch from its start counts afresh, so a damaged sample read again every epoch is
+    counted once per epoch, never summed over epochs. ``load_state_dict`` restores the count
+    where the state is this rank's, saved under the same world size (``skipped_samples``, the
+    descriptions, are not in the state).
     """
 
     def __init__(self, *, dataset: PlannedDataset, batch_size: int, num_workers: int = 0,
@@ -471,6 +476,7 @@ class ShardLoader:
             self._warn_if_resume_dropped(epoch)
             self._state = LoaderState(epoch=epoch, consumed=0, history=())
             self._resume_pending = False
+            self._reset_skips()
         self._epoch_calls_seen = self.dataset.epoch_calls
 
     def _warn_if_resume_dropped(self, epoch: int) -> None:
@@ -511,6 +517,7 @@ class ShardLoader:
             self.set_epoch(self.dataset.epoch_asked)
         if not self._resume_pending:
             self._state = LoaderState(epoch=self._state.epoch, consumed=0, history=())
+            self._reset_skips()  # max_skipped is a cap per epoch
         self._resume_pending = False
         state = self._state
         self.dataset.set_progress(epoch=state.epoch, consumed=state.consumed, history=state.history)
@@ -562,17 +569,24 @@ class ShardLoader:
         if getattr(self.dataloader, "_iterator", None) is iterator:
             self.dataloader._iterator = None
 
+    def _reset_skips(self) -> None:
+        """Start the epoch's skip count afresh (``max_skipped`` caps one epoch's skips)."""
+        self.skipped = 0
+        self.skipped_samples = []
+
     def _record_skips(self, skipped: tuple[str, ...]) -> None:
         self.skipped += len(skipped)
         self.skipped_samples.extend(skipped)
         for line in skipped:
             log.warning("skipped %s", line)
         if self.skipped > self.dataset.max_skipped:
-            raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped="
-                                 f"{self.dataset.max_skipped}; last: {skipped[-1]}")
+            raise ShardReadError(f"{self.skipped} samples skipped in epoch {self._state.epoch} on rank "
+                                 f"{self.dataset.rank}, more than max_skipped={self.dataset.max_skipped} (a cap per "
+                                 f"epoch); last: {skipped[-1]}")
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able position: epoch, positions consumed (counted from batches handed out), config."""
+        """JSON-able position: epoch, positions consumed (counted from batches handed out), config,
+        and ``skipped``, this rank's skips in the epoch so far."""
         ds = self.dataset
         return {
             "format": STATE_FORMAT,
@@ -618,7 +632,11 @@ class ShardLoader:
             self._state = LoaderState(epoch=epoch, consumed=saved.consumed, history=history)
         else:
             self._state = LoaderState(epoch=epoch, consumed=0, history=(*history, saved))
-        self.skipped = int(state.get("skipped", 0))
+        # the count is of the saved rank's share of this epoch: this rank's only where the state is its own,
+        # saved under the same split (a state saved by rank 0 and loaded by every rank is not the others')
+        own = state.get("rank") == ds.rank and saved.same_split(self._segment(0))
+        self.skipped = int(state.get("skipped", 0)) if own else 0
+        self.skipped_samples = []
         self._resume_pending = True
         self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
 

@@ -359,8 +359,10 @@ class PlannedDataset(IterableDataset):
         listed = keys.get(failure.shard, ())
         return replace(failure, key=listed[failure.position]) if 0 <= failure.position < len(listed) else failure
 
-    def _skip(self, description: str) -> None:
-        """Count a skipped sample; raise past ``max_skipped``. Iterated directly or through a plain
+    def _skip(self, description: str, *, epoch: int) -> None:
+        """Count a skipped sample of ``epoch``; raise past ``max_skipped``, a cap per epoch (the
+        count starts again with each pass over an epoch, :meth:`_items`: the same damaged sample
+        read again next epoch is not more bad data). Iterated directly or through a plain
         DataLoader: each worker process counts its own skips, which no process adds up, so each
         holds its share of the cap (``max_skipped`` split among the workers, the remainder to the
         first), and the workers together never skip more than ``max_skipped`` unsaid (each could
@@ -372,16 +374,16 @@ class PlannedDataset(IterableDataset):
         info = get_worker_info()
         if info is None or info.num_workers == 1:
             if self.skipped > self.max_skipped:
-                raise ShardReadError(f"{self.skipped} samples skipped, more than max_skipped={self.max_skipped}; "
-                                     f"last: {description}")
+                raise ShardReadError(f"{self.skipped} samples skipped in epoch {epoch}, more than "
+                                     f"max_skipped={self.max_skipped} (a cap per epoch); last: {description}")
             return
         share, rest = divmod(self.max_skipped, info.num_workers)
         cap = share + (1 if info.id < rest else 0)
         if self.skipped > cap:
-            raise ShardReadError(f"{self.skipped} samples skipped in this DataLoader worker, more than its share "
-                                 f"({cap}) of max_skipped={self.max_skipped} among {info.num_workers} workers, which "
-                                 "count apart (make_loader counts every worker's skips against the whole cap); last: "
-                                 f"{description}")
+            raise ShardReadError(f"{self.skipped} samples skipped in epoch {epoch} in this DataLoader worker, more "
+                                 f"than its share ({cap}) of max_skipped={self.max_skipped} among {info.num_workers} "
+                                 "workers (a cap per epoch), which count apart (make_loader counts every worker's "
+                                 f"skips against the whole cap); last: {description}")
 
     @staticmethod
     def _worker() -> tuple[int, int]:
@@ -402,9 +404,11 @@ class PlannedDataset(IterableDataset):
         order, plan = self.plan()
         worker, workers = self._worker()
         indices = worker_indices(len(plan.ids), batch_size=1, num_workers=workers, worker=worker)
+        # the cap is per epoch: a pass over the epoch starts its count afresh (also in a persistent worker)
+        self.skipped, self.skipped_samples = 0, []
         for _, sample_id, decoded, skipped in self._filled_results(order, plan, indices):
             if skipped is not None:
-                self._skip(skipped)
+                self._skip(skipped, epoch=order.epoch)
             if decoded is not None:
                 yield self._item(order, sample_id, decoded)
 
@@ -490,8 +494,9 @@ class ShardDataset(PlannedDataset):
     ``transform(image) -> tensor`` runs in the worker with torch/numpy/random seeded from
     ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
     ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
-    or sample, or ``skip`` it, count it (``skipped``, ``skipped_samples``) and raise once
-    more than ``max_skipped`` were skipped. With ``uneven="exact"`` a skipped sample is
+    or sample, or ``skip`` it, count it (``skipped``, ``skipped_samples``: this epoch's) and raise
+    once more than ``max_skipped`` were skipped in one epoch (the cap is per epoch: a damaged
+    sample is skipped, and counted, again in every epoch that reads it). With ``uneven="exact"`` a skipped sample is
     simply missing. With ``pad`` or ``drop``, which promise every rank the same number of
     samples so that DDP steps stay in lockstep, a skipped sample's place is taken by a
     repeat of a readable sample of the same worker (the next one read, or the last one for

@@ -1,0 +1,100 @@
+"""Long and elastic runs: many epochs over a few damaged samples, custom collates, resumes under
+another world size, epochs and ranks given as other integer types."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loader_fixtures import build_dataset, sample_image
+from torch.utils.data import DataLoader
+
+from packer.loader import ShardDataset, ShardReadError, make_loader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SIZES = (4, 6, 5)   # 15 samples
+DAMAGED = (1, 7)    # two samples whose pixels changed after the build
+
+
+def flip_pixel_byte(path: Path, index: int) -> None:
+    """Flip one byte of sample ``index``'s pixels inside a shard file (a checksum mismatch)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(sample_image(index).tobytes())
+    assert at >= 0
+    data[at + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def damaged(tmp_path: Path) -> Path:
+    """A 15-sample dataset with samples 1 (shard 0) and 7 (shard 1) damaged."""
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    flip_pixel_byte(tmp_path / "train-000000.tar", DAMAGED[0])
+    flip_pixel_byte(tmp_path / "train-000001.tar", DAMAGED[1])
+    return manifest
+
+
+def keys_of(batches) -> list[str]:
+    return [k for b in batches for k in b["key"]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_max_skipped_caps_each_epoch_so_the_same_damaged_samples_never_add_up(damaged, workers):
+    """2 damaged samples under max_skipped=2: every epoch skips the same 2, and the run goes on;
+    summed over epochs, the count passed the cap in epoch 1 (4 > 2) and stopped the run."""
+    good = sum(SIZES) - len(DAMAGED)
+    loader = make_loader(ShardDataset(damaged, "train", on_error="skip", max_skipped=2), 4, workers)
+    for epoch in range(4):   # persistent workers (workers=2) read every epoch
+        loader.set_epoch(epoch)
+        assert len(keys_of(loader)) == good
+        assert loader.skipped == 2 and len(loader.skipped_samples) == 2
+        assert loader.state_dict()["skipped"] == 2   # the epoch's own count, not the run's
+    loader.close()
+
+    dataset = ShardDataset(damaged, "train", on_error="skip", max_skipped=2)
+    for epoch in range(4):   # iterated directly, in the main process
+        dataset.set_epoch(epoch)
+        assert len(list(dataset)) == good and dataset.skipped == 2
+
+    # a plain DataLoader's persistent workers keep their dataset copy: each counts per epoch too
+    plain = DataLoader(ShardDataset(damaged, "train", on_error="skip", max_skipped=4), batch_size=None,
+                       num_workers=2, persistent_workers=True)
+    for epoch in range(4):
+        plain.dataset.set_epoch(epoch)
+        assert len(list(plain)) == good
+
+
+def test_more_damaged_samples_in_one_epoch_than_max_skipped_raise_naming_the_epoch(damaged):
+    loader = make_loader(ShardDataset(damaged, "train", on_error="skip", max_skipped=1), 4)
+    loader.set_epoch(3)
+    with pytest.raises(ShardReadError, match=r"2 samples skipped in epoch 3 on rank 0, more than max_skipped=1 "
+                                             r"\(a cap per epoch\)"):
+        keys_of(loader)
+    with pytest.raises(ShardReadError, match=r"2 samples skipped in epoch 0, more than max_skipped=1 "
+                                             r"\(a cap per epoch\)"):
+        list(ShardDataset(damaged, "train", on_error="skip", max_skipped=1))
+
+
+def test_a_loader_state_carries_the_epochs_skips_to_its_own_rank_only(damaged):
+    """The saved count is of the saving rank's share of the epoch: the rank that saved it resumes
+    with it, another rank (the usual DDP checkpoint: rank 0 saves, every rank loads) from 0."""
+    def loader(rank: int):
+        made = make_loader(ShardDataset(damaged, "train", shuffle=False, on_error="skip", max_skipped=3,
+                                        rank=rank, world_size=2), 4)
+        made.set_epoch(0)
+        return made
+
+    saving = loader(0)   # rank 0's share: samples 0-6, the packed order, damaged sample 1 among them
+    assert next(iter(saving))["key"] == ["s00000", "s00002", "s00003"]
+    state = saving.state_dict()
+    assert state["skipped"] == 1
+    saving.set_epoch(1)
+    assert saving.state_dict()["skipped"] == 0   # the next epoch has skipped nothing yet
+
+    resumed = loader(0)
+    resumed.load_state_dict(state)
+    assert resumed.skipped == 1
+    other = loader(1)
+    other.load_state_dict(state)
+    assert other.skipped == 0
