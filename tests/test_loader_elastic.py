@@ -98,3 +98,40 @@ def test_a_loader_state_carries_the_epochs_skips_to_its_own_rank_only(damaged):
     other = loader(1)
     other.load_state_dict(state)
     assert other.skipped == 0
+
+
+def as_pair(items):   # torchvision style
+    import torch
+    return torch.stack([i["image"] for i in items]), torch.stack([i["label"] for i in items])
+
+
+def as_named(items):  # the names a model's forward takes
+    import torch
+    return {"x": torch.stack([i["image"] for i in items]), "key_list": [i["key"] for i in items]}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_function_returns_the_batch_of_any_type_and_never_sees_an_empty_list(damaged, workers):
+    """make_loader(collate=fn) hands over what fn returns: an (images, labels) tuple raised a TypeError
+    and a dict without "key" a KeyError from the loader's own test of batch["key"]. A batch whose
+    samples were all skipped (uneven="exact") is left out without calling fn on an empty list."""
+    pairs = list(make_loader(ShardDataset(damaged, "train", shuffle=False, verify="off"), 4, workers,
+                             collate=as_pair))
+    assert [len(labels) for _, labels in pairs] == [4, 4, 4, 3]
+    assert [int(label) for _, labels in pairs for label in labels] == [i % 3 for i in range(15)]
+
+    named = list(make_loader(ShardDataset(damaged, "train", shuffle=False, verify="off"), 4, workers,
+                             collate=as_named))
+    assert [k for batch in named for k in batch["key_list"]] == [f"s{i:05d}" for i in range(15)]
+
+    def refuses_empty(items):
+        assert items, "collate called on an empty list"
+        return as_pair(items)
+
+    # batch_size 1: the batches of damaged samples 1 and 7 hold nothing once they are skipped
+    skipping = make_loader(ShardDataset(damaged, "train", shuffle=False, on_error="skip", max_skipped=2), 1,
+                           workers, collate=refuses_empty)
+    labels = [int(labels[0]) for _, labels in skipping]
+    assert labels == [i % 3 for i in range(15) if i not in DAMAGED]
+    assert skipping.skipped == 2
+    skipping.close()

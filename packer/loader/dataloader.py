@@ -365,25 +365,27 @@ class _BatchStream(IterableDataset):
     """What the DataLoader iterates: one worker's share of collated batches (see module doc)."""
 
     def __init__(self, *, dataset: PlannedDataset, batch_size: int, drop_last: bool,
-                 collate: Callable[[list[Item]], dict[str, Any]]) -> None:
+                 collate: Callable[[list[Item]], Any]) -> None:
         super().__init__()
         self.dataset, self.batch_size, self.drop_last, self.collate = dataset, batch_size, drop_last, collate
 
-    def __iter__(self) -> Iterator[tuple[dict[str, Any] | _Refused | _Failed, tuple[str, ...]]]:
+    def __iter__(self) -> Iterator[tuple[Any, int, tuple[str, ...]]]:
+        """(batch, its item count, skip descriptions); in place of a batch a :class:`_Refused` or
+        :class:`_Failed` (count 0) that the main process raises."""
         batches = self.dataset.iter_batches(batch_size=self.batch_size, drop_last=self.drop_last,
                                             collate=self.collate)
         try:
             yield from batches
         except MixedShapesError as err:
-            yield _Refused(str(err)), ()
+            yield _Refused(str(err)), 0, ()
         except ShardReadError as err:
             if get_worker_info() is None:
                 raise  # the main process: as it is, traceback and all
-            yield _Failed(str(err), err.shard, err.key), ()
+            yield _Failed(str(err), err.shard, err.key), 0, ()
 
 
-def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], dict[str, Any]]
-                 ) -> Callable[[list[Item]], dict[str, Any]]:
+def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], Any]
+                 ) -> Callable[[list[Item]], Any]:
     """The collate function for ``collate`` (a name in :data:`COLLATES` or a callable); the
     stacking one knows the manifest's shapes per source, to name them in its error."""
     if callable(collate):
@@ -423,7 +425,8 @@ class ShardLoader:
 
     Iterating yields dicts ``{"image": uint8 B×C×H×W, "label": int64 (B,), "key": list[str]}``
     as the ``collate`` of :func:`make_loader` makes them (with ``"list"``, ``image`` is an
-    :class:`ImageBatch`; with ``"pad"``, a ``size`` B×2 comes too); a batch the stacking collate
+    :class:`ImageBatch`; with ``"pad"``, a ``size`` B×2 comes too; a collate function's batches
+    are what it returns, of any type); a batch the stacking collate
     refuses raises :class:`MixedShapesError` here, in the main process. Each ``iter()`` runs the current
     epoch from its start, except the first after ``load_state_dict``, which runs the rest of
     the saved epoch.
@@ -439,7 +442,7 @@ class ShardLoader:
                  prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                  persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
                  multiprocessing_context: Any = None,
-                 collate: str | Callable[[list[Item]], dict[str, Any]] = "stack") -> None:
+                 collate: str | Callable[[list[Item]], Any] = "stack") -> None:
         if batch_size < 1 or num_workers < 0:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
         self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
@@ -510,7 +513,7 @@ class ShardLoader:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         if self.dataset.epoch_calls != self._epoch_calls_seen:
             # dataset.set_epoch() since this loader's last set_epoch: torch habit (a sampler's or
             # a plain DataLoader's dataset's set_epoch) must not be overwritten by our own epoch
@@ -524,7 +527,7 @@ class ShardLoader:
         consumed = state.consumed
         iterator = iter(self.dataloader)
         try:
-            for batch, skipped in iterator:
+            for batch, count, skipped in iterator:
                 if isinstance(batch, _Refused):
                     raise MixedShapesError(batch.message)
                 if isinstance(batch, _Failed):
@@ -537,7 +540,7 @@ class ShardLoader:
                 self._state = replace(self._state, consumed=consumed)
                 if skipped:
                     self._record_skips(skipped)
-                if batch["key"]:
+                if count:  # a batch whose samples were all skipped (uneven="exact") is not handed out
                     yield batch
         except Exception:
             self._stop_workers(iterator)
@@ -691,7 +694,7 @@ def make_loader(dataset: PlannedDataset, batch_size: int, num_workers: int = 0, 
                 prefetch_factor: int | None = 2, pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
                 multiprocessing_context: Any = None,
-                collate: str | Callable[[list[Item]], dict[str, Any]] = "stack") -> ShardLoader:
+                collate: str | Callable[[list[Item]], Any] = "stack") -> ShardLoader:
     """A :class:`ShardLoader`: DataLoader with ``pin_memory`` when CUDA is available,
     ``persistent_workers`` when ``num_workers > 0``, ``prefetch_factor`` batches per
     worker, workers seeded from (seed, epoch, rank, worker).
@@ -699,7 +702,10 @@ def make_loader(dataset: PlannedDataset, batch_size: int, num_workers: int = 0, 
     ``collate``: ``"stack"`` (B×C×H×W; a batch of several shapes raises
     :class:`MixedShapesError` naming them, their sources and the fixes), ``"list"`` (an
     :class:`ImageBatch` of C×H×W tensors, any shapes), ``"pad"`` (B×C×Hmax×Wmax plus ``size``;
-    one channel count), or a function of the list of items (dicts ``image``, ``label``, ``key``).
+    one channel count), or a function of the list of items (dicts ``image``, ``label``, ``key``):
+    its return value, of any type (a dict of other names, an ``(images, labels)`` tuple), is the
+    batch, handed over as it is; it is never called on an empty list (a batch whose samples were
+    all skipped under ``uneven="exact"`` is left out).
 
     Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0`` or an unknown collate.
     """

@@ -413,21 +413,24 @@ class PlannedDataset(IterableDataset):
                 yield self._item(order, sample_id, decoded)
 
     def iter_batches(self, *, batch_size: int, drop_last: bool,
-                     collate: Callable[[list[Item]], dict[str, Any]]
-                     ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
-        """This worker's batches: (collated batch, descriptions of the samples skipped in it);
-        :meth:`_batches` read as the dataset's maker called it (:func:`_as_made`)."""
+                     collate: Callable[[list[Item]], Any]
+                     ) -> Iterator[tuple[Any, int, tuple[str, ...]]]:
+        """This worker's batches: (collated batch, its item count, descriptions of the samples
+        skipped in it); :meth:`_batches` read as the dataset's maker called it (:func:`_as_made`)."""
         return _as_made(getattr(self, "_surface", None),
                         self._batches(batch_size=batch_size, drop_last=drop_last, collate=collate))
 
     def _batches(self, *, batch_size: int, drop_last: bool,
-                 collate: Callable[[list[Item]], dict[str, Any]]
-                 ) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
-        """This worker's batches: (collated batch, descriptions of the samples skipped in it).
+                 collate: Callable[[list[Item]], Any]
+                 ) -> Iterator[tuple[Any, int, tuple[str, ...]]]:
+        """This worker's batches: (collated batch, its item count, descriptions of the samples
+        skipped in it).
 
         Batch ``j`` of the rank sequence goes to worker ``j % num_workers``. A batch whose
         samples were all skipped (``uneven="exact"`` only; ``pad``/``drop`` fill skipped
-        places, see the class) is still yielded (empty), so batches stay countable.
+        places, see the class) is still yielded, as ``(None, 0, skipped)``, so batches stay
+        countable; ``collate`` is never called on an empty list (a user's collate need not
+        handle one), and what it returns is never looked into (any type, any keys).
         With ``on_error="raise"`` a bad sample raises here; the caller enforces ``max_skipped``.
         """
         order, plan = self.plan(batch_size=batch_size, drop_last=drop_last)
@@ -436,18 +439,22 @@ class PlannedDataset(IterableDataset):
         items: list[Item] = []
         skipped: list[str] = []
         current = -1
+
+        def done() -> tuple[Any, int, tuple[str, ...]]:
+            return (collate(items) if items else None), len(items), tuple(skipped)
+
         for i, sample_id, decoded, why in self._filled_results(order, plan, indices):
             batch = i // batch_size
             if batch != current:
                 if current >= 0:
-                    yield collate(items), tuple(skipped)
+                    yield done()
                 items, skipped, current = [], [], batch
             if why is not None:
                 skipped.append(why)
             if decoded is not None:
                 items.append(self._item(order, sample_id, decoded))
         if current >= 0:
-            yield collate(items), tuple(skipped)
+            yield done()
 
 
 class ShardDataset(PlannedDataset):
