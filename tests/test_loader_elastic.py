@@ -135,3 +135,43 @@ def test_a_collate_function_returns_the_batch_of_any_type_and_never_sees_an_empt
     assert labels == [i % 3 for i in range(15) if i not in DAMAGED]
     assert skipping.skipped == 2
     skipping.close()
+
+
+def test_an_epoch_of_any_integer_type_leaves_a_state_that_json_and_torch_load_read_back(tmp_path):
+    """set_epoch(numpy.int64(1)) (epochs from a numpy schedule) was stored as it was, so state_dict()
+    held a numpy integer: json.dumps refused it, and torch.load(weights_only=True) refused the
+    checkpoint at resume, after the run had written it."""
+    import json
+
+    import numpy as np
+    import torch
+
+    from packer.errors import ConfigError
+
+    manifest = build_dataset(tmp_path / "data", shard_sizes=SIZES)
+    loader = make_loader(ShardDataset(manifest, "train"), 4)
+    for epoch in np.arange(2):
+        loader.set_epoch(epoch)
+        first = next(iter(loader))["key"]
+    state = loader.state_dict()
+    assert type(state["epoch"]) is int and state["epoch"] == 1
+    assert json.loads(json.dumps(state)) == state
+    torch.save({"loader": state}, tmp_path / "ckpt.pt")
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"]
+
+    resumed = make_loader(ShardDataset(manifest, "train"), 4)
+    resumed.load_state_dict({**saved, "epoch": np.int64(1)})   # a state saved before this fix
+    assert type(resumed.state_dict()["epoch"]) is int
+    rest = [k for b in resumed for k in b["key"]]
+    assert len(rest) == sum(SIZES) - len(first) and not set(rest) & set(first)
+
+    dataset = ShardDataset(manifest, "train")
+    driven = make_loader(dataset, 4)
+    dataset.set_epoch(np.int32(3))   # the dataset's own set_epoch, adopted by the loader
+    next(iter(driven))
+    assert type(driven.state_dict()["epoch"]) is int and driven.state_dict()["epoch"] == 3
+    for bad in (1.5, "2"):
+        with pytest.raises(ConfigError, match="epoch must be an integer"):
+            loader.set_epoch(bad)
+        with pytest.raises(ConfigError, match="epoch must be an integer"):
+            dataset.set_epoch(bad)

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ConfigError
 from packer.keys import key_source
-from packer.loader.dataset import Item, PlannedDataset
+from packer.loader.dataset import Item, PlannedDataset, as_integer
 from packer.loader.readers import ShardReadError, own_message_first
 from packer.loader.sharding import Segment, derive_seed, plan_rank, rank_sequence
 
@@ -474,7 +474,10 @@ class ShardLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` next; keeps a pending resume when it is for the same epoch. The
-        dataset's own ``set_epoch`` does the same when made later (adopted at the next ``iter()``)."""
+        dataset's own ``set_epoch`` does the same when made later (adopted at the next ``iter()``).
+        ``epoch``: any integer type (a numpy one from a schedule too), kept as a plain ``int`` so
+        that ``state_dict()`` stays JSON-able; ``ConfigError`` for a float or a string."""
+        epoch = as_integer(epoch, "epoch")
         if not (self._resume_pending and epoch == self._state.epoch):
             self._warn_if_resume_dropped(epoch)
             self._state = LoaderState(epoch=epoch, consumed=0, history=())
@@ -628,8 +631,8 @@ class ShardLoader:
         try:
             saved = Segment.from_json(state["segment"])
             history = tuple(Segment.from_json(seg) for seg in state["history"])
-            epoch = int(state["epoch"])
-        except (KeyError, TypeError, ValueError) as err:
+            epoch = as_integer(state["epoch"], "the state's epoch")
+        except (KeyError, TypeError, ValueError, ConfigError) as err:
             raise ConfigError(f"malformed loader state ({err})") from err
         if saved.same_split(self._segment(0)):
             self._state = LoaderState(epoch=epoch, consumed=saved.consumed, history=history)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import random
 from collections import Counter
@@ -72,6 +73,17 @@ def verify_mode(verify: str | bool) -> str:
     if verify not in VERIFY:
         raise ConfigError(f"verify={verify!r}; expected one of {VERIFY} (or True for 'shard', False for 'off')")
     return str(verify)
+
+
+def as_integer(value: Any, name: str, hint: str = "") -> int:
+    """``value`` as a plain ``int``: any integer type (Python's, numpy's, a one-element integer
+    tensor), so that what is stored (an epoch, a rank) is JSON-able and loads under
+    ``torch.load(weights_only=True)``. ``ConfigError`` naming ``name`` for anything else (a float,
+    a string, a bool), ``hint`` appended to its message."""
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise ConfigError(f"{name} must be an integer, not {type(value).__name__} {value!r}{hint}")
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -249,8 +261,9 @@ class PlannedDataset(IterableDataset):
         """Start epoch ``epoch`` from its beginning (also in persistent workers). A
         :class:`~packer.loader.ShardLoader` driving this dataset takes the call as its own
         ``set_epoch`` at its next ``iter()`` (the later of the two calls wins)."""
+        epoch = as_integer(epoch, "epoch")
         self.epoch_calls += 1
-        self.epoch_asked = int(epoch)
+        self.epoch_asked = epoch
         self.set_progress(epoch=epoch, consumed=0, history=())
 
     def set_progress(self, *, epoch: int, consumed: int, history: Sequence[Segment]) -> None:
