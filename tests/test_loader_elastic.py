@@ -175,3 +175,25 @@ def test_an_epoch_of_any_integer_type_leaves_a_state_that_json_and_torch_load_re
             loader.set_epoch(bad)
         with pytest.raises(ConfigError, match="epoch must be an integer"):
             dataset.set_epoch(bad)
+
+
+def test_a_rank_or_world_size_that_is_not_an_integer_is_a_config_error_naming_it(tmp_path):
+    """rank=os.environ["RANK"] (a string, as a launcher script reads it) gave a bare TypeError
+    ("'<' not supported between instances of 'str' and 'int'"), in ShardDataset and MixedDataset."""
+    import numpy as np
+
+    from packer.errors import ConfigError
+    from packer.loader import MixedDataset
+
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    environ = {"RANK": "1", "WORLD_SIZE": "2"}
+    with pytest.raises(ConfigError, match=r"rank must be an integer, not str '1'; pass rank=int\(os.environ"):
+        ShardDataset(manifest, "train", rank=environ["RANK"], world_size=2)
+    with pytest.raises(ConfigError, match=r"world_size must be an integer, not str '2'; pass "
+                                          r"world_size=int\(os.environ\[\"WORLD_SIZE\"\]\)"):
+        ShardDataset(manifest, "train", rank=1, world_size=environ["WORLD_SIZE"])
+    with pytest.raises(ConfigError, match="rank must be an integer, not float 1.0"):
+        MixedDataset([(ShardDataset(manifest, "train"), 1)], rank=1.0, world_size=2)
+    dataset = ShardDataset(manifest, "train", rank=np.int64(1), world_size=np.int32(2))  # integers of any type
+    assert (type(dataset.rank), type(dataset.world_size)) == (int, int) and (dataset.rank, dataset.world_size) == (1, 2)
+    assert len(dataset) == 8   # rank 1 of 2 under "exact": samples 7..14 of 15

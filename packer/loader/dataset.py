@@ -90,9 +90,18 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Rank and world size: the arguments, else ``torch.distributed`` when initialised,
     else the ``RANK``/``WORLD_SIZE`` environment variables, else ``(0, 1)``.
 
-    Raises ``ConfigError`` when the rank is outside ``[0, world_size)``, and for a world size
-    over 1 with no rank from any of them (each process would be rank 0).
+    Raises ``ConfigError`` for a rank or world size that is not an integer (a string read from
+    ``os.environ``: pass ``int(...)`` of it, or leave the argument out for packer to read the
+    variable), when the rank is outside ``[0, world_size)``, and for a world size over 1 with no
+    rank from any of them (each process would be rank 0).
     """
+    if rank is not None:
+        rank = as_integer(rank, "rank", '; pass rank=int(os.environ["RANK"]), or leave rank= out (packer reads '
+                                        "torch.distributed, else RANK, itself)")
+    if world_size is not None:
+        world_size = as_integer(world_size, "world_size", '; pass world_size=int(os.environ["WORLD_SIZE"]), or '
+                                                          "leave world_size= out (packer reads torch.distributed, "
+                                                          "else WORLD_SIZE, itself)")
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             default_rank, default_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
