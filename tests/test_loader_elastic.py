@@ -197,3 +197,48 @@ def test_a_rank_or_world_size_that_is_not_an_integer_is_a_config_error_naming_it
     dataset = ShardDataset(manifest, "train", rank=np.int64(1), world_size=np.int32(2))  # integers of any type
     assert (type(dataset.rank), type(dataset.world_size)) == (int, int) and (dataset.rank, dataset.world_size) == (1, 2)
     assert len(dataset) == 8   # rank 1 of 2 under "exact": samples 7..14 of 15
+
+
+def test_a_resume_under_another_world_size_warns_when_ranks_get_different_batch_counts(tmp_path):
+    """61 samples, batches of 4: a whole epoch over 2 ranks is 30/31 samples, 8 batches each (no
+    warning at make_loader). Resumed there from a one-process state after one batch, the 57 left
+    split 28/29: 7 batches against 8, the DDP hang make_loader warns about, said by nothing; and
+    len(loader) said 8 on both ranks. The rest of the epoch is now checked when the state is loaded,
+    and len() counts what the next iter() yields."""
+    import json
+    import warnings
+
+    import torch.distributed as dist
+
+    manifest = build_dataset(tmp_path / "d", shard_sizes=(30, 31))
+    single = make_loader(ShardDataset(manifest, "train", rank=0, world_size=1), 4)
+    first = next(iter(single))["key"]
+    state = json.loads(json.dumps(single.state_dict()))
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        counts, keys = [], []
+        for rank in (0, 1):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")   # the whole epoch: 8 batches on each rank
+                loader = make_loader(ShardDataset(manifest, "train", rank=rank, world_size=2), 4)
+            with pytest.warns(UserWarning, match=r"ranks get 8 or 7 batches of 4 \(uneven='exact': the 57 samples "
+                                                 r"epoch 0 had left after a state saved under world size 1 .*"
+                                                 r"uneven='pad'"):
+                loader.load_state_dict(state)
+            length = len(loader)
+            got = [b["key"] for b in loader]
+            counts.append((length, len(got)))
+            keys += [k for batch in got for k in batch]
+            assert len(loader) == 8   # the next iter() runs the whole epoch again
+        assert counts == [(7, 7), (8, 8)]
+        assert sorted(keys + first) == [f"s{i:05d}" for i in range(61)]
+
+        for rank in (0, 1):   # pad: every rank the same count after the resume too, nothing to say
+            loader = make_loader(ShardDataset(manifest, "train", rank=rank, world_size=2, uneven="pad"), 4)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                loader.load_state_dict(state)
+            assert len(loader) == 8 == sum(1 for _ in loader)
+    finally:
+        dist.destroy_process_group()

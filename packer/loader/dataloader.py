@@ -40,7 +40,7 @@ from packer.errors import ConfigError
 from packer.keys import key_source
 from packer.loader.dataset import Item, PlannedDataset, as_integer
 from packer.loader.readers import ShardReadError, own_message_first
-from packer.loader.sharding import Segment, derive_seed, plan_rank, rank_sequence
+from packer.loader.sharding import Segment, derive_seed, plan_rank, rank_lengths, rank_sequence
 
 log = logging.getLogger("packer.loader")
 
@@ -512,7 +512,17 @@ class ShardLoader:
                        batch_size=self.batch_size, consumed=consumed)
 
     def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch."""
+        """Batches the next ``iter()`` yields on this rank: a whole epoch's, or after
+        ``load_state_dict`` (while the loaded state still holds, see :meth:`set_epoch`) the rest
+        of the saved epoch's, which after a world-size change may differ between ranks under
+        ``uneven="exact"`` (:meth:`load_state_dict` warns then). Batches whose samples were
+        all skipped (``on_error="skip"`` with ``exact``) are left out of the count of what comes."""
+        if self._resume_pending and (self.dataset.epoch_calls == self._epoch_calls_seen
+                                     or self.dataset.epoch_asked == self._state.epoch):
+            state = self._state
+            left = rank_lengths(self.dataset.epoch_order(state.epoch), current=self._segment(state.consumed),
+                                history=state.history)[self.dataset.rank]
+            return -(-left // self.batch_size)
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
@@ -645,24 +655,44 @@ class ShardLoader:
         self.skipped_samples = []
         self._resume_pending = True
         self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it
+        if self._state.history:  # the rest re-split over other ranks: make_loader's check was of whole epochs
+            lengths = rank_lengths(ds.epoch_order(epoch), current=self._segment(self._state.consumed),
+                                   history=self._state.history)
+            _warn_if_ranks_step_apart(ds, self.batch_size, self.drop_last, lengths=lengths, resumed=(epoch, saved))
 
 
-def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_last: bool) -> None:
+def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_last: bool, *,
+                              lengths: Sequence[int] | None = None,
+                              resumed: tuple[int, Segment] | None = None) -> None:
     """Warn when, under an initialised ``torch.distributed``, the ranks of ``dataset`` get
     different numbers of batches (``uneven="exact"`` with a sample count the ranks do not share
     evenly): in DDP the rank that runs out first leaves the others waiting forever in the next
-    collective (the gradient all-reduce), a hang with no message."""
+    collective (the gradient all-reduce), a hang with no message.
+
+    Of a whole epoch (``lengths`` None: at :func:`make_loader`), or of the rest of epoch
+    ``resumed[0]`` after ``load_state_dict`` of a state saved under ``resumed[1]``: ``lengths``
+    are then each rank's samples left (``drop_last`` applied), the rest re-split over these ranks."""
     if dataset.world_size < 2 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     n, w = dataset.samples, dataset.world_size
-    per_rank = {(r + 1) * n // w - r * n // w for r in range(w)} if dataset.uneven == "exact" else {len(dataset)}
-    batches = sorted({m // batch_size if drop_last else -(-m // batch_size) for m in per_rank}, reverse=True)
-    if len(batches) > 1:
-        warnings.warn(
-            f"ranks get {' or '.join(map(str, batches))} batches of {batch_size} (uneven={dataset.uneven!r}: "
-            f"{n} samples over {w} ranks); in DDP the rank with fewer batches leaves the others waiting "
-            "forever in the next all-reduce. Pass uneven='pad' (every rank the same count, a few samples "
-            "repeated) or uneven='drop' to the dataset for training", UserWarning, stacklevel=3)
+    if lengths is not None:
+        per_rank = set(lengths)
+        batches = sorted({-(-m // batch_size) for m in per_rank}, reverse=True)
+    else:
+        per_rank = {(r + 1) * n // w - r * n // w for r in range(w)} if dataset.uneven == "exact" else {len(dataset)}
+        batches = sorted({m // batch_size if drop_last else -(-m // batch_size) for m in per_rank}, reverse=True)
+    if len(batches) <= 1:
+        return
+    what = f"{n} samples over {w} ranks"
+    if resumed is not None:
+        epoch, saved = resumed
+        what = (f"the {sum(lengths or ())} samples epoch {epoch} had left after a state saved under world size "
+                f"{saved.world_size} (uneven={saved.uneven!r}), split afresh over {w} ranks")
+    warnings.warn(
+        f"ranks get {' or '.join(map(str, batches))} batches of {batch_size} (uneven={dataset.uneven!r}: "
+        f"{what}); in DDP the rank with fewer batches leaves the others waiting "
+        "forever in the next all-reduce. Pass uneven='pad' (every rank the same count, a few samples "
+        "repeated) or uneven='drop' to the dataset for training", UserWarning, stacklevel=3)
 
 
 #: Identity fields that states saved by older packers lack (not checked when absent).

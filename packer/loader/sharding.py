@@ -238,6 +238,16 @@ def plan_rank(order: EpochOrder, *, rank: int, current: Segment, history: Sequen
     return RankPlan(ids=ids[start:], pad_from=max(0, pad_from - start), start=start)
 
 
+def rank_lengths(order: EpochOrder, *, current: Segment, history: Sequence[Segment]) -> list[int]:
+    """Every rank's count of :func:`plan_rank`'s ``ids`` under ``current`` (ranks ``0 ..
+    current.world_size - 1``), the history folded once for all of them."""
+    base = order.sequence
+    for segment in history:
+        base = remaining_after(base, segment)
+    return [max(0, len(rank_sequence(base, rank=r, segment=current)[0]) - current.consumed)
+            for r in range(current.world_size)]
+
+
 def worker_indices(count: int, *, batch_size: int, num_workers: int, worker: int) -> np.ndarray:
     """Indices into a rank sequence of length ``count`` that ``worker`` yields, in order.
 
