@@ -11,7 +11,9 @@ build lock), so each is what an interrupted build left, which no later build of 
 would clear. A version whose build stopped while publishing it (its files moved in, no manifest
 yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a leftover ``.trash-*`` is: gc
 holds the build lock, so no build is publishing it, and nothing can read it without its
-manifest; it is never counted as a version. An entry of the dataset folder that is a symbolic
+manifest; it is never counted as a version. The plan :func:`run_gc` carries out is made under
+that lock (one made before it, as ``--dry-run`` prints, may have seen a version a build was
+publishing then). An entry of the dataset folder that is a symbolic
 link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version brought in without copying, or a link
 named ``.staging-*``) is no version of this folder: it is left alone and never counted, the link
 and what it points to. Removing only the link would be harmless to its target, but gc removes
@@ -75,7 +77,8 @@ class GcPlan:
     ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
     symbolic links to folders (each with what it points to), left alone. ``unguarded_staging``:
     ``.staging-*`` folders on a file system without directory locks, left alone (a running
-    build's looks the same as an interrupted one's there).
+    build's looks the same as an interrupted one's there). ``keep_newest``: the ``keep`` the plan
+    was made for (:func:`run_gc` makes it again under the build lock).
     """
 
     root: Path
@@ -90,6 +93,7 @@ class GcPlan:
     incomplete: tuple[str, ...] = ()
     linked: tuple[tuple[str, str], ...] = ()
     unguarded_staging: tuple[str, ...] = ()
+    keep_newest: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -153,25 +157,31 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
-                  incomplete=incomplete, linked=linked, unguarded_staging=unguarded)
+                  incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep)
 
 
-def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> None:
-    """Carry out ``plan``: finish the leftover ``.trash-*`` folders, remove the incomplete
-    versions, then each version of ``plan.remove``, oldest first (each renamed to ``.trash-*``
-    first, its manifest deleted next, then the rest), then the ``.staging-*`` folders
-    interrupted builds left.
+def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> GcPlan:
+    """Carry out ``plan`` as it stands once the build lock is held, and return what was carried
+    out: the plan is made again (:func:`plan_gc`, ``plan.keep_newest`` versions kept) under the
+    lock. ``plan`` was made without it, so a build may have published a version since: its folder
+    listed as incomplete (moved in, its manifest not yet written) is a complete version now, and
+    the newest; removing what ``plan`` named would delete it and keep an older one. Then: finish
+    the leftover ``.trash-*`` folders, remove the incomplete versions, then each version to
+    remove, oldest first (each renamed to ``.trash-*`` first, its manifest deleted next, then the
+    rest), then the ``.staging-*`` folders interrupted builds left.
 
     A version folder that is already gone is skipped. Raises OSError (the CLI maps a full or
     read-only file system to exit 6) when a folder cannot be renamed or removed; what was
     removed before stays removed, and a rerun finishes the rest. Raises ConfigError, removing
     nothing, while a ``packer build`` of the dataset runs (it holds the folder's lock and links
     shards and reads samples from the versions gc would remove); gc holds that lock while it
-    removes, so a build started meanwhile is refused rather than racing it.
+    plans and removes, so a build started meanwhile is refused rather than racing it.
     """
     with _build_lock(plan.root):
-        _remove(plan, on_removed)
-        _remove_staging(plan, on_removed)
+        current = plan_gc(plan.root, keep=plan.keep_newest)
+        _remove(current, on_removed)
+        _remove_staging(current, on_removed)
+    return current
 
 
 def _build_lock(root: Path) -> contextlib.AbstractContextManager[bool]:

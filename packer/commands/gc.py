@@ -38,8 +38,8 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
       a shard open reads on, but one that opens a shard of a removed version fails. Keep the
       versions your jobs read (--keep), or run gc when none is running;
     - while a build of the dataset runs (it holds the folder's lock) gc refuses with exit 2 and
-      removes nothing; gc holds that lock while it removes, so a build started meanwhile is
-      refused;
+      removes nothing; gc holds that lock while it plans what to remove and removes it, so a
+      build started meanwhile is refused, and a version a build published meanwhile is counted;
     - the build cache's pointers into a removed version no longer resolve, so the next build
       decodes those files again (it says so) and writes the same bytes;
     - registry copies (manifests/<name>/<version>.json) stay: the record of what was built;
@@ -52,7 +52,7 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
 
     plan = plan_gc(folder, keep=keep)
     if not dry_run:
-        run_gc(plan)
+        plan = run_gc(plan)  # made again under the build lock: a build may have published a version meanwhile
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "dry_run": dry_run}, indent=2, sort_keys=True))
     else:

@@ -1,0 +1,115 @@
+"""Folders several people or processes use at once: a dataset folder `packer gc` plans over while
+a build publishes into it, a colleague's version folder this user may not read, a build cache
+two users' builds share, a shard cache a lab group shares, a registry this user may not write.
+
+Real demo builds and real files throughout. Where a test needs "another user" it makes the
+kernel's answer for one: the suite may run as root, for whom chmod changes nothing, so a folder
+without permission is made to fail os.scandir and os.stat with EACCES (as in test_discover), and
+a file owned by someone else to fail os.utime with EPERM.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from packer.cli import main
+from packer.config import load_job
+from packer.gc import plan_gc, run_gc
+from packer.pipeline.build import BuildOptions, build
+from packer.verify import verify_dataset
+from tests.helpers import demo_job_doc, write_job
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@dataclass(frozen=True)
+class TwoVersions:
+    raw: Path
+    out: Path    # <out>/demo/<older>/ and <out>/demo/<newer>/
+    older: str
+    newer: str
+
+
+@pytest.fixture(scope="module")
+def two_versions(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> TwoVersions:
+    tmp = tmp_path_factory.mktemp("shared")
+    raw = Path(shutil.copytree(demo_raw.root, tmp / "raw"))
+
+    def run(**overrides: Any) -> str:
+        job = load_job(write_job(tmp / "job", demo_job_doc(raw, tmp / "out", **overrides)))
+        return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False)).version_dir.name
+
+    older = run()
+    newer = run(validate={"max_bad_fraction": 0.2})
+    return TwoVersions(raw=raw, out=tmp / "out", older=older, newer=newer)
+
+
+def dataset_copy(versions: TwoVersions, tmp_path: Path) -> Path:
+    """A copy of the dataset folder, ``created_at`` set so that ``newer`` is the newer (outside
+    the dataset hash: the manifests still check out)."""
+    root = Path(shutil.copytree(versions.out / "demo", tmp_path / "out" / "demo"))
+    for version, when in ((versions.older, "2024-01-01T00:00:00Z"), (versions.newer, "2024-02-01T00:00:00Z")):
+        path = root / version / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["created_at"] = when
+        path.write_text(json.dumps(manifest))
+    return root
+
+
+def deny(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """Make ``locked`` behave as another user's folder of mode 700 does for this one: listing it
+    and looking at anything under it fail with EACCES; the folder itself can be stat'ed."""
+    real_scandir, real_stat = os.scandir, os.stat
+    under = str(locked)
+
+    def scandir(path: Any = ".") -> Any:
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+        if text == under or text.startswith(under + os.sep):
+            raise PermissionError(errno.EACCES, "Permission denied", text)
+        return real_scandir(path)
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+        if text.startswith(under + os.sep):
+            raise PermissionError(errno.EACCES, "Permission denied", text)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "stat", stat)
+
+
+# -- packer gc while a build publishes ---------------------------------------------------------------
+
+
+def test_gc_plans_again_under_the_lock_and_keeps_a_version_a_build_published_meanwhile(
+        two_versions: TwoVersions, tmp_path: Path) -> None:
+    """gc made its plan without the build lock and carried it out under the lock unchanged: a
+    plan made while a build was publishing (its version folder moved in, manifest.json not yet
+    written: "incomplete") deleted that version after the build had completed it, the newest
+    version, and kept the older one."""
+    root = dataset_copy(two_versions, tmp_path)
+    manifest = root / two_versions.newer / "manifest.json"
+    written = manifest.read_bytes()
+    manifest.unlink()  # the build has renamed its staging folder into place; the manifest comes next
+    stale = plan_gc(root, keep=1)
+    assert stale.incomplete == (two_versions.newer,)
+    assert [v.folder for v in stale.keep] == [two_versions.older]
+
+    manifest.write_bytes(written)  # the build writes its manifest and lets go of the lock
+    done = run_gc(stale)
+    assert sorted(p.name for p in root.iterdir()) == [two_versions.newer]
+    assert verify_dataset(root / two_versions.newer).ok
+    assert [v.folder for v in done.keep] == [two_versions.newer]
+    assert [v.folder for v in done.remove] == [two_versions.older] and done.incomplete == ()
