@@ -113,3 +113,39 @@ def test_gc_plans_again_under_the_lock_and_keeps_a_version_a_build_published_mea
     assert verify_dataset(root / two_versions.newer).ok
     assert [v.folder for v in done.keep] == [two_versions.newer]
     assert [v.folder for v in done.remove] == [two_versions.older] and done.incomplete == ()
+
+
+# -- one build cache, two work folders --------------------------------------------------------------
+
+
+def test_a_build_is_refused_while_another_holds_its_build_cache_folder(
+        two_versions: TwoVersions, tmp_path: Path) -> None:
+    """Two people building one job into one URL, sharing --cache-dir but each with their own work
+    folder, each hold the dataset folder's lock in their own work folder: nothing guarded the
+    build cache folder they share, each deleted the other's temporaries and one died with an
+    internal error (FileNotFoundError). The cache folder's own lock refuses the second (exit 2),
+    before anything is decoded; once the first has ended the build runs."""
+    import fcntl
+
+    from packer.storage import build_cache_dir
+
+    out, shared = tmp_path / "out", tmp_path / "shared-cache"
+    job = write_job(tmp_path / "job", demo_job_doc(two_versions.raw, out))
+    cache = build_cache_dir("demo", str(out), shared)
+    cache.mkdir(parents=True)
+    fd = os.open(cache, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the other user's running build holds
+        refused = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report", "-q",
+                                            "--cache-dir", str(shared)])
+        assert refused.exit_code == 2, refused.output
+        assert f"{cache}: another `packer build` of demo into the same output is running with this build cache" \
+            in refused.output
+        assert list(cache.iterdir()) == [] and not (out / "demo").exists()
+    finally:
+        os.close(fd)
+    done = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report", "-q",
+                                     "--cache-dir", str(shared)])
+    assert done.exit_code == 0, done.output
+    assert [p.name for p in (out / "demo").iterdir()] == [two_versions.older]
+    assert verify_dataset(out / "demo" / two_versions.older).ok

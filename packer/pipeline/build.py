@@ -310,8 +310,8 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     options = options or BuildOptions()
     watched: list[_Watched] = []
     try:
-        with system_arrow_pool(), _one_build_at_a_time(job, options) as locked:
-            return _build(job, options, watched, locked=locked)
+        with system_arrow_pool(), _one_build_at_a_time(job, options) as locked, contextlib.ExitStack() as held:
+            return _build(job, options, watched, locked=locked, held=held)
     except (_ReportNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
@@ -452,6 +452,61 @@ def _one_build_at_a_time(job: JobConfig, options: BuildOptions) -> Iterator[bool
             remove_made()  # while the lock is held: a build that starts now waits for it, or finds no folder
 
 
+@contextlib.contextmanager
+def _one_build_per_cache(cache_dir: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock (``flock``) on the build cache folder ``cache_dir`` while the build
+    runs, made for it where it is not there yet (and removed again, before the lock is let go,
+    when the build left nothing in it). The dataset folder's lock (:func:`_one_build_at_a_time`)
+    does not cover it: a build for a URL holds that lock in its own work folder, so two people
+    building one job into one URL with one shared ``--cache-dir`` (each with their own work
+    folder) shared the cache folder unguarded; each deleted the other's temporaries and one died
+    with an internal error. The second is refused instead (ConfigError, exit 2), as the dataset
+    folder's lock refuses it. A file system without directory locks builds unguarded. A folder
+    removed between its opening and its locking (the build that held it pruned it away) is made
+    and locked again, so the lock is always on the folder the build writes into."""
+    busy = (f"{cache_dir}: another `packer build` of {name} into the same output is running with this build cache "
+            "(it holds the cache folder's lock; a build for a URL holds its dataset folder's lock in its own work "
+            "folder, so a colleague's build shows only here); wait for it to end, then build again: what a build "
+            "decoded is in the build cache")
+    made = [p for p in (cache_dir, *cache_dir.parents) if not path_exists(p)]  # deepest first
+    lock = contextlib.ExitStack()
+    for _ in range(3):
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            before = os.stat(cache_dir)
+            locked = lock.enter_context(folder_lock(cache_dir, busy))
+            now = os.stat(cache_dir)
+        except FileNotFoundError as err:  # removed between mkdir and lock, or a place that takes no folder
+            lock.close()
+            if path_exists(cache_dir.parent):
+                continue
+            refused = unmakeable_folder(err, cache_dir, cache_elsewhere())
+            if refused is None:
+                raise
+            raise refused from err
+        except OSError as err:  # not permitted, read-only, full: said before any file is decoded
+            lock.close()
+            refused = refused_write(err, cache_dir, opening=True, elsewhere=cache_elsewhere())
+            if refused is None:
+                raise
+            raise refused from err
+        if locked and (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+            lock.close()  # removed and made again meanwhile: this lock would guard nothing
+            continue
+        break
+    else:
+        raise FileSystemError(f"{cache_dir}: the build cache folder was removed as soon as it was made, three "
+                              "times; something removes it while builds run (a cleaner, another build's --fresh): "
+                              f"keep the build cache on a folder that persists ({cache_elsewhere()})")
+    with lock:
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):  # only while empty: a build that did nothing leaves no trace
+                for path in made:
+                    path.rmdir()
+
+
 class _ReportNotWritten(FileSystemError):
     """The dataset is published; only its HTML report could not be written."""
 
@@ -460,11 +515,13 @@ class _RefusedBeforeWork(FileSystemError):
     """The output folder could not be made: nothing was decoded yet."""
 
 
-def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, locked: bool) -> BuildResult:
+def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, locked: bool,
+           held: contextlib.ExitStack) -> BuildResult:
     """:func:`build`'s work; adds to ``watched`` the folders it writes into (the build cache, the
     staging folder), for :func:`build` to name the one that vanished. ``locked``: the dataset
     folder's lock is held (other configurations' staging folders are then an interrupted
-    build's, and removed)."""
+    build's, and removed). ``held``: what the build holds until :func:`build` returns (the build
+    cache folder's lock: :func:`_one_build_per_cache`)."""
     output, remote = resolve_output(options.out or job.output, options.work_dir)
     if remote is not None:  # an unknown protocol or a storage option the store does not take: before any decoding
         check_output_store(remote, options.storage_options)
@@ -482,10 +539,12 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
                          "run the build again, and leave the output folder's .staging-* folders alone while a build "
                          "of the job runs")]
 
-    if options.fresh and cache_dir.is_dir():
-        shutil.rmtree(cache_dir)
     check_output_folder(dataset_root, output=output, named_by=_output_named(options, output, remote=bool(remote)))
     check_cache_folder(cache_dir, named_by=cache_named_by)
+    held.enter_context(_one_build_per_cache(cache_dir, job.name))
+    if options.fresh:  # its entries, not the folder: the folder holds this build's lock
+        for entry in list(cache_dir.iterdir()):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet)
     unused_key = unused_key_warning(job.phi)
     if unused_key is not None:
