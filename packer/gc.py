@@ -5,7 +5,9 @@ Which versions: the ``keep`` newest by their manifest's ``created_at`` (the vers
 ties), never the newest one (``keep`` is at least 1). A failed build's version (its bad samples
 over ``max_bad_fraction``: exit 3, written for its report) is never counted among them: one newer
 than every kept version stays (the latest attempt and its report), an older one is removed. A
-folder whose manifest cannot be read is not counted as a version and is left alone. A build's
+folder whose manifest cannot be read is not counted as a version and is left alone, and so is a
+folder this user may not look into (a colleague's, of mode 700): gc keeps the newest readable
+versions and never learns what that one is. A build's
 ``.staging-*`` folders are removed: gc runs only while no build of the dataset does (it holds the
 build lock), so each is what an interrupted build left, which no later build of an edited job
 would clear. A version whose build stopped while publishing it (its files moved in, no manifest
@@ -77,8 +79,10 @@ class GcPlan:
     ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
     symbolic links to folders (each with what it points to), left alone. ``unguarded_staging``:
     ``.staging-*`` folders on a file system without directory locks, left alone (a running
-    build's looks the same as an interrupted one's there). ``keep_newest``: the ``keep`` the plan
-    was made for (:func:`run_gc` makes it again under the build lock).
+    build's looks the same as an interrupted one's there). ``unreadable``: folders this user may
+    not look into (each with why: :func:`packer.versions.unreadable_folder`), left alone and never
+    counted (a colleague's version of mode 700: only its owner can tell what it is). ``keep_newest``:
+    the ``keep`` the plan was made for (:func:`run_gc` makes it again under the build lock).
     """
 
     root: Path
@@ -94,6 +98,7 @@ class GcPlan:
     linked: tuple[tuple[str, str], ...] = ()
     unguarded_staging: tuple[str, ...] = ()
     keep_newest: int = 1
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -102,6 +107,7 @@ class GcPlan:
                 "incomplete": list(self.incomplete),
                 "linked": [{"folder": name, "target": target} for name, target in self.linked],
                 "unguarded_staging": list(self.unguarded_staging),
+                "unreadable": [{"folder": name, "problem": problem} for name, problem in self.unreadable],
                 "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
 
@@ -157,7 +163,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
-                  incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep)
+                  incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep,
+                  unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"))
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> GcPlan:
@@ -300,6 +307,10 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
         lines.append(f"  left alone: {name} (a symbolic link to {target}, not a folder a build of this dataset "
                      "wrote: gc never removes through a link; remove the link itself with rm if it is no longer "
                      "wanted)")
+    for name, problem in plan.unreadable:
+        lines.append(f"  left alone: {name} (this user may not look into it: {problem}; not counted as a version, "
+                     "so the versions kept are the newest readable ones; its owner can make it readable, "
+                     "chmod -R g+rX for a group, or remove it)")
     for name in plan.unguarded_staging:
         lines.append(f"  left alone: {name} (a staging folder; this file system takes no directory locks, so a "
                      "running build's cannot be told from an interrupted one's: remove it by hand once no build runs)")

@@ -101,14 +101,18 @@ class OtherFolder:
     """A folder in the dataset folder that is not a readable version: ``kind`` is ``staging`` (a
     build in progress or interrupted), ``incomplete`` (a version whose build stopped while
     publishing it: :func:`is_incomplete_version`), ``trash`` (a version an interrupted ``packer
-    gc`` was removing) or ``other``."""
+    gc`` was removing), ``unreadable`` (a folder this user may not look into:
+    :func:`unreadable_folder`; ``problem`` says why, ``bytes`` is 0, as nothing in it can be
+    counted) or ``other``."""
 
     folder: str
     kind: str
     bytes: int
+    problem: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"folder": self.folder, "kind": self.kind, "bytes": self.bytes}
+        return {"folder": self.folder, "kind": self.kind, "bytes": self.bytes,
+                **({"problem": self.problem} if self.problem is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,25 @@ def is_dataset_folder(folder: str | Path) -> bool:
     root = Path(folder)
     return root.is_dir() and any(entry.is_dir() and (entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
                                                      or not entry.name.startswith(".")
+                                                     and unreadable_folder(entry) is None
                                                      and ((entry / MANIFEST_FILE).is_file()
                                                           or is_incomplete_version(entry)))
                                  for entry in root.iterdir())
+
+
+def unreadable_folder(folder: Path) -> str | None:
+    """Why this user cannot look into ``folder`` (``permission denied``: a colleague's version
+    folder of mode 700, one built under umask 077), or None where its entries can be listed and
+    its manifest looked for. Such a folder is none of this user's to count or remove: ``packer
+    ls`` names it, ``packer gc`` leaves it alone, a build reuses no shard from it."""
+    try:
+        os.scandir(folder).close()
+        (folder / MANIFEST_FILE).is_file()
+    except PermissionError as err:
+        return err.strerror or str(err)
+    except OSError:  # gone meanwhile, or not a folder: not this question's
+        return None
+    return None
 
 
 def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
@@ -185,12 +205,13 @@ def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
 
 def _walk_files(folder: Path) -> Iterable[os.stat_result]:
     """The stat of every regular file under ``folder`` (symbolic links neither followed nor counted);
-    files removed meanwhile are skipped."""
+    files removed meanwhile are skipped, and so are the files of a folder this user may not read
+    (:func:`unreadable_folder`: :func:`list_versions` names such a version folder instead)."""
     stack = [os.fspath(folder)]
     while stack:
         try:
             entries = list(os.scandir(stack.pop()))
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):
             continue
         for entry in entries:
             try:
@@ -278,12 +299,17 @@ def list_versions(folder: str | Path) -> DatasetVersions:
     """
     root = check_local_dataset_folder(folder, command="ls")
     subfolders = {entry.name: entry for entry in sorted(root.iterdir()) if entry.is_dir()}
+    # a folder this user may not read is no version of theirs to count: named, never looked into
+    unreadable = {name: why for name, path in subfolders.items() if (why := unreadable_folder(path)) is not None}
+    others: list[OtherFolder] = [OtherFolder(folder=name, kind="unreadable", bytes=0, problem=why)
+                                 for name, why in unreadable.items()]
+    subfolders = {name: path for name, path in subfolders.items() if name not in unreadable}
     files = scan_links(subfolders)
     by_folder: dict[str, list[FileLinks]] = defaultdict(list)
     for links in files.values():
         for owner in links.owners:
             by_folder[owner].append(links)
-    versions, others, shard_files = [], [], {}
+    versions, shard_files = [], {}
     names: set[str] = set()
     for name, path in subfolders.items():
         size = sum(f.size for f in by_folder[name])
@@ -308,7 +334,8 @@ def list_versions(folder: str | Path) -> DatasetVersions:
                                      shared_bytes=size - unique, failed=failed_build(manifest)))
     return DatasetVersions(root=root, name=", ".join(sorted(names)) or root.name,
                            versions=tuple(sorted(versions, key=lambda v: (v.created_at, v.version), reverse=True)),
-                           others=tuple(others), files=files, copied_bytes=_copied_bytes(shard_files))
+                           others=tuple(sorted(others, key=lambda o: o.folder)), files=files,
+                           copied_bytes=_copied_bytes(shard_files))
 
 
 def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
@@ -333,7 +360,10 @@ _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next bui
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
                              "the same inputs replaces it; `packer gc` removes it",
-               "other": "not a version (no manifest.json): left alone"}
+               "other": "not a version (no manifest.json): left alone",
+               "unreadable": "UNREADABLE: this user may not look into it ({problem}), so it is not counted, "
+                             "`packer gc` leaves it alone and a build links no shard from it; its owner can make "
+                             "it readable (chmod -R g+rX, for a group) or remove it"}
 
 
 def format_versions(listing: DatasetVersions) -> str:
@@ -355,5 +385,7 @@ def format_versions(listing: DatasetVersions) -> str:
     lines.append("  own: files no other folder links (what removing that version alone frees); shared: linked by "
                  "another version or elsewhere")
     for other in listing.others:
-        lines.append(f"  also {other.folder} ({human_bytes(other.bytes)}): {_OTHER_TEXT[other.kind]}")
+        text = _OTHER_TEXT[other.kind].format(problem=other.problem)
+        lines.append(f"  also {other.folder}: {text}" if other.kind == "unreadable"
+                     else f"  also {other.folder} ({human_bytes(other.bytes)}): {text}")
     return "\n".join(lines)

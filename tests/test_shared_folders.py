@@ -115,6 +115,53 @@ def test_gc_plans_again_under_the_lock_and_keeps_a_version_a_build_published_mea
     assert [v.folder for v in done.remove] == [two_versions.older] and done.incomplete == ()
 
 
+# -- a version folder this user may not read --------------------------------------------------------
+
+
+def test_ls_and_gc_name_a_version_folder_this_user_may_not_read_and_leave_it_alone(
+        two_versions: TwoVersions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A colleague's version folder of mode 700 in a shared dataset folder: `packer ls` and
+    `packer gc --dry-run` died with an internal error (exit 1, PermissionError) instead of
+    listing the readable versions and naming that one."""
+    root = dataset_copy(two_versions, tmp_path)
+    private = root / two_versions.older
+    deny(monkeypatch, private)
+
+    listed = invoke("ls", root)
+    assert listed.exit_code == 0, listed.output
+    assert "1 version," in listed.output and f"  {two_versions.newer}  " in listed.output
+    assert (f"also {two_versions.older}: UNREADABLE: this user may not look into it (Permission denied)"
+            in listed.output)
+    (other,) = json.loads(invoke("ls", root, "--json").output)["others"]
+    assert other == {"folder": two_versions.older, "kind": "unreadable", "bytes": 0, "problem": "Permission denied"}
+
+    for args in (("--dry-run",), ()):
+        gc = invoke("gc", root, "--keep", "1", *args)
+        assert gc.exit_code == 0, gc.output
+        assert f"keep    {two_versions.newer}" in gc.output
+        assert f"left alone: {two_versions.older} (this user may not look into it: Permission denied" in gc.output
+        assert f"remove {two_versions.older}" not in gc.output and f"removed {two_versions.older}" not in gc.output
+    monkeypatch.undo()
+    assert sorted(p.name for p in root.iterdir()) == sorted([two_versions.older, two_versions.newer])
+    assert verify_dataset(private).ok and verify_dataset(root / two_versions.newer).ok
+
+
+def test_a_build_beside_a_version_folder_this_user_may_not_read_builds_without_reusing_from_it(
+        two_versions: TwoVersions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group member building a new version into the shared dataset folder died while looking
+    for shards to reuse in the earlier versions (PermissionError on the private one's manifest)."""
+    root = dataset_copy(two_versions, tmp_path)
+    shutil.rmtree(root / two_versions.newer)
+    deny(monkeypatch, root / two_versions.older)
+    doc = demo_job_doc(two_versions.raw, tmp_path / "out", validate={"max_bad_fraction": 0.2})
+    result = build(load_job(write_job(tmp_path / "job", doc)),
+                   BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    assert result.version_dir.name == two_versions.newer
+    assert result.shards_reused == 0 and result.shards_written > 0
+    monkeypatch.undo()
+    assert verify_dataset(result.version_dir).ok
+
+
 # -- one build cache, two work folders --------------------------------------------------------------
 
 

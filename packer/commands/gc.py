@@ -24,7 +24,8 @@ def gc_command(folder: str, keep: int, dry_run: bool, as_json: bool) -> None:
     Newest means by the manifest's created_at (the time the version was built), not by folder
     name or file times. A shard hard-linked into a kept version stays on disk (it is freed when
     its last link goes); the plan says how many bytes that keeps. Left alone: a folder whose
-    manifest cannot be read. Removed: .staging-* folders interrupted builds left (gc holds the
+    manifest cannot be read, or that this user may not look into (a colleague's, of mode 700;
+    never counted). Removed: .staging-* folders interrupted builds left (gc holds the
     build lock, so none is a build in progress; a link is removed, never followed). A
     version folder without manifest.json that holds a build's _index.parquet (its build stopped
     while publishing it: killed, or a full disk) is no dataset and is removed, never counted.

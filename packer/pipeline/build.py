@@ -846,12 +846,12 @@ def _warn_other_keys(dataset_root: Path, manifest: dict[str, Any]) -> None:
         return
     others: dict[str, list[str]] = defaultdict(list)
     for folder in sorted(dataset_root.iterdir()):
-        if folder.name == manifest["version"] or not (folder / MANIFEST_FILE).is_file():
-            continue
         try:
+            if folder.name == manifest["version"] or not (folder / MANIFEST_FILE).is_file():
+                continue
             other = (read_manifest(folder, strict=False, check_hash=False).data.get("phi") or {}).get("key_fingerprint")
-        except PackerError:
-            continue  # not a readable version: verify's business, not this build's
+        except (PackerError, PermissionError):
+            continue  # not a readable version (damaged, or a colleague's of mode 700): not this build's to judge
         if other is not None and other != key:
             others[other].append(folder.name)
     for fingerprint, versions in sorted(others.items()):
@@ -877,7 +877,10 @@ def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]
     ``(False, (), ())`` when the version was written here.
     """
     _check_staged(staging, manifest)
-    if read_dataset_hash(version_dir / MANIFEST_FILE) == manifest["dataset_hash"]:
+    # only a manifest that is there is read: a missing one sends read_manifest looking through the
+    # dataset folder's other versions for its message, a colleague's unreadable one among them
+    if (version_dir / MANIFEST_FILE).is_file() and read_dataset_hash(version_dir / MANIFEST_FILE) == \
+            manifest["dataset_hash"]:
         restored = _restore_listed(staging, version_dir, manifest)
         rewritten = _replace_local_reports(staging, version_dir)
         shutil.rmtree(staging)

@@ -102,8 +102,9 @@ class EarlierShard:
 class EarlierShards:
     """The shards of the earlier versions in a dataset folder, by content key.
 
-    Versions whose manifest does not read cleanly (schema, ``dataset_hash``) or whose format is
-    not ``fmt`` are ignored; so is a version whose ``_index.parquet`` does not match its manifest.
+    Versions whose manifest does not read cleanly (schema, ``dataset_hash``), that this user may
+    not look into (a colleague's folder of mode 700) or whose format is not ``fmt`` are ignored;
+    so is a version whose ``_index.parquet`` does not match its manifest.
     The newest version (``created_at``) is asked first, so a daily build reads one earlier index
     however many versions are kept; each version's index is read once, when first wanted."""
 
@@ -112,7 +113,10 @@ class EarlierShards:
         self._rows: dict[Path, dict[str, dict[str, list[Any]]] | None] = {}
         versions: list[tuple[str, Path, dict[str, Any]]] = []
         for folder in sorted(dataset_root.iterdir()) if dataset_root.is_dir() else []:
-            if folder.name.startswith(".") or not (folder / MANIFEST_FILE).is_file():
+            try:
+                if folder.name.startswith(".") or not (folder / MANIFEST_FILE).is_file():
+                    continue
+            except PermissionError:  # a folder this user may not look into (a colleague's, mode 700): no source
                 continue
             try:
                 manifest = read_manifest(folder, strict=False)
