@@ -196,3 +196,91 @@ def test_a_build_is_refused_while_another_holds_its_build_cache_folder(
     assert done.exit_code == 0, done.output
     assert [p.name for p in (out / "demo").iterdir()] == [two_versions.older]
     assert verify_dataset(out / "demo" / two_versions.older).ok
+
+
+# -- a shard cache a lab group shares ---------------------------------------------------------------
+
+
+def _remote_shard(name: str, data: bytes) -> tuple[str, str, int]:
+    import fsspec
+
+    fsspec.filesystem("memory").pipe(f"/shared-folders/{name}", data)
+    return f"memory://shared-folders/{name}", hashlib.sha256(data).hexdigest(), len(data)
+
+
+def as_group_member(monkeypatch: pytest.MonkeyPatch, cache: Path, *, folder_writable: bool) -> None:
+    """What the kernel tells a member of the group about a shard cache another member filled
+    (entries mode 664, folder 775 under umask 002): setting a chosen access time needs ownership
+    (os.utime with times: EPERM). ``folder_writable=False``: the cache was made read-only once
+    filled (chmod -R a-w): every file opened for writing, made or removed in it is EACCES too."""
+    import builtins
+
+    from packer.loader import cache as cache_module
+
+    real_utime, real_open, real_unlink = os.utime, builtins.open, Path.unlink
+    inside = str(cache) + os.sep
+
+    def utime(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).startswith(inside) and (args or kwargs.get("ns") or kwargs.get("times")):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_utime(path, *args, **kwargs)
+
+    def open_(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if not folder_writable and str(path).startswith(inside) and any(c in mode for c in "wax+"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if not folder_writable and str(self).startswith(inside):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(os, "utime", utime)
+    monkeypatch.setattr(cache_module, "open", open_, raising=False)
+    monkeypatch.setattr(Path, "unlink", unlink)
+
+
+def test_a_group_member_reads_an_entry_another_member_downloaded(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache hit marked the entry recently used with os.utime(path, ns=...), which only the
+    file's owner may do: every member of the group but the one who downloaded an entry got EPERM,
+    and ShardDataset called the whole shard unreadable."""
+    from packer.loader.cache import ShardCache
+
+    data = b"g" * 6000
+    url, sha, size = _remote_shard("group.tar", data)
+    cache = tmp_path / "shared-cache"
+    ShardCache(cache).fetch(url, sha, size, "group.tar")  # the member who downloaded it
+    as_group_member(monkeypatch, cache, folder_writable=True)
+    with ShardCache(cache).reading(url, sha, size, "group.tar") as path:
+        assert path.read_bytes() == data
+
+
+def test_a_read_only_cache_serves_its_entries_and_names_the_folder_for_a_missing_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fully populated cache made read-only (chmod -R a-w) failed every read: the entry's lock
+    file was opened "a+b" only to take a shared lock, which needs no write access. Its entries
+    are read; a shard it does not hold fails saying the folder cannot be written and what to do;
+    over its limit it stays over, with a warning, instead of failing the read."""
+    from packer.loader.cache import ShardCache
+
+    held, missing = b"r" * 5000, b"m" * 3000
+    url, sha, size = _remote_shard("held.tar", held)
+    other_url, other_sha, other_size = _remote_shard("missing.tar", missing)
+    extra_url, extra_sha, extra_size = _remote_shard("extra.tar", b"e" * 4000)
+    cache = tmp_path / "read-only-cache"
+    ShardCache(cache).fetch(url, sha, size, "held.tar")
+    ShardCache(cache).fetch(extra_url, extra_sha, extra_size, "extra.tar")
+    as_group_member(monkeypatch, cache, folder_writable=False)
+
+    with ShardCache(cache).reading(url, sha, size, "held.tar") as path:
+        assert path.read_bytes() == held
+    with pytest.raises(OSError, match=f"the shard cache folder {cache} cannot be written by this user") as err, \
+            ShardCache(cache).reading(other_url, other_sha, other_size, "missing.tar"):
+        pass
+    assert "make the folder writable" in str(err.value) and "cache_dir of your own" in str(err.value)
+    with pytest.warns(UserWarning, match=f"the shard cache {cache} holds more than its cache_limit"), \
+            ShardCache(cache, limit=1000).reading(url, sha, size, "held.tar") as path:
+        assert path.read_bytes() == held
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted(
+        [f"{sha}.tar", f"{extra_sha}.tar"])

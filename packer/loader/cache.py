@@ -23,8 +23,15 @@ shards through :class:`ShardCache`:
 - **bounded**: after each download, and at the first read through a :class:`ShardCache` (a
   folder filled by an earlier run, with no limit or a larger one, would otherwise keep it all
   while every read is a hit), entries beyond ``limit`` bytes are deleted least recently used
-  first (by access time, which every read sets), skipping any entry a reader holds (a shared
-  ``flock`` while it reads) and the one being read.
+  first (by access time, which every read sets where it may: see below), skipping any entry a
+  reader holds (a shared ``flock`` while it reads) and the one being read;
+- **shared by a group**: members of a lab group may share one folder (group-writable, umask
+  002). Only an entry's owner may set its access time to a chosen value, so another member's
+  read leaves it as the file system keeps it (its atime policy): least-recently-used order is
+  then best effort, never whether an entry is read. Taking a shared lock to read needs no
+  write access (an existing lock file is opened read-only), so a cache made read-only once
+  filled serves its entries; a shard it does not hold fails naming the folder as not writable,
+  and one over its limit stays over it, with a warning.
 
 :meth:`ShardCache.prefetch` downloads the next shards of a worker's plan on a background thread
 (``read_ahead`` at a time), so after warm-up the loader does not wait on the store's latency.
@@ -33,12 +40,14 @@ shards through :class:`ShardCache`:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +64,8 @@ LIMIT_ENV = "PACKER_SHARD_CACHE_LIMIT"
 _CHUNK = 4 << 20
 #: Seconds between tries of a cache entry's lock that another process holds.
 _POLL_S = 0.02
+#: What a file system says to a write this user may not make there
+_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
 #: A shard's sha256 as the manifest's schema has it: the only key a cache path is built from
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: A shard file's suffix as a cache entry keeps it (``.tar``, ``.parquet``)
@@ -76,6 +87,7 @@ class ShardCache:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     #: whether this object has applied ``limit`` to the folder yet (each DataLoader worker's copy does so once)
     _bounded: bool = field(default=False, init=False, repr=False, compare=False)
+    _warned_evict: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
@@ -107,25 +119,27 @@ class ShardCache:
         the manifest's sha256 cannot name a cache entry (:meth:`entry`)."""
         self.entry(sha256, file)  # checks the key before any path (the lock file's too) is built from it
         path = self._pending_result(sha256) or self.fetch(url, sha256, size, file, storage_options)
-        with open(self._lock_path(sha256), "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_SH)
+        with self._open_lock(sha256, writing=False) as lock:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_SH)
             # evicted or altered between fetch and lock (another thread's or process's fetch evicts
             # what no reader holds, this entry too until the shared lock is taken): fetch again, and
             # check again under the lock, as often as it takes a cache too small to hold it
             for _ in range(_REFETCHES):
                 if self._valid(path, size):
                     break
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
                 path = self.fetch(url, sha256, size, file, storage_options)
-                fcntl.flock(lock, fcntl.LOCK_SH)
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_SH)
             else:
                 if not self._valid(path, size):
                     raise OSError(f"{url}: the shard cache {self.folder} lost the shard to eviction "
                                   f"{_REFETCHES} times before it could be read: cache_limit "
                                   f"({self.limit} bytes) is too small for the shards read at once (each worker's "
                                   "and its read-ahead's); raise cache_limit, or lower read_ahead")
-            # recently used: the access time says so (the modification time is the entry's stamp)
-            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+            _touch(path)
             yield path
 
     def fetch(self, url: str, sha256: str, size: int, file: str, storage_options: Any = None) -> Path:
@@ -135,8 +149,7 @@ class ShardCache:
             if not self._bounded:  # a hit downloads nothing: nothing else would trim what an earlier run left
                 self.evict(keep=(sha256,))
             return path
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_path(sha256), "a+b") as lock:
+        with self._open_lock(sha256, writing=True) as lock:
             # Never block on the lock: besides a download, a reader may hold it (shared) across a
             # pause in its own iteration, and that reader's DataLoader may be waiting for this very
             # worker's next batch (a deadlock, seen with two workers). Poll instead, and use the
@@ -188,6 +201,42 @@ class ShardCache:
     def _lock_path(self, sha256: str) -> Path:
         return self.folder / f".{sha256}.lock"
 
+    @contextlib.contextmanager
+    def _open_lock(self, sha256: str, *, writing: bool) -> Iterator[Any]:
+        """The entry's lock file, open for ``flock``, which asks for no write access to the file: an
+        existing one is opened read-only (in a lab group's cache, another member's; in a cache
+        made read-only once filled, every one), a missing one made. ``writing`` (a download): the
+        cache folder is made too, and a folder this user may not write raises OSError saying so
+        (:meth:`_unwritable`). Reading only: None where the lock file is missing and cannot be
+        made (a folder this user may not write, whose entries only its owner can evict): the
+        entry is read without it."""
+        path = self._lock_path(sha256)
+        handle: Any = None
+        with contextlib.suppress(FileNotFoundError):
+            handle = open(path, "rb")  # noqa: SIM115 - closed below
+        if handle is None:
+            try:
+                if writing:
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                handle = open(path, "a+b")  # noqa: SIM115 - closed below
+            except OSError as err:
+                if err.errno not in _REFUSED:
+                    raise
+                if writing:
+                    raise self._unwritable(err, sha256) from err
+        try:
+            yield handle
+        finally:
+            if handle is not None:
+                handle.close()
+
+    def _unwritable(self, err: OSError, sha256: str) -> OSError:
+        """The OSError for a download this user may not write into the cache folder (``err``)."""
+        return OSError(err.errno, f"the shard cache folder {self.folder} cannot be written by this user "
+                                  f"({err.strerror}: {err.filename}), so the shard {sha256[:16]}… it does not hold "
+                                  "cannot be downloaded into it; make the folder writable (for a lab group: chmod "
+                                  "g+rwx, with umask 002 for its members), or pass a cache_dir of your own")
+
     def _valid(self, path: Path, size: int) -> bool:
         """An entry is intact when it is there with the manifest's size and the modification time
         it had when its download was verified (recorded in its ``.ok`` stamp)."""
@@ -202,6 +251,13 @@ class ShardCache:
         # one name per entry: the caller holds the entry's exclusive lock, so a .partial found here
         # was left by a killed download (its lock died with it) and is overwritten
         partial = self.folder / f".{path.name}.partial"
+        try:  # said once, not retried: a folder this user may not write is no failing store
+            partial.unlink(missing_ok=True)
+            open(partial, "wb").close()
+        except OSError as err:
+            if err.errno not in _REFUSED:
+                raise
+            raise self._unwritable(err, sha256) from err
         last: BaseException | None = None
         fs: Any = None
         remote = ""
@@ -224,7 +280,9 @@ class ShardCache:
                                          f"the manifest says {size} bytes, {sha256[:16]}…; restore the shard or "
                                          "republish the dataset")
                 os.replace(partial, path)
-                (self.folder / f".{path.name}.ok").write_text(str(path.stat().st_mtime_ns))
+                stamp = self.folder / f".{path.name}.ok"
+                stamp.unlink(missing_ok=True)  # a new file: the old one may be another group member's
+                stamp.write_text(str(path.stat().st_mtime_ns))
                 return
             except FileNotFoundError as err:  # no such object: the store answered, retrying cannot help
                 partial.unlink(missing_ok=True)
@@ -261,14 +319,31 @@ class ShardCache:
             if total <= self.limit:
                 return
             sha256 = path.name.split(".", 1)[0]
-            with open(self._lock_path(sha256), "a+b") as lock:
+            with self._open_lock(sha256, writing=False) as lock:
+                if lock is None:
+                    self._cannot_evict(PermissionError(errno.EACCES, "Permission denied", str(self._lock_path(sha256))))
+                    return
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # a reader holds it
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except PermissionError as err:  # the folder: nothing else in it can be removed either
+                    self._cannot_evict(err)
+                    return
                 (self.folder / f".{path.name}.ok").unlink(missing_ok=True)
                 total -= size
+
+    def _cannot_evict(self, err: OSError) -> None:
+        """Say once per process that the cache folder stays over its limit: this user may not remove
+        entries from it (a folder made read-only once filled, or another user's)."""
+        if not self._warned_evict:
+            self._warned_evict = True
+            warnings.warn(f"the shard cache {self.folder} holds more than its cache_limit ({self.limit} bytes), but "
+                          f"this user cannot remove entries from it ({err.strerror}: {err.filename}); it stays over "
+                          "the limit. Make the folder writable (for a lab group: chmod g+rwx), or raise cache_limit",
+                          stacklevel=2)
 
 
 def entry_problem(sha256: object, file: object) -> str | None:
@@ -300,6 +375,19 @@ def _stored_size(fs: Any, remote: str) -> int | None:
         return None
     except storage.remote_errors():
         return None
+
+
+def _touch(path: Path) -> None:
+    """Mark the entry ``path`` recently used: its access time is set to now, its modification
+    time (the entry's verified stamp) kept. Setting a chosen time needs ownership of the file, so
+    in a cache a lab group shares (umask 002) only the member who downloaded an entry can: for the
+    others it stays as it was, and least-recently-used eviction then goes by what the file system
+    itself records of their reads (its atime policy, often ``relatime``). Best effort: the order
+    of eviction, never whether an entry is read or intact, depends on it."""
+    try:
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+    except PermissionError:  # EPERM/EACCES: another user's entry; the read goes on
+        return
 
 
 #: How often :meth:`ShardCache.reading` fetches a shard that another fetch's eviction took away
