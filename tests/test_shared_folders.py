@@ -284,3 +284,44 @@ def test_a_read_only_cache_serves_its_entries_and_names_the_folder_for_a_missing
         assert path.read_bytes() == held
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted(
         [f"{sha}.tar", f"{extra_sha}.tar"])
+
+
+# -- a registry this user may not write -------------------------------------------------------------
+
+
+def test_a_registry_this_user_may_not_write_is_named_with_its_fix_and_the_version_as_published(
+        two_versions: TwoVersions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose `registry:` folder this user may not write (the lab's committed manifests/):
+    the version was published whole, then the build said "choose another output folder (--out
+    DIR)", which moves no registry, and that decoded files "stay in the build cache", as if the
+    dataset were not built. The message names the registry, its fix, and the published version."""
+    import builtins
+
+    from packer import files
+
+    registry = tmp_path / "manifests"
+    (registry / "demo").mkdir(parents=True)
+    real_open = builtins.open
+
+    def refused(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith(str(registry) + os.sep) and "w" in mode:  # what chmod a-w makes of it
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(files, "open", refused, raising=False)
+    doc = {**demo_job_doc(two_versions.raw, tmp_path / "out"), "registry": str(registry)}
+    job = write_job(tmp_path / "job", doc)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report", "-q"])
+    assert result.exit_code == 6, result.output
+    version = tmp_path / "out" / "demo" / two_versions.older
+    assert verify_dataset(version).ok
+    assert f"cannot write {registry / 'demo' / two_versions.older}.json" in result.output
+    assert "change `registry:` in the job to a folder this user can write" in result.output
+    assert f"The version {two_versions.older} itself is complete and published in {version}" in result.output
+    assert f"Once the registry folder {registry} (the job's `registry:`) can be written" in result.output
+    assert "--out DIR" not in result.output and "stay in the build cache" not in result.output
+
+    monkeypatch.undo()
+    again = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report", "-q"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((registry / "demo" / f"{two_versions.older}.json").read_text())["version"] == two_versions.older

@@ -312,7 +312,7 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     try:
         with system_arrow_pool(), _one_build_at_a_time(job, options) as locked, contextlib.ExitStack() as held:
             return _build(job, options, watched, locked=locked, held=held)
-    except (_ReportNotWritten, _RefusedBeforeWork):
+    except (_ReportNotWritten, _RegistryNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
         raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
@@ -511,6 +511,10 @@ class _ReportNotWritten(FileSystemError):
     """The dataset is published; only its HTML report could not be written."""
 
 
+class _RegistryNotWritten(FileSystemError):
+    """The dataset is published; only its registry copy could not be written."""
+
+
 class _RefusedBeforeWork(FileSystemError):
     """The output folder could not be made: nothing was decoded yet."""
 
@@ -681,7 +685,14 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
     registry_copy, registry_written = None, False
     if job.registry is not None and not manifest_over_limit(manifest):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
-        registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
+        try:
+            registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
+        except FileSystemError as err:  # the dataset is out: say so, and that --out moves no registry
+            where = f"{version_dir} and at {remote}" if remote is not None else str(version_dir)
+            raise _RegistryNotWritten(
+                f"{err}. The version {manifest['version']} itself is complete and published in {where}, manifest "
+                f"included; only its registry copy is missing. Once the registry folder {job.registry} (the job's "
+                "`registry:`) can be written, building the job again writes the copy and rebuilds nothing") from err
     return BuildResult(version_dir=version_dir, manifest_path=version_dir / MANIFEST_FILE,
                        manifest=read_manifest(version_dir / MANIFEST_FILE).data,
                        issues=sorted_issues, reused=reused, restored=restored, reports_rewritten=rewritten,
@@ -994,10 +1005,14 @@ def write_manifest_copy(target: Path, manifest_file: Path) -> bool:
 
     An existing copy of the same dataset is left alone, so a rebuild does not churn the
     committed registry with a new ``created_at``. Returns whether the copy was written.
+    FileSystemError (exit 6) where the registry folder refuses it, whose fix is the registry's
+    (make it writable, or change the job's ``registry:``), never another output folder.
     """
     if read_dataset_hash(target) == read_dataset_hash(manifest_file):
         return False
-    with atomic_output(target, shared=True) as fh:  # builds of two outputs share the registry
+    elsewhere = (f"change `registry:` in the job to a folder this user can write (another --out moves no "
+                 f"registry; {target.parent.parent} is the job's registry)")
+    with atomic_output(target, shared=True, elsewhere=elsewhere) as fh:  # builds of two outputs share the registry
         fh.write(manifest_file.read_bytes())
     return True
 
