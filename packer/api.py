@@ -45,10 +45,11 @@ from packer.errors import (
     exhausted,
     out_of_memory,
     refused_write,
+    surface,
     surface_set,
 )
 from packer.manifest import Manifest, read_manifest
-from packer.redact import redact_names, redacting
+from packer.redact import Noted, job_scope, note_job, redact_names, redacting
 
 if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check runs, not on import
     from packer.pipeline.build import BuildResult
@@ -104,17 +105,19 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
     from packer.storage import is_url
 
     _refuse_worker_reimport("build")
-    _check_workers(workers)
-    _check_flags(progress=progress, report=report, resume=resume, keep_spill=keep_spill)
-    options_given = _storage_options(storage_options)
-    config = load(job, base_dir=base_dir)
-    target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
-    options = BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=not progress,
-                           html_report=report, fresh=not resume, keep_spill=keep_spill,
-                           cache_dir=None if cache_dir is None else Path(cache_dir),
-                           storage_options=options_given)
-    with _typed_errors():
-        return build_job(config, options)
+    with _one_job():
+        _check_workers(workers)
+        _check_flags(progress=progress, report=report, resume=resume, keep_spill=keep_spill)
+        options_given = _storage_options(storage_options)
+        config = load(job, base_dir=base_dir)
+        note_job(config)  # a JobConfig loaded before the call noted its roots in its caller's scope
+        target = None if out is None else os.fspath(out) if is_url(os.fspath(out)) else Path(out)
+        options = BuildOptions(out=target, workers=workers, scheduler=scheduler, quiet=not progress,
+                               html_report=report, fresh=not resume, keep_spill=keep_spill,
+                               cache_dir=None if cache_dir is None else Path(cache_dir),
+                               storage_options=options_given)
+        with _typed_errors():
+            return build_job(config, options)
 
 
 def check_built(result: BuildResult) -> None:
@@ -170,6 +173,9 @@ class ValidationResult:
     """
 
     data_check: ValidateResult = field(repr=False, compare=False)
+    #: What the check noted for redaction (its job's roots and names under pseudonymize): the
+    #: errors of :meth:`write_json` and :meth:`write_junit` are redacted by this job alone.
+    noted: Noted | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def report(self) -> dict[str, Any]:
@@ -215,14 +221,14 @@ class ValidationResult:
         """Write :attr:`report` as ``packer validate --json`` does. Raises FileSystemError (6)."""
         from packer.pipeline.datacheck import write_json
 
-        with _typed_errors():
+        with _one_job(self.noted), _typed_errors():
             write_json(self.data_check, Path(path))
 
     def write_junit(self, path: str | os.PathLike[str]) -> None:
         """Write JUnit XML as ``packer validate --junit`` does. Raises FileSystemError (6)."""
         from packer.pipeline.datacheck import write_junit
 
-        with _typed_errors():
+        with _one_job(self.noted), _typed_errors():
             write_junit(self.data_check, Path(path))
 
     def check(self) -> None:
@@ -255,14 +261,16 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
     from packer.pipeline.datacheck import validate_job
 
     _refuse_worker_reimport("validate")
-    _check_workers(workers)
-    _check_flags(quick=quick, progress=progress)
-    options_given = _storage_options(storage_options)
-    config = load(job, base_dir=base_dir)
-    with _typed_errors():
-        checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
-                               storage_options=options_given)
-    return ValidationResult(data_check=checked)
+    with _one_job() as noted:
+        _check_workers(workers)
+        _check_flags(quick=quick, progress=progress)
+        options_given = _storage_options(storage_options)
+        config = load(job, base_dir=base_dir)
+        note_job(config)  # a JobConfig loaded before the call noted its roots in its caller's scope
+        with _typed_errors():
+            checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
+                                   storage_options=options_given)
+    return ValidationResult(data_check=checked, noted=noted)
 
 
 def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as tarfile.open: read qualified
@@ -276,8 +284,8 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     ``packer verify``). Raises ConfigError (2) for a path that is not a version (a dataset
     folder's error lists its versions) and IntegrityError (5) for a damaged or edited manifest.
     """
-    options_given = _storage_options(storage_options)
     with called_from(PYTHON_API, unless_set=True):
+        options_given = _storage_options(storage_options)
         return read_manifest(location, storage_options=options_given)
 
 
@@ -336,12 +344,27 @@ def _check_workers(workers: object) -> None:
 
 
 @contextlib.contextmanager
+def _one_job(noted: Noted | None = None) -> Iterator[Noted | None]:
+    """One call's run: messages raised or printed inside name the keyword arguments, and the
+    roots and names its job notes for redaction (:mod:`packer.redact`) are its own (``noted``:
+    those of an earlier part of the same call; by default none), not what an earlier call of the
+    process (or one running beside it on another thread) noted: the same job gives the same
+    message whatever ran before. The command line, which runs these functions, keeps its own:
+    it forgets them as each command starts and prints its errors redacted after the call returns."""
+    if surface_set():
+        yield None
+        return
+    with called_from(PYTHON_API), job_scope(noted) as scope:
+        yield scope
+
+
+@contextlib.contextmanager
 def _typed_errors() -> Iterator[None]:
     """An OSError of a full, over-quota or read-only file system met in a library's write
     becomes FileSystemError, as the command line reports it, and running out of open files or
     memory a ResourceError (exit 6 there too); any other error stays what it is.
     Messages raised or printed inside name the keyword arguments, unless the command line called."""
-    from_python = not surface_set()  # the command line prints its errors redacted itself
+    from_python = surface().python  # the command line prints its errors redacted itself
     try:
         with called_from(PYTHON_API, unless_set=True):
             yield

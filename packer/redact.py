@@ -16,17 +16,22 @@ folder and file name under a source root, each raw entity id: :func:`note_names`
 ``<id>`` wherever a message puts them as a whole word or a path's part, in a
 :class:`~packer.errors.PackerError`'s message too (:func:`redact_names`); one spelled as a plain
 lowercase word (the ``left`` of ``left.dcm``) only quoted or in a path, never as the message's
-word. Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would, on a machine where
+word. What is noted belongs to the run that noted it: a command forgets what an earlier one in
+the process noted (:func:`forget_jobs`), and each call of :mod:`packer.api` notes and redacts in
+its own :func:`job_scope`. Setting ``PACKER_RAW_TRACEBACK=1`` prints the traceback as Python would, on a machine where
 the raw paths may be seen.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import re
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -36,12 +41,38 @@ if TYPE_CHECKING:
 #: The environment variable that prints an internal error's traceback unredacted.
 RAW_TRACEBACK_ENV = "PACKER_RAW_TRACEBACK"
 
-#: Source roots (as text) of the jobs loaded under pseudonymize since :func:`forget_jobs`, and
-#: their source names; a process that loaded one such job redacts every internal error.
+
+
+@dataclass
+class Noted:
+    """What one run noted for redaction: the source roots (as text) of the jobs it loaded under
+    pseudonymize, with their source names (``roots``), and the names met in their data
+    (``names``, :func:`note_names`), each shown as ``<id>``."""
+
+    roots: dict[str, str] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+
+
+#: Source roots (as text) of the jobs loaded under pseudonymize since :func:`forget_jobs` outside
+#: any :func:`job_scope`, and their source names: a command (which forgets them as it starts)
+#: that loaded one such job redacts every internal error.
 _ROOTS: dict[str, str] = {}
 
 #: Names met in the data of the jobs noted since :func:`forget_jobs` (:func:`note_names`): shown as ``<id>``.
 _NAMES: set[str] = set()
+
+#: What the run in progress noted: the process's own (the command line's, forgotten per command)
+#: unless a call of :mod:`packer.api` opened its own :func:`job_scope`. A context variable, so
+#: that calls on threads of one process (each thread starts with the process's) and calls one
+#: after another each redact by their own job only.
+_NOTED: ContextVar[Noted | None] = ContextVar("packer_redact_noted", default=None)
+_PROCESS = Noted(_ROOTS, _NAMES)
+
+
+def _noted() -> Noted:
+    """What the run in progress noted (:data:`_NOTED`)."""
+    noted = _NOTED.get()
+    return _PROCESS if noted is None else noted
 
 #: Shorter names are not noted: a folder ``CT`` or ``1`` would hide every such word of every message.
 _SHORTEST_NAME = 3
@@ -81,11 +112,12 @@ def note_job(job: JobConfig) -> None:
     pseudonymizes (``phi.mode`` is not ``keep``); a job that keeps raw paths notes nothing."""
     if job.phi.mode == "keep":
         return
+    roots = _noted().roots
     for source in job.sources:
         root = str(source.root)
-        _ROOTS[root.rstrip("/\\") or root] = source.name
+        roots[root.rstrip("/\\") or root] = source.name
         if not isinstance(source.root, str):
-            _ROOTS[os.path.realpath(source.root)] = source.name
+            roots[os.path.realpath(source.root)] = source.name
 
 
 def note_names(names: Iterable[str]) -> None:
@@ -93,9 +125,10 @@ def note_names(names: Iterable[str]) -> None:
     source root, a raw entity id): :func:`redact_text` and :func:`redact_names` show each as
     ``<id>``. Names shorter than three characters are not noted; nothing is noted unless a job
     that pseudonymizes was loaded (:func:`note_job`)."""
-    if not _ROOTS:
+    noted = _noted()
+    if not noted.roots:
         return
-    _NAMES.update(name for name in (n.strip() for n in names) if len(name) >= _SHORTEST_NAME and not _common(name))
+    noted.names.update(name for name in (n.strip() for n in names) if len(name) >= _SHORTEST_NAME and not _common(name))
 
 
 def _common(name: str) -> bool:
@@ -106,18 +139,32 @@ def _common(name: str) -> bool:
 
 def forget_jobs() -> None:
     """Forget the roots and names noted so far (each CLI command starts afresh: :func:`packer.commands.exits`)."""
-    _ROOTS.clear()
-    _NAMES.clear()
+    noted = _noted()
+    noted.roots.clear()
+    noted.names.clear()
+
+
+@contextlib.contextmanager
+def job_scope(noted: Noted | None = None) -> Iterator[Noted]:
+    """Inside, roots and names are noted in, and messages redacted by, ``noted`` alone (default:
+    a new, empty one), not what another run of the process noted: a call of :mod:`packer.api`
+    redacts by the job it runs, whatever ran before it or runs beside it on another thread."""
+    noted = Noted() if noted is None else noted
+    token = _NOTED.set(noted)
+    try:
+        yield noted
+    finally:
+        _NOTED.reset(token)
 
 
 def redacting() -> bool:
-    """Whether an internal error is printed redacted: a pseudonymizing job was loaded, and
-    :data:`RAW_TRACEBACK_ENV` does not ask for the raw text."""
-    return bool(_ROOTS) and os.environ.get(RAW_TRACEBACK_ENV, "") in ("", "0")
+    """Whether an internal error is printed redacted: a pseudonymizing job was loaded (in this
+    :func:`job_scope`), and :data:`RAW_TRACEBACK_ENV` does not ask for the raw text."""
+    return bool(_noted().roots) and os.environ.get(RAW_TRACEBACK_ENV, "") in ("", "0")
 
 
 def _pattern() -> re.Pattern[str]:
-    roots = sorted(_ROOTS, key=len, reverse=True)  # /data/ct2 before /data/ct
+    roots = sorted(_noted().roots, key=len, reverse=True)  # /data/ct2 before /data/ct
     # a root then the rest of its path, up to a quote or the line's end (a folder name may hold spaces)
     under = "|".join(f"(?P<r{i}>{re.escape(root)})(?:[/\\\\][^'\"\\n]*|(?=[\\s'\":,;)\\]]|$))"
                      for i, root in enumerate(roots))
@@ -138,7 +185,8 @@ def redact_names(text: str) -> str:
     """``text`` with every word, and every part of a path, that is a name :func:`note_names`
     noted shown as ``<id>`` (nothing else changes: a :class:`~packer.errors.PackerError`'s message
     keeps the job's own paths and words)."""
-    if not _NAMES:
+    names = _noted().names
+    if not names:
         return text
 
     def quoted(match: re.Match[str]) -> bool:
@@ -148,12 +196,12 @@ def redact_names(text: str) -> str:
     def shown(match: re.Match[str]) -> str:
         word = match.group(0)
         bare = word.rstrip(".:")
-        if bare in _NAMES and (_PLAIN_WORDS.fullmatch(bare) is None or quoted(match)):
+        if bare in names and (_PLAIN_WORDS.fullmatch(bare) is None or quoted(match)):
             return "<id>" + word[len(bare):]
         parts = re.split(r"([/\\])", word)
-        return "".join("<id>" if part in _NAMES else part for part in parts) if len(parts) > 1 else word
+        return "".join("<id>" if part in names else part for part in parts) if len(parts) > 1 else word
 
-    for name in (n for n in _NAMES if _TOKEN.fullmatch(n) is None):  # a name holding a space: "Doe John"
+    for name in (n for n in names if _TOKEN.fullmatch(n) is None):  # a name holding a space: "Doe John"
         # a whole name, not a part of a word; one spelled as the message's words only quoted or in a path
         edge = r"['\"/\\]" if _PLAIN_WORDS.fullmatch(name) else r"\W"
         text = re.sub(rf"(?:(?<={edge})|^){re.escape(name)}(?=$|{edge})", "<id>", text, flags=re.MULTILINE)
@@ -165,12 +213,13 @@ def redact_text(text: str) -> str:
     word holding a ``/`` or ``\\`` and every bare file name as ``<path>``, every quoted value that
     names no code as ``'<value>'``, and every noted name (:func:`note_names`) as ``<id>``."""
     pattern = _pattern()
-    names = sorted(_ROOTS, key=len, reverse=True)
+    roots = _noted().roots
+    names = sorted(roots, key=len, reverse=True)
 
     def path(match: re.Match[str]) -> str:
         for group, value in match.groupdict().items():
             if value is not None and group.startswith("r"):
-                return f"<source {_ROOTS[names[int(group[1:])]]}>/…"
+                return f"<source {roots[names[int(group[1:])]]}>/…"
         return "<path>"
 
     def quoted(inner: str, quote: str, whole: str) -> str:

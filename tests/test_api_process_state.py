@@ -1,0 +1,106 @@
+"""packer from Python in a long-lived process (a notebook, an orchestrator's worker): a call leaves
+the process as it found it, and what one call did never changes what the next one says or does."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+import packer
+from packer import redact
+from packer.errors import ConfigError
+
+KEY = "0123456789abcdef" * 4
+
+#: A folder named as a patient: job A's data holds it, job B's (empty) root is named so too.
+PATIENT = "Whitfield"
+
+
+def image_job(root: Path, out: Path, mode: str) -> dict[str, Any]:
+    return {"name": root.name.lower(), "sources": [{"kind": "image", "root": str(root),
+                                                    "table": str(root / "labels.csv")}],
+            "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 1},
+            "transform": {"image": {"size": [16, 16], "color": "rgb"}},
+            "pack": {"format": "webdataset", "max_samples": 16}, "output": str(out), "phi": {"mode": mode}}
+
+
+def plant_photos(root: Path, folders: list[str], *, images: bool = True) -> None:
+    """One photo per folder (its entity), and the table naming them (``images``: False, the table alone)."""
+    rng = np.random.default_rng(7)
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["path,label,entity,timestamp"]
+    for i, folder in enumerate(folders):
+        if images:
+            (root / folder).mkdir()
+            cv2.imwrite(str(root / folder / "img.png"), rng.integers(0, 256, size=(24, 24, 3), dtype=np.uint8))
+        lines.append(f"{folder}/img.png,{'ab'[i % 2]},{folder},2024-01-01")
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+
+
+def error_of(job: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as raised:
+        packer.validate(job, scheduler="sync", progress=False)
+    return str(raised.value)
+
+
+def test_a_keep_job_says_the_same_after_a_pseudonymizing_job_ran_in_the_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job A pseudonymizes, and its data has a folder named as a patient; job B keeps raw paths
+    (phi.mode keep), and its root, which holds no image, is named so too. B's error names its root
+    as written whether A ran before it or not: A's names are A's, not the process's."""
+    monkeypatch.setenv("PACKER_PHI_KEY", KEY)
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.delenv(redact.RAW_TRACEBACK_ENV, raising=False)
+    folders = [PATIENT, *(f"Subject{i:03d}" for i in range(9))]
+    plant_photos(tmp_path / "a", folders)
+    plant_photos(tmp_path / "b" / PATIENT, folders, images=False)
+    job_a = image_job(tmp_path / "a", tmp_path / "out", "pseudonymize")
+    job_b = image_job(tmp_path / "b" / PATIENT, tmp_path / "out", "keep")
+
+    alone = error_of(job_b)
+    assert f"no image files under {tmp_path / 'b' / PATIENT}" in alone, alone
+    packer.validate(job_a, scheduler="sync", progress=False)  # notes PATIENT as a name of A's data
+    assert error_of(job_b) == alone
+
+
+def test_a_pseudonymizing_job_still_hides_its_own_names_after_a_keep_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other way round: each call redacts by its own job, so a pseudonymizing job's error hides
+    its root's folder name (a patient's) as <id> whatever ran before it."""
+    monkeypatch.setenv("PACKER_PHI_KEY", KEY)
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.delenv(redact.RAW_TRACEBACK_ENV, raising=False)
+    plant_photos(tmp_path / "keep", [f"Subject{i:03d}" for i in range(10)])
+    plant_photos(tmp_path / "phi", [PATIENT, *(f"Subject{i:03d}" for i in range(9))])
+    job = image_job(tmp_path / "phi", tmp_path / "out", "pseudonymize")
+    job["sources"][0]["entity"] = {"path": "NOPE(?P<entity>[0-9]+)/"}  # its error quotes a file's relative path
+
+    packer.validate(image_job(tmp_path / "keep", tmp_path / "out", "keep"), scheduler="sync", progress=False)
+    message = error_of(job)
+    assert "a file's path relative to the root is '<id>/<id>'" in message, message
+    assert PATIENT not in message
+
+
+def test_names_noted_in_one_scope_are_not_seen_in_another_thread() -> None:
+    """A call of packer.api notes its job's names in its own scope: another thread of the process
+    (a second task of the same worker) neither sees them nor redacts by them."""
+    seen: list[tuple[bool, str]] = []
+
+    def other_thread() -> None:
+        seen.append((redact.redacting(), redact.redact_names(f"folder {PATIENT}")))
+
+    with redact.job_scope() as noted:
+        noted.roots["/data/a"] = "a"  # as loading a pseudonymizing job with that root notes it
+        redact.note_names([PATIENT])
+        assert redact.redact_names(f"folder {PATIENT}") == "folder <id>"
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert noted.names == {PATIENT}
+    assert seen == [(False, f"folder {PATIENT}")]
+    assert redact.redact_names(f"folder {PATIENT}") == f"folder {PATIENT}"  # nor does the caller's, after
