@@ -3,6 +3,7 @@ the process as it found it, and what one call did never changes what the next on
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,22 @@ def test_names_noted_in_one_scope_are_not_seen_in_another_thread() -> None:
     assert noted.names == {PATIENT}
     assert seen == [(False, f"folder {PATIENT}")]
     assert redact.redact_names(f"folder {PATIENT}") == f"folder {PATIENT}"  # nor does the caller's, after
+
+
+def test_a_build_on_the_local_cluster_leaves_the_callers_environment_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dask's nannies set OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's, MALLOC_TRIM_THRESHOLD_,
+    PYTHONHASHSEED, __DASK_PARENT_PID) in this process's environment before they spawn a worker:
+    left there, torch imported after a build in the same notebook, and every process it starts,
+    ran on one CPU thread. The workers got them; the caller's environment is its own again."""
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_",
+                 "PYTHONHASHSEED", "__DASK_PARENT_PID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the caller's own setting stays the caller's
+    plant_photos(tmp_path / "raw", [f"S{i:02d}" for i in range(8)])
+    before = dict(os.environ)
+
+    packer.build(image_job(tmp_path / "raw", tmp_path / "out", "keep"), workers=1, progress=False, report=False)
+
+    assert dict(os.environ) == before

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
@@ -616,38 +617,79 @@ def _is_main_test(test: ast.expr) -> bool:
             and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
 
 
-#: How many local clusters of this process keep dask's records from the caller's logging (:func:`_dask_records_kept`)
-_KEPT = {"count": 0, "propagate": True}
-_KEPT_LOCK = threading.Lock()
+#: Names of the environment variables dask sets in this process for the worker processes it
+#: spawns (beside ``distributed.nanny.pre-spawn-environ``'s): a nanny sets its workers'
+#: ``PYTHONHASHSEED``, and marks their process titles with this process's id.
+_SPAWN_ENVIRONMENT = ("PYTHONHASHSEED", "__DASK_PARENT_PID")
+
+
+@dataclass
+class _LocalClusters:
+    """What this process looked like before its first running local cluster (:func:`_local_cluster_held`)."""
+
+    count: int = 0
+    propagate: bool = True
+    #: the spawn environment's variables as they were (None: not set)
+    environment: dict[str, str | None] = field(default_factory=dict)
+
+
+_HELD = _LocalClusters()
+_HELD_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _dask_records_kept() -> Iterator[None]:
-    """While packer's own local cluster runs, dask's log records (its scheduler and nannies log
-    in this process) stop at the ``distributed`` logger, whose own handler prints them at the
-    cluster's ``silence_logs`` level as the command does: they no longer reach the caller's root
-    handlers (an orchestrator's or notebook's logging at INFO got dask's chatter, and under PHI
-    pseudonymization an error record may quote a raw path). Counted, so that builds on threads
-    restore the logger's own setting once the last one ends."""
-    logger = logging.getLogger("distributed")
-    with _KEPT_LOCK:
-        if _KEPT["count"] == 0:
-            _KEPT["propagate"] = logger.propagate
-            logger.propagate = False
-        _KEPT["count"] += 1
+def _local_cluster_held() -> Iterator[None]:
+    """While packer's own local clusters run, this process is set up for them, and is as it was
+    once the last one ends (counted under a lock: calls on threads each run a cluster, and a
+    save-and-restore per cluster, undone in the wrong order, left the change in place for good):
+
+    - dask's log records (its scheduler and nannies log in this process) stop at the
+      ``distributed`` logger: they no longer reach the caller's root handlers (an orchestrator's
+      or notebook's logging at INFO got dask's chatter, and under PHI pseudonymization an error
+      record may quote a raw path); its own handler prints them at the cluster's ``silence_logs`` level;
+    - the variables dask's nannies set in ``os.environ`` before spawning a worker
+      (``OMP_NUM_THREADS=1`` and the rest of ``distributed.nanny.pre-spawn-environ``,
+      ``PYTHONHASHSEED``, ``__DASK_PARENT_PID``) are set back: left, torch imported after a build
+      in the same notebook, and every process it starts, ran on one CPU thread."""
+    with _HELD_LOCK:
+        if _HELD.count == 0:
+            _hold_process_state()
+        _HELD.count += 1
     try:
         yield
     finally:
-        with _KEPT_LOCK:
-            _KEPT["count"] -= 1
-            if _KEPT["count"] == 0:
-                logger.propagate = bool(_KEPT["propagate"])
+        with _HELD_LOCK:
+            _HELD.count -= 1
+            if _HELD.count == 0:
+                _release_process_state()
+
+
+def _hold_process_state() -> None:
+    """Save what the first local cluster changes (under :data:`_HELD_LOCK`)."""
+    import dask
+
+    logger = logging.getLogger("distributed")
+    _HELD.propagate = logger.propagate
+    logger.propagate = False
+    spawned = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    _HELD.environment = {name: os.environ.get(name) for name in (*spawned, *_SPAWN_ENVIRONMENT)}
+
+
+def _release_process_state() -> None:
+    """Set back what :func:`_hold_process_state` saved, the last local cluster ended (under :data:`_HELD_LOCK`)."""
+    logging.getLogger("distributed").propagate = _HELD.propagate
+    for name, value in _HELD.environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        elif os.environ.get(name) != value:
+            os.environ[name] = value
+    _HELD.environment = {}
 
 
 def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
                       log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
     if scheduler is None:
-        with _dask_records_kept():
+        with _local_cluster_held():
             yield from _open_local(workers, expected, log_level)
         return
     yield from _open_remote(scheduler, expected)
