@@ -4,6 +4,8 @@ the process as it found it, and what one call did never changes what the next on
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 import packer
 from packer import redact
 from packer.errors import ConfigError
+from tests.helpers import REPO
 
 KEY = "0123456789abcdef" * 4
 
@@ -124,3 +127,35 @@ def test_a_build_on_the_local_cluster_leaves_the_callers_environment_as_it_was(
     packer.build(image_job(tmp_path / "raw", tmp_path / "out", "keep"), workers=1, progress=False, report=False)
 
     assert dict(os.environ) == before
+
+
+#: Two local clusters of one process, the first closed while the second runs (as two calls on
+#: threads close theirs); prints whether dask's stderr handler stayed silenced under the second's
+#: run and close, and whether it is the caller's (INFO) again after.
+TWO_CLUSTERS = """
+import logging
+from packer.pipeline.cluster import DASK_LOG_LEVEL, open_executor
+
+first, second = open_executor(None, workers=1), open_executor(None, workers=1)
+first.__enter__()
+second.__enter__()
+handlers = [h for h in logging.getLogger("distributed").handlers if isinstance(h, logging.StreamHandler)]
+first.__exit__(None, None, None)
+print("silenced while the second runs:", bool(handlers) and all(h.level >= DASK_LOG_LEVEL for h in handlers))
+second.__exit__(None, None, None)
+print("the caller's after:", all(h.level == logging.NOTSET for h in handlers))
+"""
+
+
+@pytest.mark.slow  # two real dask clusters in a fresh interpreter (there dask's own handler prints its records)
+def test_a_cluster_that_closes_first_leaves_the_other_clusters_dask_logs_silenced() -> None:
+    """Two calls on threads each run a local cluster. dask's own handler printed its INFO records
+    ("Remove client", "Closing scheduler") on stderr once the first cluster closed, under the
+    other's close: each cluster silenced it with a save and restore, undone in the wrong order.
+    It stays silenced while any cluster runs, and is the caller's again after the last."""
+    out = subprocess.run([sys.executable, "-c", TWO_CLUSTERS], capture_output=True, text=True, timeout=180,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["silenced while the second runs: True", "the caller's after: True"]
+    assert [line for line in out.stderr.splitlines() if " - distributed." in line] == []
+

@@ -629,6 +629,10 @@ class _LocalClusters:
 
     count: int = 0
     propagate: bool = True
+    #: each StreamHandler of dask's loggers (``distributed``, ``bokeh``) and its level before
+    handler_levels: list[tuple[logging.Handler, int]] = field(default_factory=list)
+    #: the log levels the running clusters print dask's records at, one per cluster
+    levels: list[int] = field(default_factory=list)
     #: the spawn environment's variables as they were (None: not set)
     environment: dict[str, str | None] = field(default_factory=dict)
 
@@ -638,7 +642,7 @@ _HELD_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _local_cluster_held() -> Iterator[None]:
+def _local_cluster_held(log_level: int) -> Iterator[None]:
     """While packer's own local clusters run, this process is set up for them, and is as it was
     once the last one ends (counted under a lock: calls on threads each run a cluster, and a
     save-and-restore per cluster, undone in the wrong order, left the change in place for good):
@@ -646,7 +650,11 @@ def _local_cluster_held() -> Iterator[None]:
     - dask's log records (its scheduler and nannies log in this process) stop at the
       ``distributed`` logger: they no longer reach the caller's root handlers (an orchestrator's
       or notebook's logging at INFO got dask's chatter, and under PHI pseudonymization an error
-      record may quote a raw path); its own handler prints them at the cluster's ``silence_logs`` level;
+      record may quote a raw path);
+    - that logger's own stderr handler (and bokeh's) prints them at ``log_level`` only, the most
+      silent level of the clusters running (``LocalCluster(silence_logs=...)`` did so per cluster,
+      and the first to close set the handler back to INFO under the other's close: its "Remove
+      client" and "Closing scheduler" lines reached the caller's stderr);
     - the variables dask's nannies set in ``os.environ`` before spawning a worker
       (``OMP_NUM_THREADS=1`` and the rest of ``distributed.nanny.pre-spawn-environ``,
       ``PYTHONHASHSEED``, ``__DASK_PARENT_PID``) are set back: left, torch imported after a build
@@ -655,13 +663,18 @@ def _local_cluster_held() -> Iterator[None]:
         if _HELD.count == 0:
             _hold_process_state()
         _HELD.count += 1
+        _HELD.levels.append(log_level)
+        _set_dask_handler_levels(max(_HELD.levels))
     try:
         yield
     finally:
         with _HELD_LOCK:
             _HELD.count -= 1
+            _HELD.levels.remove(log_level)
             if _HELD.count == 0:
                 _release_process_state()
+            else:
+                _set_dask_handler_levels(max(_HELD.levels))
 
 
 def _hold_process_state() -> None:
@@ -671,6 +684,9 @@ def _hold_process_state() -> None:
     logger = logging.getLogger("distributed")
     _HELD.propagate = logger.propagate
     logger.propagate = False
+    _HELD.handler_levels = [(handler, handler.level) for name in ("distributed", "bokeh")
+                            for handler in logging.getLogger(name).handlers
+                            if isinstance(handler, logging.StreamHandler)]
     spawned = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
     _HELD.environment = {name: os.environ.get(name) for name in (*spawned, *_SPAWN_ENVIRONMENT)}
 
@@ -678,18 +694,26 @@ def _hold_process_state() -> None:
 def _release_process_state() -> None:
     """Set back what :func:`_hold_process_state` saved, the last local cluster ended (under :data:`_HELD_LOCK`)."""
     logging.getLogger("distributed").propagate = _HELD.propagate
+    for handler, level in _HELD.handler_levels:
+        handler.setLevel(level)
     for name, value in _HELD.environment.items():
         if value is None:
             os.environ.pop(name, None)
         elif os.environ.get(name) != value:
             os.environ[name] = value
-    _HELD.environment = {}
+    _HELD.handler_levels, _HELD.environment = [], {}
+
+
+def _set_dask_handler_levels(level: int) -> None:
+    """Each saved stderr handler of dask's loggers prints records at ``level`` and above."""
+    for handler, _ in _HELD.handler_levels:
+        handler.setLevel(level)
 
 
 def _open_distributed(scheduler: str | None, workers: int | None, expected: Environment, *,
                       log_level: int = DASK_LOG_LEVEL) -> Iterator[Executor]:
     if scheduler is None:
-        with _local_cluster_held():
+        with _local_cluster_held(log_level):
             yield from _open_local(workers, expected, log_level)
         return
     yield from _open_remote(scheduler, expected)
@@ -709,7 +733,8 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
         try:
             cluster = _call_interrupts_blocked(lambda: LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                silence_logs=log_level))
+                # this process's dask logging is set once for all its clusters (_local_cluster_held)
+                silence_logs=False, worker_class=_nanny_class(), worker_log_level=log_level))
         except RuntimeError as err:
             if "failed to start" not in str(err):
                 raise
@@ -739,6 +764,22 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
             raise
     yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected, local=True),
                       starting, client, cluster)
+
+
+@functools.cache
+def _nanny_class() -> type:
+    """dask's Nanny, whose worker process logs dask's records at ``worker_log_level`` only (as
+    ``silence_logs`` sets it), while the nanny here leaves this process's log handlers alone:
+    ``silence_logs`` lowered them per nanny, with a save and restore that nannies of clusters on
+    threads undid in the wrong order (:func:`_local_cluster_held` sets them once for all)."""
+    from distributed import Nanny
+
+    class QuietNanny(Nanny):  # type: ignore[misc]
+        def __init__(self, *args: Any, worker_log_level: int, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "silence_logs": False})
+            self.silence_logs = worker_log_level  # what the worker process is started with
+
+    return QuietNanny
 
 
 def _open_remote(scheduler: str, expected: Environment) -> Iterator[Executor]:
