@@ -159,3 +159,60 @@ def test_a_cluster_that_closes_first_leaves_the_other_clusters_dask_logs_silence
     assert out.stdout.splitlines() == ["silenced while the second runs: True", "the caller's after: True"]
     assert [line for line in out.stderr.splitlines() if " - distributed." in line] == []
 
+
+def test_overlapping_dicom_reads_on_threads_give_the_caller_its_strict_pydicom_back(tmp_path: Path) -> None:
+    """pydicom's value checks and warnings are process-wide, and packer turns them off while it
+    reads. Two calls on threads, the first to start ending first (A in, B in, A out, B out): each
+    restoring what it found left them off for good, and the caller's strict reading (RAISE) then
+    accepted an Instance Number (IS) holding a name. The last one out restores the caller's."""
+    import warnings
+
+    import pydicom
+    from pydicom import config as pydicom_config
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    from packer.read.dicom_attrs import pydicom_quietly
+
+    ds = pydicom.Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.InstanceNumber = "12345678"
+    path = tmp_path / "bad_is.dcm"
+    ds.save_as(path)
+    path.write_bytes(path.read_bytes().replace(b"12345678", b"Doe^Jane"))
+
+    mode = pydicom_config.settings.reading_validation_mode
+    pydicom_config.settings.reading_validation_mode = pydicom_config.RAISE
+    filters = list(warnings.filters)
+    try:
+        steps = [threading.Event() for _ in range(3)]
+        inside_b: list[int] = []
+
+        def call_a() -> None:
+            with pydicom_quietly():
+                steps[0].set()  # A in
+                steps[1].wait(30)  # B in
+            steps[2].set()  # A out
+
+        def call_b() -> None:
+            steps[0].wait(30)
+            with pydicom_quietly():
+                steps[1].set()
+                steps[2].wait(30)
+                inside_b.append(pydicom_config.settings.reading_validation_mode)  # still reading, A gone
+
+        threads = [threading.Thread(target=call_a), threading.Thread(target=call_b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert inside_b == [pydicom_config.IGNORE]
+        assert pydicom_config.settings.reading_validation_mode == pydicom_config.RAISE
+        assert list(warnings.filters) == filters
+        with pytest.raises(ValueError, match="Doe"):
+            _ = pydicom.dcmread(path, force=True).InstanceNumber
+    finally:
+        pydicom_config.settings.reading_validation_mode = mode
+        warnings.filters[:] = filters
+

@@ -19,6 +19,7 @@ import copy
 import functools
 import re
 import struct
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: The calls inside :func:`pydicom_quietly` in this process, and what the first one found: calls
+#: on threads (builds or checks run from a worker's threads, in-process) share pydicom's settings.
+_QUIET: dict[str, Any] = {"count": 0, "mode": None, "warnings": None}
+_QUIET_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def pydicom_quietly() -> Iterator[None]:
     """Read with pydicom's own opinions of a header kept off stderr: its check of each value
@@ -57,15 +64,27 @@ def pydicom_quietly() -> Iterator[None]:
     they were printed by every worker, without the file's name, between the progress lines, and
     with the damaged bytes they quote, a patient's name among them. They change nothing packer
     reads: what packer needs it checks itself, and a file it cannot use is a bad sample with its
-    reason. The setting is restored on leaving (a worker runs one task at a time)."""
-    before = pydicom_config.settings.reading_validation_mode
-    pydicom_config.settings.reading_validation_mode = pydicom_config.IGNORE
-    try:
-        with warnings.catch_warnings():
+    reason. Both are process-wide: the first call in sets them, the last one out restores the
+    caller's (counted under a lock: calls on threads, each saving and restoring, undid each other
+    in the wrong order and left the caller's strict pydicom reading off for good)."""
+    with _QUIET_LOCK:
+        if _QUIET["count"] == 0:
+            _QUIET["mode"] = pydicom_config.settings.reading_validation_mode
+            kept = warnings.catch_warnings()
+            kept.__enter__()
             warnings.filterwarnings("ignore", category=UserWarning, module=r"pydicom(\.|$)")
-            yield
+            _QUIET["warnings"] = kept
+            pydicom_config.settings.reading_validation_mode = pydicom_config.IGNORE
+        _QUIET["count"] += 1
+    try:
+        yield
     finally:
-        pydicom_config.settings.reading_validation_mode = before
+        with _QUIET_LOCK:
+            _QUIET["count"] -= 1
+            if _QUIET["count"] == 0:
+                pydicom_config.settings.reading_validation_mode = _QUIET["mode"]
+                _QUIET["warnings"].__exit__(None, None, None)
+                _QUIET["mode"] = _QUIET["warnings"] = None
 
 
 def quiet(fn: Callable[P, R]) -> Callable[P, R]:
