@@ -135,18 +135,25 @@ _URL_TYPO = re.compile(r"^(?P<scheme>s3|s3a|gs|gcs|az|abfs|http|https)(?::/?(?!/
 
 # -- options and filesystems --------------------------------------------------------------
 def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``--storage-option``) as a storage-options dict.
+    """``KEY=VALUE`` strings (``--storage-option``, or ``storage_options=[...]`` in Python) as a
+    storage-options dict.
 
     A VALUE that parses as JSON (``true``, ``3``, ``{"a": 1}``) is used as parsed, anything
     else as a string. Dotted keys nest: ``client_kwargs.region_name=eu-west-1`` gives
     ``{"client_kwargs": {"region_name": "eu-west-1"}}``. Raises ``ConfigError`` for a pair
-    without ``=``.
+    without ``=``, naming the option as the caller gives it (:func:`packer.errors.surface`).
     """
+    python = surface().python  # named as the call takes them: storage_options=[...], not the flag
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             # the text is not repeated: a value typed without its KEY= may be a secret
+            if python:
+                raise ConfigError("storage_options: an option without KEY= (not shown: it may hold credentials); "
+                                  "expected 'KEY=VALUE' strings, e.g. storage_options=['endpoint_url=http://127.0.0.1:"
+                                  "9000'], or a mapping, "
+                                  f"{surface().storage_options(endpoint_url='http://127.0.0.1:9000')}")
             raise ConfigError("--storage-option: an option without KEY= (not shown: it may hold credentials); "
                               "expected KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000")
         try:
@@ -158,8 +165,9 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
         for part in outer:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--storage-option {key.strip()}=...: {part} is already set to a value, "
-                                  "not a mapping")
+                given = (f"storage_options entry '{key.strip()}=...'" if python
+                         else f"--storage-option {key.strip()}=...")
+                raise ConfigError(f"{given}: {part} is already set to a value, not a mapping")
             node = child
         node[last] = value
     return options

@@ -216,3 +216,42 @@ def test_overlapping_dicom_reads_on_threads_give_the_caller_its_strict_pydicom_b
         pydicom_config.settings.reading_validation_mode = mode
         warnings.filters[:] = filters
 
+
+@pytest.mark.parametrize("options", [["endpoint_url"], ["client_kwargs=1", "client_kwargs.region_name=x"]])
+def test_malformed_storage_options_from_python_are_named_as_the_call_takes_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str]) -> None:
+    """storage_options given as the command line's KEY=VALUE strings: a malformed one named
+    ``--storage-option``, a flag the call has not got."""
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    plant_photos(tmp_path / "raw", [f"S{i:02d}" for i in range(4)])
+    job = image_job(tmp_path / "raw", tmp_path / "out", "keep")
+    for call in (packer.validate, packer.build):
+        with pytest.raises(ConfigError, match=r"^storage_options") as raised:
+            call(job, storage_options=options, scheduler="sync", progress=False)
+        assert "--storage-option" not in str(raised.value)
+    with pytest.raises(ConfigError, match=r"^storage_options"):
+        packer.open(tmp_path / "out", storage_options=options)
+
+
+def test_a_pseudonymizing_dict_jobs_summary_points_at_what_python_offers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pseudonymization the summary names bad files by sample key and says where their
+    paths are. For a job given as a mapping it said "`packer locate <dict> KEY ...`" (no such
+    job file) and "--json FILE" (a flag): it names ValidationResult's own ways now, and the job
+    file a command needs."""
+    monkeypatch.setenv("PACKER_PHI_KEY", KEY)
+    monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "work"))
+    folders = [f"S{i:02d}" for i in range(10)]
+    plant_photos(tmp_path / "raw", folders)
+    (tmp_path / "raw" / "S00" / "img.png").write_bytes(b"\x89PNG\r\n")  # cut short: a bad sample
+    job = image_job(tmp_path / "raw", tmp_path / "out", "pseudonymize")
+    job["validate"] = {"max_bad_fraction": 0.5}
+
+    result = packer.validate(job, scheduler="sync", progress=False)
+
+    assert [issue.path for issue in result.issues] == [str(tmp_path / "raw" / "S00" / "img.png")]
+    hint = [line.strip() for line in result.summary().splitlines() if "name samples by key" in line]
+    assert hint == ["the findings and files above name samples by key: ValidationResult.issues holds each bad "
+                    "file's path, ValidationResult.write_json(FILE) lists the bad and left-out files' paths; "
+                    "`packer locate JOB KEY ...` prints any key's file once the job is saved as a job file JOB "
+                    "(raw paths: keep them local)"]

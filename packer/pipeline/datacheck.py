@@ -31,7 +31,7 @@ import numpy as np
 
 from packer import __version__
 from packer.badsamples import over_limit, summarize_issues
-from packer.config import SPLITS, JobConfig
+from packer.config import MAPPING_JOB, SPLITS, JobConfig
 from packer.errors import (
     BadFractionError,
     ConfigError,
@@ -245,6 +245,17 @@ def _shown(text: str) -> str:
     return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
+def _where_keys_lead(job: JobConfig, *, files: bool) -> str:
+    """How the caller finds the files behind the summary's sample keys (``files``: bad or left-out
+    files are listed too): ``packer locate`` for a job file, and the report's paths, named as the
+    caller takes them; a job given to Python as a mapping has no file for ``packer locate`` to read."""
+    paths = f"{surface().option('json', placeholder='FILE')} lists the bad and left-out files' paths"
+    if surface().python and job.job_path == MAPPING_JOB:
+        located = "`packer locate JOB KEY ...` prints any key's file once the job is saved as a job file JOB"
+        return f"ValidationResult.issues holds each bad file's path, {paths}; {located}" if files else located
+    return f"`packer locate {job.job_path} KEY ...` prints their files" + (f" ({paths})" if files else "")
+
+
 def format_summary(result: ValidateResult) -> str:
     """A short human summary: counts by reason, per split, failing and reporting rules."""
     doc = summary(result)
@@ -298,10 +309,9 @@ def format_summary(result: ValidateResult) -> str:
                 lines.append(f"         {_shown(finding_text(name, finding, members=6, where=True))}")
             lines.extend(_and_more(len(findings), SUMMARY_FINDINGS, "         "))
     if hidden and (listed or issues or excluded):  # samples named by key, never by path
+        where = _where_keys_lead(result.job, files=bool(issues or excluded))
         lines.append(f"  {'the findings and files above' if issues or excluded else 'the findings'} name samples by "
-                     f"key: `packer locate {result.job.job_path} KEY ...` prints their files"
-                     + (" (--json FILE lists the bad and left-out files' paths)" if issues or excluded else "")
-                     + " (raw paths: keep them local)")
+                     f"key: {where} (raw paths: keep them local)")
     outcome = {0: "clean", 3: "too many bad samples (exit 3)",
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
