@@ -719,10 +719,26 @@ def _open_distributed(scheduler: str | None, workers: int | None, expected: Envi
     yield from _open_remote(scheduler, expected)
 
 
+_DASHBOARD_IMPORT_LOCK = threading.Lock()
+
+
+def _import_dashboard_once() -> None:
+    """Import dask's dashboard module before a scheduler does. Each new scheduler imports it
+    lazily; two local clusters starting at once on threads (two ``packer.build`` calls) raced on
+    that first import, and one failed with "module 'distributed.dashboard' has no attribute
+    'scheduler'". Without bokeh the scheduler goes on without a dashboard, as it does here."""
+    with _DASHBOARD_IMPORT_LOCK:
+        try:
+            import distributed.dashboard.scheduler  # noqa: F401
+        except ImportError:
+            return  # no bokeh: the scheduler serves its plain routes (dask's own fallback)
+
+
 def _open_local(workers: int | None, expected: Environment, log_level: int) -> Iterator[Executor]:
     """packer's own local cluster (:func:`_open_distributed` without a scheduler)."""
     from distributed import Client, LocalCluster
 
+    _import_dashboard_once()
     unspawnable = _program_not_a_file()
     if unspawnable is not None:
         raise ConfigError(unspawnable)
