@@ -746,13 +746,16 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
     # dask's workers start with MALLOC_TRIM_THRESHOLD_=65536; packer's tasks override it with
     # fixed glibc thresholds (packer.allocator), on this cluster and on any other
     with _held_interrupts() as starting:
+        start_records = _HeldRecords("distributed.nanny")
         try:
-            cluster = _call_interrupts_blocked(lambda: LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                # this process's dask logging is set once for all its clusters (_local_cluster_held)
-                silence_logs=False, worker_class=_nanny_class(), worker_log_level=log_level))
+            with start_records:
+                cluster = _call_interrupts_blocked(lambda: LocalCluster(
+                    n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                    # this process's dask logging is set once for all its clusters (_local_cluster_held)
+                    silence_logs=False, worker_class=_nanny_class(), worker_log_level=log_level))
         except RuntimeError as err:
             if "failed to start" not in str(err):
+                start_records.replay()
                 raise
             # out of open files or memory (a CI container's low `ulimit -n`): the machine's
             # condition, exit 6 with its fix, found in the chain dask raised it through
@@ -765,6 +768,7 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
                 if resource is not None:
                     raise resource from err
                 cause = cause.__cause__ or cause.__context__
+            start_records.replay()  # not the machine's condition: what dask logged may tell the user more
             script = unguarded_script()
             if script is not None:  # the workers ran its call again and refused it: a usage error
                 raise ConfigError(f"{script}: the local dask cluster's worker processes did not start "
@@ -772,6 +776,7 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
             raise PackerError(f"the local dask cluster's worker processes did not start "
                               f"({str(err).rstrip('.')}); run it again, or run in this process "
                               f"({surface().option('scheduler', 'sync')}) to see what stops them") from err
+        start_records.replay()
         try:
             client = Client(cluster)
             _one_opencv_thread(client)
@@ -780,6 +785,36 @@ def _open_local(workers: int | None, expected: Environment, log_level: int) -> I
             raise
     yield from _serve(Executor(client, f"local dask cluster, {n} worker process(es)", expected=expected, local=True),
                       starting, client, cluster)
+
+
+class _HeldRecords(logging.Filter):
+    """The records of the logger ``name`` held back while a local cluster starts (``with``), and
+    handed on (:meth:`replay`) unless the start fails for a reason packer says in one line: a
+    nanny that cannot start its worker for want of open files logs "Failed to start process" with
+    a traceback before dask raises, and that traceback beside exit 6's one line (raise
+    ``ulimit -n``) read like a crash in a CI log."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._logger = logging.getLogger(name)
+        self._held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self._held.append(record)
+        return False
+
+    def __enter__(self) -> _HeldRecords:
+        self._logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeFilter(self)
+
+    def replay(self) -> None:
+        """Hand the held records to the logger's handlers, as if never held; once."""
+        held, self._held = self._held, []
+        for record in held:
+            self._logger.handle(record)
 
 
 @functools.cache
