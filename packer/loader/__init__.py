@@ -69,6 +69,7 @@ from typing import Any
 _EXPORTS = {
     "DevicePrefetcher": "device",
     "ImageBatch": "dataloader",
+    "ImageTypeError": "dataloader",
     "LoaderState": "dataloader",
     "MixedDataset": "mix",
     "MixedShapesError": "dataloader",

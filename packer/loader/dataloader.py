@@ -135,6 +135,20 @@ class MixedShapesError(ConfigError, RuntimeError):
         super().__init__(own_message_first(message)[0])
 
 
+class ImageTypeError(ConfigError, TypeError):
+    """A batch's image is not a ``torch.Tensor`` where the collate stacks or pads tensors: a
+    ``transform=`` returned something else (a numpy array, albumentations' H×W×C output; a PIL
+    image).
+
+    A :class:`~packer.errors.ConfigError` (exit 2 at the CLI) and a ``TypeError``; constructible
+    from the message alone, so it crosses a DataLoader worker boundary as :class:`MixedShapesError`
+    does.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(own_message_first(message)[0])
+
+
 _ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
 _ONE_CHANNEL_COUNT = ("build with one channel count: transform.channels: N in the job file (it replicates "
                       "1-channel samples to N; samples of another count need as many windows as the others)")
@@ -241,8 +255,68 @@ def _targets(items: Sequence[Item]) -> dict[str, Any]:
     return out
 
 
-def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None
-                  ) -> dict[str, Any]:
+def _type_text(value: Any) -> str:
+    kind = type(value)
+    module = {"builtins": "", "numpy": "numpy."}.get(kind.__module__, f"{kind.__module__}.")
+    return f"{module}{kind.__qualname__}"
+
+
+def _transform_text(transforms: Sequence[str] | None) -> str:
+    """The dataset's ``transform=`` by name where the loader knows it, else as the argument."""
+    if transforms:
+        return f"the dataset's transform= ({', '.join(transforms)})"
+    return "the dataset's transform= (ShardDataset(..., transform=...))"
+
+
+def _require_tensors(items: Sequence[Item], collate: str, transforms: Sequence[str] | None) -> None:
+    """Raise :class:`ImageTypeError` where an item's image is not a tensor: a packer dataset's
+    images are tensors, so a transform made it. Named apart from a shape mismatch, which it is not."""
+    for item in items:
+        image = item["image"]
+        if isinstance(image, torch.Tensor):
+            continue
+        shape = getattr(image, "shape", None)
+        described = _type_text(image) + (f" {_shape_text(shape)}, {getattr(image, 'dtype', '?')}"
+                                          if isinstance(shape, tuple) else "")
+        hwc = (isinstance(image, np.ndarray) and image.ndim == 3
+               and " (an H×W×C array, albumentations' layout, is torch.from_numpy(image.transpose(2, 0, 1)))")
+        raise ImageTypeError(
+            f"sample {item['key']}: its image is a {described}, not a torch.Tensor: {_transform_text(transforms)} "
+            f"returned it, and collate={collate!r} batches C×H×W tensors; return a tensor from the transform "
+            f"(albumentations: end the pipeline with ToTensorV2(){hwc or ''}), or take the images as they are with "
+            "make_loader(dataset, batch_size, collate=\"list\") or a collate of your own")
+
+
+def _made_by_transform(images: Sequence[torch.Tensor], shapes: Mapping[str, Sequence[Sequence[int]]] | None
+                       ) -> list[tuple[int, ...]]:
+    """The batch's image shapes that no source has by the manifest (its ``shapes`` per source):
+    shapes the build never made, so a transform made them. Empty where the manifest's shapes are
+    not known (a DataLoader made by hand with ``collate_fn=collate_stack``)."""
+    stored = {tuple(int(d) for d in known) for found in (shapes or {}).values() for known in found}
+    if not stored:
+        return []
+    return sorted({tuple(im.shape) for im in images} - stored)
+
+
+#: Said where the manifest's shapes are not known (a DataLoader made by hand), so a transform's shapes
+#: cannot be told from stored ones.
+_UNKNOWN_TRANSFORM = ("; and where the dataset has a transform= that changes shapes (a random crop or resize), make it "
+                      "return one shape for every sample: rebuilding does not change what it returns")
+
+
+def _transform_changed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequence[int]]],
+                       made: Sequence[tuple[int, ...]], transforms: Sequence[str] | None) -> str:
+    stored = sorted({tuple(int(d) for d in known) for found in shapes.values() for known in found})
+    return (f"this batch mixes image shapes {describe_mixed(items, shapes)}, which cannot be stacked into one "
+            f"tensor; {', '.join(map(_shape_text, made))} {'is not a shape' if len(made) == 1 else 'are not shapes'} "
+            f"the build made (the manifest's: {', '.join(map(_shape_text, stored))}), so {_transform_text(transforms)} "
+            "changed them (a random crop or resize gives each sample its own size): make it return one shape for "
+            "every sample (crop or resize to a fixed size), or take the images as a list: "
+            "make_loader(dataset, batch_size, collate=\"list\") (collate=\"pad\" pads height and width)")
+
+
+def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None,
+                  transforms: Sequence[str] | None = None) -> dict[str, Any]:
     """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,) (class datasets) or
     ``target`` float32 B×L (multi-label: multi-hot; numeric: the numbers), ``target_mask``
     float32 B×L (masked targets: 1 use the entry, 0 skip it), ``mask`` B×F×H×W (datasets with
@@ -251,13 +325,20 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     The default collate of :func:`make_loader`. Images of different shapes raise
     :class:`MixedShapesError`, naming the shapes (and, given the manifest's ``shapes`` per
     source, their sources) and the fixes, instead of torch's "stack expects each tensor
-    to be equal size". In a DataLoader worker the batch is stacked straight into shared
+    to be equal size". Shapes no source has by the manifest are a ``transform``'s doing, and
+    the message says so (``transforms``: the dataset's transforms by name, for it to name
+    them). An image that is not a tensor (a transform that returns a numpy array) raises
+    :class:`ImageTypeError`. In a DataLoader worker the batch is stacked straight into shared
     memory, so it reaches the main process as one block.
     """
+    _require_tensors(items, "stack", transforms)
     images = [item["image"] for item in items]
-    if images and any(not isinstance(im, torch.Tensor) or im.shape != images[0].shape for im in images):
+    if images and any(im.shape != images[0].shape for im in images):
+        if made := _made_by_transform(images, shapes):
+            raise MixedShapesError(_transform_changed(items, shapes or {}, made, transforms))
         raise MixedShapesError(f"this batch mixes image shapes {describe_mixed(items, shapes)}, which cannot be "
-                               f"stacked into one tensor; {mixed_fixes(items, shapes)}")
+                               f"stacked into one tensor; {mixed_fixes(items, shapes)}"
+                               f"{_UNKNOWN_TRANSFORM if shapes is None else ''}")
     shared = get_worker_info() is not None and packable(images)
     out = _shared_empty((len(images), *images[0].shape), images[0]) if shared and images else None
     image = torch.stack(images, out=out) if images else torch.zeros(0, dtype=torch.uint8)
@@ -297,6 +378,7 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     Volumes of several sizes, and channel counts or dtypes that differ, raise
     :class:`MixedShapesError`: padding depth or channels would invent data.
     """
+    _require_tensors(items, "pad", None)
     images = [item["image"] for item in items]
     if not images:
         return {"image": torch.zeros(0, dtype=torch.uint8), "size": torch.zeros((0, 2), dtype=torch.int64),
@@ -344,10 +426,12 @@ def _passthrough(payload: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Refused:
-    """In place of a batch: the collate refused it (:class:`MixedShapesError`); the main
-    process raises it there, with its own message instead of a worker's traceback."""
+    """In place of a batch: the collate refused it (:class:`MixedShapesError`,
+    :class:`ImageTypeError`); the main process raises it there, with its own message instead of
+    a worker's traceback."""
 
     message: str
+    error: type[MixedShapesError] | type[ImageTypeError] = MixedShapesError
 
 
 @dataclass(frozen=True)
@@ -376,12 +460,19 @@ class _BatchStream(IterableDataset):
                                             collate=self.collate)
         try:
             yield from batches
-        except MixedShapesError as err:
-            yield _Refused(str(err)), 0, ()
+        except (MixedShapesError, ImageTypeError) as err:
+            yield _Refused(str(err), type(err)), 0, ()
         except ShardReadError as err:
             if get_worker_info() is None:
                 raise  # the main process: as it is, traceback and all
             yield _Failed(str(err), err.shard, err.key), 0, ()
+
+
+def _transforms(dataset: PlannedDataset) -> tuple[str, ...]:
+    """The dataset's ``transform`` functions by name (a mix's: its members'), for an error to name."""
+    found = [getattr(d, "transform", None) for d in (dataset, *getattr(dataset, "members", ()))]
+    return tuple(dict.fromkeys(getattr(t, "__qualname__", None) or type(t).__qualname__
+                               for t in found if t is not None))
 
 
 def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], Any]
@@ -393,7 +484,7 @@ def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], 
     if collate not in COLLATES:
         raise ConfigError(f"collate={collate!r}; expected one of {sorted(COLLATES)} or a function of a list of items")
     if collate == "stack":
-        return functools.partial(collate_stack, shapes=dataset.shapes)
+        return functools.partial(collate_stack, shapes=dataset.shapes, transforms=_transforms(dataset))
     if collate == "pad":  # masks padded with the dataset's own pad id, as fit pads them
         return functools.partial(collate_pad, mask_pad=dataset.mask_pad)
     return COLLATES[collate]
@@ -542,7 +633,7 @@ class ShardLoader:
         try:
             for batch, count, skipped in iterator:
                 if isinstance(batch, _Refused):
-                    raise MixedShapesError(batch.message)
+                    raise batch.error(batch.message)
                 if isinstance(batch, _Failed):
                     raise ShardReadError(batch.message, shard=batch.shard, key=batch.key)
                 # Nominal positions (batch_size per batch, also for a short last batch): ranks

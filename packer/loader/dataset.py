@@ -521,7 +521,9 @@ class ShardDataset(PlannedDataset):
     before there were modes, mean ``"shard"`` and ``"off"``. A dataset built before per-sample
     checksums is read unchecked under ``"sample"``, with a warning.
     ``transform(image) -> tensor`` runs in the worker with torch/numpy/random seeded from
-    ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume.
+    ``(seed, epoch, sample)``, so augmentations do not depend on ranks, workers or resume; the
+    stacking and padding collates take tensors only (anything else, such as an H×W×C numpy array,
+    is an :class:`~packer.loader.ImageTypeError` naming the transform), the list collate anything.
     ``on_error``: ``raise`` a :class:`ShardReadError` naming shard and key for a bad shard
     or sample, or ``skip`` it, count it (``skipped``, ``skipped_samples``: this epoch's) and raise
     once more than ``max_skipped`` were skipped in one epoch (the cap is per epoch: a damaged
