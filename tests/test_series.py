@@ -1232,7 +1232,8 @@ def test_a_derived_image_left_out_of_its_series_is_told_how_to_pack_derived_imag
     files.append((_ref(9), _geometry(1.0, image_type=("DERIVED", "SECONDARY", "MIP"))))
     from packer.read.dicom_kind import _localizers_left_out
 
-    (left,) = _localizers_left_out(assemble(files, CFG).issues, drop=True)
+    (left,) = _localizers_left_out(assemble(files, CFG).issues, drop=True,
+                                   headers={ref.sample_id: geometry for ref, geometry in files})
     assert isinstance(left, Excluded) and left.why == "not_requested"
     assert "where: {ImageType: DERIVED}" in left.detail and "LOCALIZER}" not in left.detail
 

@@ -44,7 +44,7 @@ from packer.read.dicom_masks import (
     with_mask,
 )
 from packer.read.dicom_objects import check_header_conditions, is_header_keyword, keyword_suggestion
-from packer.read.dicom_series import HeaderFingerprint
+from packer.read.dicom_series import HeaderFingerprint, SliceGeometry
 from packer.read.kinds import (
     Grouping,
     Probed,
@@ -421,7 +421,8 @@ class DicomSeries(Grouping):
         its other files are ``series_incomplete``, as when a slice fails in the pixel pass (slices
         packed one by one, where a series only places its annotations, keep their own records)."""
         groups, records = self._assembled(placed, job, held)
-        return groups, _localizers_left_out(records, job.dicom.series.drop_localizers)
+        headers = {ref.sample_id: state for ref, state in placed if isinstance(state, SliceGeometry)}
+        return groups, _localizers_left_out(records, job.dicom.series.drop_localizers, headers)
 
     def _assembled(self, placed: Sequence[tuple[SampleRef, Any]], job: JobConfig, held: Sequence[MemberIssue]
                    ) -> tuple[tuple[Series | AnnotatedSeries, ...], tuple[Issue, ...]]:
@@ -529,7 +530,7 @@ class DicomSeries(Grouping):
             return timed_by_latest_slice(stack_volume(slices, series, job.dicom), slices, job), records
         stacked = timed_by_latest_slice(stack_neighbors(slices, series.steps, job.dicom.neighbors, job.dicom.edge),
                                         slices, job)
-        left_out = _edge_left_out(slices, stacked, job.dicom.neighbors)
+        left_out = _edge_left_out(slices, stacked, job.dicom.neighbors, series)
         shaped = with_channels(stacked, job)  # transform.channels counts a stack's channels, as a NIfTI stack's
         if isinstance(shaped, Issue):
             return [], (*records, shaped, *series_incomplete(series.refs, {shaped.path: shaped.reason},
@@ -586,12 +587,15 @@ class DicomSeries(Grouping):
         return out
 
 
-def _localizers_left_out(records: Sequence[Issue], drop: bool) -> tuple[Issue | Excluded, ...]:
+def _localizers_left_out(records: Sequence[Issue], drop: bool, headers: Mapping[str, SliceGeometry]
+                         ) -> tuple[Issue | Excluded, ...]:
     """The localizers and derived images ``series.drop_localizers`` leaves out of their series
     (and the scout series, of localizers only) as ``not_requested`` records: left out on purpose,
     as a slice job leaves localizers out, not bad samples. A default series job of a CT export,
     which nearly always holds scouts, failed its bad fraction on them. With the option off a
-    localizer refuses its series: ``series_localizer`` stays a bad sample."""
+    localizer refuses its series: ``series_localizer`` stays a bad sample. Each record carries
+    the Modality and SOP class its header (``headers``, by sample id) gives, as a slice job's
+    record of the same file does, so the manifest counts it by both."""
     if not drop:
         return tuple(records)
     out: list[Issue | Excluded] = []
@@ -604,18 +608,23 @@ def _localizers_left_out(records: Sequence[Issue], drop: bool) -> tuple[Issue | 
                "where: {ImageType: LOCALIZER}") if "LOCALIZER" in said else (
             "a derived image (a reformat, a projection), not an original slice of the stack: to pack derived "
             "images, pack them in a job with sample: slice and where: {ImageType: DERIVED}")
+        header = headers.get(record.sample_id)
         out.append(Excluded(sample_id=record.sample_id, path=record.path, stage="validate", why="not_requested",
-                            detail=f"{said}; {fix}"))
+                            detail=f"{said}; {fix}", modality=header.modality if header else "",
+                            sop_class=header.sop_class if header else ""))
     return tuple(out)
 
 
-def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int) -> tuple[Excluded, ...]:
+def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int, series: Series
+                   ) -> tuple[Excluded, ...]:
     """Under ``edge: skip``, one ``not_requested`` record per file none of whose slices is the
     centre of a stack (an end slice without ``k`` neighbours on each side, or every slice of a
     series shorter than ``2k + 1``): such a file made no sample of its own, and every file is
-    counted once, packed, bad or left out (a short series' patient vanished without a word)."""
+    counted once, packed, bad or left out (a short series' patient vanished without a word).
+    Each record carries its file's Modality and SOP class (:attr:`Series.objects`)."""
     if len(stacked) == len(slices):
         return ()
+    objects = dict(zip((ref.sample_id for ref in series.refs), series.objects, strict=True)) if series.objects else {}
     centres = {sample.ref.sample_id for sample in stacked}
     out: dict[str, Excluded] = {}
     for index, sample in enumerate(slices):
@@ -626,8 +635,10 @@ def _edge_left_out(slices: Sequence[Sample], stacked: Sequence[Sample], k: int) 
                "with edge: skip no slice of it makes a sample" if not stacked else
                f"slice {index + 1} of {len(slices)} of its series, without {k} neighbour(s) on each side: edge: skip "
                "makes no sample of it (its pixels are channels of its neighbours' stacks)")
+        modality, sop_class = objects.get(ref.sample_id, ("", ""))
         out[ref.sample_id] = Excluded.of(ref, stage="transform", why="not_requested",
-                                         detail=f"{why}; edge: replicate packs it, repeating the end slice")
+                                         detail=f"{why}; edge: replicate packs it, repeating the end slice",
+                                         modality=modality, sop_class=sop_class)
     return tuple(out.values())
 
 

@@ -28,6 +28,7 @@ from packer.read.dicom_attrs import (
     floats,
     functional_item,
     sequence_items,
+    sop_class_name,
 )
 
 
@@ -109,6 +110,11 @@ class SliceGeometry:
     #: A multi-frame object's :data:`FRAME_IDENTITY` values, one tuple per frame (``()`` for a
     #: single frame): what a record names where two of its frames share a position
     frame_identity: tuple[tuple[str, ...], ...] = ()
+    #: Modality (0008,0060), upper case, and the SOP class's name (:func:`sop_class_name`), as a
+    #: slice job's records give them: what a series job's record of a file it leaves out (a
+    #: localizer, an end slice under ``edge: skip``) is counted by in the manifest
+    modality: str = ""
+    sop_class: str = ""
 
     @property
     def frames(self) -> int:
@@ -167,6 +173,8 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         kernel=_text(ds, "ConvolutionKernel"),
         identity=tuple(_text(ds, keyword) for keyword in IMAGE_IDENTITY),
         frame_identity=_frame_identity(ds, frames) if frames > 1 else (),
+        modality=str(element(ds, "Modality") or "").strip().upper(),
+        sop_class=sop_class_name(str(element(ds, "SOPClassUID") or "").strip()),
     )
 
 

@@ -80,6 +80,9 @@ class Series:
     step: tuple[float, float, float] = (0.0, 0.0, 1.0)
     #: Each file of ``refs`` as the header pass read it (:attr:`SliceGeometry.fingerprint`), where known
     fingerprints: tuple[HeaderFingerprint | None, ...] = ()
+    #: Each file of ``refs``: its Modality and SOP class name (:attr:`SliceGeometry.modality`,
+    #: :attr:`SliceGeometry.sop_class`), which a record of a file left out is counted by
+    objects: tuple[tuple[str, str], ...] = ()
     #: A series of one slice whose header gives no depth (:attr:`SliceGeometry.depth`): its
     #: ``step`` is 1 mm along the normal by assumption, which its volume's warnings say
     depth_assumed: bool = False
@@ -504,6 +507,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                   orientation=tuple(float(v) for v in base), pixel_spacing=first.spacing, rows=first.rows,
                   columns=first.columns, step=(float(step[0]), float(step[1]), float(step[2])),
                   fingerprints=tuple(members[i][1].fingerprint for i in order),
+                  objects=tuple((members[i][1].modality, members[i][1].sop_class) for i in order),
                   depth_assumed=len(slices) == 1 and depth is None)
 
 
