@@ -328,19 +328,20 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
             place.forget()
 
 
-def _remove_stale_staging(dataset_root: Path, staging: Path, *, quiet: bool) -> None:
+def _remove_stale_staging(dataset_root: Path, staging: Path, *, quiet: bool, warned: list[tuple[str, str]]) -> None:
     """Remove the staging folders an interrupted build of this dataset left under another
     configuration (its own, ``staging``, it resumes from): held under the dataset folder's lock, no
     build writes them, and no later build of the edited job would ever clear them. One the file
-    system refuses to remove is warned of and left: it costs disk, not correctness."""
+    system refuses to remove is warned of (added to ``warned``) and left: it costs disk, not
+    correctness."""
     removed, freed = [], 0
     for path in stale_staging(dataset_root, keep=staging.name):
         size = staging_bytes(path)
         try:
             remove_staging(path)
         except OSError as err:
-            _warn(f"cannot remove {err.filename or path}, a staging folder an interrupted build left: "
-                  f"{err.strerror or err}; remove it by hand, or run `packer gc {dataset_root}`")
+            _warn("output_folder", f"cannot remove {err.filename or path}, a staging folder an interrupted build "
+                  f"left: {err.strerror or err}; remove it by hand, or run `packer gc {dataset_root}`", warned)
             continue
         removed.append(path.name)
         freed += size
@@ -549,21 +550,26 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
     if options.fresh:  # its entries, not the folder: the folder holds this build's lock
         for entry in list(cache_dir.iterdir()):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet)
+    # the warnings printed before the stages run, kept with theirs in warnings.jsonl (README: the
+    # warnings the build printed), in the order printed
+    warned: list[tuple[str, str]] = []
+    _handle_legacy_cache(dataset_root / LEGACY_CACHE_DIR, cache_dir, fresh=options.fresh, quiet=options.quiet,
+                         warned=warned)
     unused_key = unused_key_warning(job.phi)
     if unused_key is not None:
-        _warn(unused_key)
+        _warn("phi", unused_key, warned)
     if remote is None and cache_dir.is_relative_to(output):
-        _warn(f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder {output}: it names raw "
-              "file paths, entity ids and dates, so do not share that folder as it is; choose a cache folder "
-              f"outside it ({surface().call('build', 'cache_dir', placeholder='DIR')})")
+        _warn("output_folder", f"the build cache {cache_dir} ({cache_named_by}) is inside the output folder "
+              f"{output}: it names raw file paths, entity ids and dates, so do not share that folder as it is; "
+              f"choose a cache folder outside it ({surface().call('build', 'cache_dir', placeholder='DIR')})",
+              warned)
     check_roots(job)  # a root that is nowhere is the job's error, not the workers'
     # the output folder's own (its probe: below) too; it is held under the job's build lock
     stale = remove_stale_temporaries(cache_dir) + remove_stale_temporaries(dataset_root)
     if stale and not options.quiet:
         print(f"packer: removed {stale} stale temporary file(s) left by an interrupted build", flush=True)
     if locked:  # unguarded (no directory locks), another configuration's build may be writing its own
-        _remove_stale_staging(dataset_root, staging, quiet=options.quiet)
+        _remove_stale_staging(dataset_root, staging, quiet=options.quiet, warned=warned)
     with open_executor(options.scheduler, options.workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor, \
             _shared_probe(cache_dir) as probe, \
@@ -637,9 +643,12 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
     }
     # every warning the build prints, the summary's of the packed dataset too (a split that got no
     # sample, shapes no batch stacks): only where there were, and the report shows them at its top
-    warned = [*prepared.warnings, *dataset_warnings(body)]
-    write_warnings(staging, warned)
     manifest = seal_manifest(body)
+    warned += prepared.warnings  # printed as the stages ran
+    for other_key in _other_key_warnings(dataset_root, manifest):
+        _warn("phi", other_key, warned)
+    warned += dataset_warnings(body)  # printed under the build's summary
+    write_warnings(staging, warned)
     version_dir = dataset_root / manifest["version"]
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
@@ -661,7 +670,6 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
                "pack (copy+encode+write+hash)": sum(w.seconds for w in written.values())}
     sorted_issues = tuple(sorted(issues, key=lambda i: (i.path, i.sample_id)))
     phi_key_source = prepared.phi.key_source
-    _warn_other_keys(dataset_root, manifest)
     del prepared, samples, issues, assignment, shards, written, body
     html_report = None
     if options.html_report:
@@ -828,10 +836,11 @@ def check_cache_folder(folder: Path, *, named_by: str) -> None:
                           f"that file, or {cache_elsewhere()}")
 
 
-def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: bool) -> None:
+def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: bool,
+                         warned: list[tuple[str, str]]) -> None:
     """A build cache an earlier packer left in the output tree (``<output>/<name>/.cache``):
     deleted under ``--fresh`` (which means "clear this job's cache"), otherwise left alone with
-    one warning. Not deleted unasked: an older packer may still be building into it, or a
+    one warning (added to ``warned``). Not deleted unasked: an older packer may still be building into it, or a
     user may keep it on purpose, and a cache is only worth rebuilding, never worth guessing."""
     if not legacy.is_dir() or cache_dir == legacy or cache_dir.is_relative_to(legacy):
         return
@@ -841,20 +850,19 @@ def _handle_legacy_cache(legacy: Path, cache_dir: Path, *, fresh: bool, quiet: b
             print(f"packer: removed the old build cache {legacy} ({surface().option('fresh')}); the cache is now "
                   f"kept in {cache_dir}", flush=True)
         return
-    _warn(f"{legacy} is a build cache left in the output folder by an earlier packer; this build does not use "
-          f"it (the cache is now kept in {cache_dir}, outside the output). It names raw file paths, entity ids "
-          f"and dates: delete it (rm -r {legacy}) or build once with {surface().option('fresh')}, which deletes it, "
-          "before sharing "
-          "the output folder")
+    _warn("output_folder", f"{legacy} is a build cache left in the output folder by an earlier packer; this build "
+          f"does not use it (the cache is now kept in {cache_dir}, outside the output). It names raw file paths, "
+          f"entity ids and dates: delete it (rm -r {legacy}) or build once with {surface().option('fresh')}, which "
+          "deletes it, before sharing the output folder", warned)
 
 
-def _warn_other_keys(dataset_root: Path, manifest: dict[str, Any]) -> None:
-    """Warn when other versions of this dataset in the output were pseudonymized with another
-    PHI key: a build with the wrong key file exits 0 with every sample id, entity pseudonym and
-    so the split changed, and nothing else says why."""
+def _other_key_warnings(dataset_root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The warnings for other versions of this dataset in the output pseudonymized with another
+    PHI key than ``manifest``'s: a build with the wrong key file exits 0 with every sample id,
+    entity pseudonym and so the split changed, and nothing else says why."""
     key = (manifest.get("phi") or {}).get("key_fingerprint")
     if key is None:
-        return
+        return []
     others: dict[str, list[str]] = defaultdict(list)
     for folder in sorted(dataset_root.iterdir()):
         try:
@@ -865,15 +873,17 @@ def _warn_other_keys(dataset_root: Path, manifest: dict[str, Any]) -> None:
             continue  # not a readable version (damaged, or a colleague's of mode 700): not this build's to judge
         if other is not None and other != key:
             others[other].append(folder.name)
-    for fingerprint, versions in sorted(others.items()):
-        _warn(f"{dataset_root}: version(s) {', '.join(versions)} were pseudonymized with the PHI key of fingerprint "
-              f"{fingerprint}; this build used {key}, so every sample id, entity pseudonym and the split differ from "
-              "theirs. If that is not meant, rebuild with their key (packer inspect shows a version's fingerprint)")
+    return [f"{dataset_root}: version(s) {', '.join(versions)} were pseudonymized with the PHI key of fingerprint "
+            f"{fingerprint}; this build used {key}, so every sample id, entity pseudonym and the split differ from "
+            "theirs. If that is not meant, rebuild with their key (packer inspect shows a version's fingerprint)"
+            for fingerprint, versions in sorted(others.items())]
 
 
-def _warn(message: str) -> None:
-    """A warning, not progress: on stderr, and printed under --quiet too."""
+def _warn(code: str, message: str, warned: list[tuple[str, str]]) -> None:
+    """A warning, not progress: on stderr, and printed under --quiet too; added to ``warned`` with
+    its ``code`` (``schemas/validate.schema.json``), which ``warnings.jsonl`` and the report keep."""
     print(f"packer: warning: {message}", file=sys.stderr, flush=True)
+    warned.append((code, message))
 
 
 def _publish(staging: Path, version_dir: Path, manifest: dict[str, Any]

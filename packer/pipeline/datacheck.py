@@ -127,6 +127,9 @@ class ValidateResult:
     #: when the check started (UTC) and its wall seconds: the JUnit suite's ``timestamp`` and ``time``
     started: datetime | None = None
     seconds: float = 0.0
+    #: (code, message) of what the check warned of before the stages ran (a ``phi.key_file`` that
+    #: ``phi.mode: keep`` does not use), listed with the stages' own in ``--json``
+    warnings: tuple[tuple[str, str], ...] = ()
 
     @property
     def bad(self) -> dict[str, Any]:
@@ -148,14 +151,15 @@ def validate_job(job: JobConfig, *, quick: bool = False, workers: int | None = N
     configure the stores of sources given as URLs."""
     started, clock = datetime.now(UTC), time.perf_counter()
     unused_key = unused_key_warning(job.phi)
-    if unused_key is not None:  # a warning, not progress: printed under --quiet too, as packer build does
-        print(f"packer: warning: {unused_key}", file=sys.stderr, flush=True)
+    warned = (("phi", unused_key),) if unused_key is not None else ()
+    for _, message in warned:  # a warning, not progress: printed under --quiet too, as packer build does
+        print(f"packer: warning: {message}", file=sys.stderr, flush=True)
     with open_executor(scheduler, workers, source_libraries(job.sources),
                        private=job.phi.mode == "pseudonymize") as executor:
         run = run_stages(job, executor, through="audit", cache_dir=None, decode=not quick, quiet=quiet,
                          storage_options=storage_options)
     return ValidateResult(job=job, prepared=run.prepared, quick=quick, started=started,
-                          seconds=time.perf_counter() - clock)
+                          seconds=time.perf_counter() - clock, warnings=warned)
 
 
 def summary(result: ValidateResult) -> dict[str, Any]:
@@ -199,7 +203,8 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         "bad_samples": {**result.bad, "records": [i.to_json() for i in prepared.issues[:1000]]},
         "excluded": _excluded_summary(prepared),
         "audit": audit,
-        "warnings": [*(w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)),
+        "warnings": [*({"code": code, "message": message} for code, message in result.warnings),
+                     *(w.to_json() for w in empty_splits(result.job.split.to_json(), per_split)),
                      *({"code": code, "message": message} for code, message in prepared.warnings),
                      *_sample_schema_warnings(result)],
     }
