@@ -90,7 +90,10 @@ def summarize_manifest(manifest: dict[str, Any], splits_table: Path | None = Non
     min/median/max, classes count/percent: per class of all samples, per multi-label label of
     the samples holding it; numeric targets add target_stats min/mean/max per name), totals,
     inputs, bad_samples, audit (passed + the manifest's audit record), config_hash, config,
-    phi (mode, dates and the key's fingerprint; None in a manifest without one).
+    phi (mode, dates and the key's fingerprint; None in a manifest without one), failed (why
+    the build failed, :func:`~packer.badsamples.failed_build`'s text, as ``packer ls --json``
+    gives it: bad samples over ``max_bad_fraction``, a version kept for its report and not to
+    train on; None for a good version).
     """
     target = Target.of_manifest(manifest)
     splits: dict[str, Any] = {}
@@ -121,6 +124,7 @@ def summarize_manifest(manifest: dict[str, Any], splits_table: Path | None = Non
                   "record": audit},
         "config_hash": manifest["config_hash"], "config": manifest["config"],
         "phi": manifest.get("phi"),
+        "failed": failed_build(manifest),
     }
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from packer.badsamples import failed_build
 from packer.buildwarnings import WARNINGS_FILE
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
@@ -193,7 +194,10 @@ def render_summary(data: ReportData) -> str:
                    cls="data", foot=foot, numeric=(1, 2, 3, 4))
     libs = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td class=\"mono\">{esc(v)}</td></tr>"
                    for k, v in m.get("libraries", {}).items())
-    warn = "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings) + _build_warnings(data)
+    failed = failed_build(m)  # the wording packer ls and inspect give it: this version is not one to train on
+    warn = (f'<p class="alert" role="alert" id="failed-build"><strong>FAILED BUILD</strong> {esc(failed)}; fix the '
+            'files or raise validate.max_bad_fraction, and build again</p>' if failed is not None else "")
+    warn += "".join(f'<p class="alert" role="alert">{esc(w)}</p>' for w in data.warnings) + _build_warnings(data)
     redacted = (m.get("phi") or {}).get("mode") == "pseudonymize"  # config_shown names no job path
     body = (f'{warn}<dl class="facts">{"".join(facts)}</dl>'
             f'<div class="cols"><div><h3>Counts per split</h3>{counts}</div>'
