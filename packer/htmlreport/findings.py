@@ -9,7 +9,9 @@ distance: near pairs before near copies were verified; now a pair carries its ve
 ``score``, ``structure``, ``zoom`` and ``shift``).
 
 Findings name samples by key, split and entity id only: ``leakage.json`` also records raw
-relative paths, which the report leaves out.
+relative paths, which the report leaves out. ``leakage.json`` lists the first findings of a rule
+(200) beside its full count: :meth:`AuditFindings.total` counts what each kind of finding holds
+from the rules' counts, not from the capped lists.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class AuditFindings:
     entities_per_split: dict[str, int] = field(default_factory=dict)
     time_ranges: dict[str, list[str]] = field(default_factory=dict)
     note: str | None = None
+    #: per kind of finding (``overlap``, ``groups``, ``time_order``, ``conflicts``, ``lookalikes``),
+    #: each rule that made some: how many it made (its count, or for near pairs within tolerance
+    #: its ``pairs``) and how many of them ``leakage.json`` lists
+    made: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     #: each group's place in ``groups`` by its members' keys (:func:`_add_group`)
     _group_at: dict[frozenset[str], int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -95,6 +101,18 @@ class AuditFindings:
         """True when no rule counted anything and nothing is listed."""
         return (not any(r.count for r in self.rules) and not self.overlap and not self.groups
                 and not self.time_order and not self.conflicts and not self.lookalikes and self.passed is not False)
+
+    def total(self, kind: str) -> tuple[int, bool]:
+        """How many findings of ``kind`` (an attribute: ``groups``, ``overlap``, ...) the audit
+        made, and whether that number is exact. The listed ones where every rule's findings are
+        listed; else the count of the one rule that made them; else (several rules, one listed
+        in part: a pair two rules found is one group) at least the most any one rule made."""
+        listed = len(getattr(self, kind))
+        made = self.made.get(kind, {})
+        if all(count <= shown for count, shown in made.values()):
+            return listed, True
+        most = max(listed, *(count for count, _ in made.values()))
+        return most, len(made) == 1
 
 
 def _member(value: Any) -> Member | None:
@@ -153,7 +171,12 @@ def _lookalike(finding: dict[str, Any]) -> LookalikeGroup | None:
     return LookalikeGroup(entities=entities, across_splits=bool(finding.get("across_splits")))
 
 
-def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
+def _add_findings(out: AuditFindings, rule: str, findings: list[Any], made: int | None = None) -> None:
+    """Add ``rule``'s listed ``findings`` to ``out``, each to its kind; ``made``: how many the
+    rule made (its count; None for a legacy list, which is whole), which
+    :meth:`AuditFindings.total` counts under the kind of the findings listed."""
+    kinds = {name: len(getattr(out, name)) for name in ("overlap", "groups", "time_order", "conflicts", "lookalikes")}
+    merged = 0  # groups another rule found first: listed under it, still this rule's findings
     for finding in findings:
         if not isinstance(finding, dict):
             continue
@@ -176,23 +199,28 @@ def _add_findings(out: AuditFindings, rule: str, findings: list[Any]) -> None:
                                         "valid_samples_after")):
             out.time_order.append(finding)
         if group is not None:
-            _add_group(out, group)
+            merged += not _add_group(out, group)
+    grown = [name for name, before in kinds.items()
+             if len(getattr(out, name)) > before or (name == "groups" and merged)]
+    if len(grown) == 1:
+        out.made.setdefault(grown[0], {})[rule] = (max(made or 0, len(findings)), len(findings))
 
 
-def _add_group(out: AuditFindings, group: DuplicateGroup) -> None:
+def _add_group(out: AuditFindings, group: DuplicateGroup) -> bool:
     """One group per set of samples: the same copies found by several rules (an exact pair is
     within a split and spans two entities) are one group naming every rule, not one each (the
-    report counted and drew such a pair twice)."""
+    report counted and drew such a pair twice). True where the group is a new one."""
     members = frozenset(m.key for m in group.members)
     at = out._group_at.get(members)
     if at is None:
         out._group_at[members] = len(out.groups)
         out.groups.append(group)
-        return
+        return True
     seen = out.groups[at]
     rules = seen.rule.split(", ")
     out.groups[at] = replace(seen, rule=", ".join([*rules, *(r for r in group.rule.split(", ") if r not in rules)]),
                              evidence=seen.evidence or group.evidence, size=max(seen.size, group.size))
+    return False
 
 
 def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
@@ -228,7 +256,9 @@ def read_audit(manifest: dict[str, Any], folder: Path) -> AuditFindings:
         if findings is None:
             entry = listed.get(name)
             findings = entry.get("findings", []) if isinstance(entry, dict) else []
-        _add_findings(out, str(name), findings if isinstance(findings, list) else [])
+        pairs = detail.get("pairs")  # near pairs: listed within tolerance too, where the count says 0
+        _add_findings(out, str(name), findings if isinstance(findings, list) else [],
+                      made=int(pairs) if isinstance(pairs, int) and not isinstance(pairs, bool) else count)
     for entity, splits in sorted((legacy.get("entity_overlap") or {}).items()):
         out.overlap.append((str(entity), [str(s) for s in splits]))
     pairs = audit.get("duplicates")

@@ -17,7 +17,7 @@ from packer.buildwarnings import WARNINGS_FILE
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
-from packer.htmlreport.findings import DuplicateGroup, LabelConflictGroup, LookalikeGroup
+from packer.htmlreport.findings import AuditFindings, DuplicateGroup
 from packer.htmlreport.markup import esc, note, num, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
@@ -486,10 +486,36 @@ def _group_card(data: ReportData, group: DuplicateGroup, panes: dict[str, Pane])
             f'<div class="dist">{"<br>".join(facts)}</div></div>')
 
 
-def _conflicts_table(conflicts: list[LabelConflictGroup], limit: int) -> str:
+def _counted(audit: AuditFindings, kind: str) -> str:
+    """How many findings of ``kind`` the audit made, from the rules' counts (``leakage.json``
+    lists the first of each rule's findings, its count is complete): ``210``, or ``at least
+    210`` where a finding two rules made is one and some of them are not listed."""
+    total, exact = audit.total(kind)
+    return f"{total:,}" if exact else f"at least {total:,}"
+
+
+def _listed(audit: AuditFindings, kind: str, sep: str = "; ") -> str:
+    """``; first 200 listed`` (after ``sep``) where ``leakage.json`` lists only the first
+    findings of ``kind``; empty where it lists them all."""
+    listed, (total, _) = len(getattr(audit, kind)), audit.total(kind)
+    return f"{sep}first {listed:,} listed" if total > listed else ""
+
+
+def _not_listed(audit: AuditFindings, kind: str, shown: int, what: str) -> str:
+    """The note under a table of ``shown`` findings of ``kind``: how many more there are, and
+    where they are listed (``leakage.json`` lists the first of each rule's findings)."""
+    listed, (total, exact) = len(getattr(audit, kind)), audit.total(kind)
+    if total <= shown:
+        return ""
+    where = ("all in leakage.json" if total == listed else
+             f"leakage.json lists the first {listed:,} of {_counted(audit, kind)}, and counts them all")
+    return note(f"{'at least ' if not exact else ''}{total - shown:,} more {what} not listed ({where}).", "muted")
+
+
+def _conflicts_table(audit: AuditFindings, limit: int) -> str:
     """Rule ``label_conflicts``: one row per member of each group (key, target, split, entity),
     the group's first row saying how it was linked, its size and its mask Dice."""
-    rows = []
+    conflicts, rows = audit.conflicts, []
     for number, group in enumerate(conflicts[:limit], start=1):
         facts = [group.linked_by, f"{group.size} copies"]
         if group.dice is not None:
@@ -501,30 +527,30 @@ def _conflicts_table(conflicts: list[LabelConflictGroup], limit: int) -> str:
                         f'<td class="mono">{esc(member.key)}</td><td>{esc(label)}</td>'
                         f'<td>{esc(member.split or "-")}</td><td class="mono">{esc(member.entity_id or "")}</td>'
                         f'<td class="muted">{esc(", ".join(facts)) if k == 0 else ""}</td></tr>')
-    more = (note(f"{len(conflicts) - limit:,} more groups not listed (all in leakage.json).", "muted")
-            if len(conflicts) > limit else "")
-    return (f'<h3>Label conflicts <span class="muted">({len(conflicts):,} groups)</span></h3>'
+    more = _not_listed(audit, "conflicts", min(limit, len(conflicts)), "groups")
+    return (f'<h3>Label conflicts <span class="muted">({_counted(audit, "conflicts")} groups'
+            f'{_listed(audit, "conflicts")})</span></h3>'
             '<p class="muted">Exact duplicates or verified near copies whose targets (or masks) differ: label noise, '
             "or two patients mixed up (split.duplicates.label_conflict says what the build did).</p>"
             + table(["group", "key", "target", "split", "entity_id", "group facts"], rows,
                     table_id="label-conflicts", cls="data compact", numeric=(0,)) + more)
 
 
-def _lookalikes_table(groups: list[LookalikeGroup], limit: int) -> str:
+def _lookalikes_table(audit: AuditFindings, limit: int) -> str:
     """Rule ``entity_lookalikes``: one row per entity of each group (its id, splits and a sample
     key, which ``packer locate`` maps to its file), the group's first row saying whether it crosses splits."""
-    rows = []
+    groups, rows = audit.lookalikes, []
     for number, group in enumerate(groups[:limit], start=1):
         for k, (member, splits) in enumerate(group.entities):
             crosses = ("across splits" if group.across_splits else "one split") if k == 0 else ""
             rows.append(f'<tr data-group="{number}"><td class="num">{number if k == 0 else ""}</td>'
                         f'<td class="mono">{esc(member.entity_id or "")}</td><td>{esc(" + ".join(splits))}</td>'
                         f'<td class="mono">{esc(member.key)}</td><td class="muted">{esc(crosses)}</td></tr>')
-    more = (note(f"{len(groups) - limit:,} more groups not listed (all in leakage.json).", "muted")
-            if len(groups) > limit else "")
+    more = _not_listed(audit, "lookalikes", min(limit, len(groups)), "groups")
     crossing = sum(g.across_splits for g in groups)
-    return (f'<h3>Lookalike entity ids <span class="muted">({len(groups):,} lookalike groups, {crossing:,} across '
-            "splits)</span></h3>"
+    listed = _listed(audit, "lookalikes", "")
+    return (f'<h3>Lookalike entity ids <span class="muted">({_counted(audit, "lookalikes")} lookalike groups, '
+            + (f"{listed}, {crossing:,} of them" if listed else f"{crossing:,}") + " across splits)</span></h3>"
             '<p class="muted">Entity ids that differ only in case, spacing or leading zeros: likely one patient '
             "exported by two systems, split as two entities. packer never merges them: make the ids agree at the "
             "source, or pin each group to one split (split.pinned).</p>"
@@ -560,11 +586,12 @@ def render_leakage(data: ReportData) -> str:
         parts.append('<p class="ok" id="leakage-status"><strong>No findings.</strong> No entity is in two splits'
                      + (" and no duplicate rule found anything" if audit.rules else "") + ".</p>")
     else:
-        found = [f"{len(audit.overlap):,} entities in more than one split" if audit.overlap else "",
-                 f"{len(audit.groups):,} duplicate groups" if audit.groups else "",
-                 f"{len(audit.conflicts):,} label conflicts" if audit.conflicts else "",
-                 f"{len(audit.lookalikes):,} groups of lookalike entity ids" if audit.lookalikes else "",
-                 f"{len(audit.time_order):,} time-order findings" if audit.time_order else ""]
+        # counted from the rules' counts: leakage.json lists only the first findings of a rule
+        found = [f"{_counted(audit, kind)} {what}" + (f" ({listed})" if (listed := _listed(audit, kind, "")) else "")
+                 if getattr(audit, kind) else ""
+                 for kind, what in (("overlap", "entities in more than one split"), ("groups", "duplicate groups"),
+                                    ("conflicts", "label conflicts"), ("lookalikes", "groups of lookalike entity ids"),
+                                    ("time_order", "time-order findings"))]
         counted = sum(r.count for r in audit.rules)
         text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
         verdict = "the audit failed" if audit.passed is False else "reported, not failing the build"
@@ -578,8 +605,7 @@ def render_leakage(data: ReportData) -> str:
                 for e, s in audit.overlap[:limit]]
         parts.append("<h3>Entity overlap</h3>" + table(["entity_id", "splits"], rows, table_id="entity-overlap",
                                                        cls="data compact"))
-        if len(audit.overlap) > limit:
-            parts.append(note(f"{len(audit.overlap) - limit:,} more entities not listed.", "muted"))
+        parts.append(_not_listed(audit, "overlap", min(limit, len(audit.overlap)), "entities"))
     if audit.groups:
         budget, cards = int(data.limits.image_bytes * data.limits.duplicate_share), list[str]()
         for group in audit.groups[: data.limits.duplicate_thumbs]:
@@ -594,17 +620,19 @@ def render_leakage(data: ReportData) -> str:
                 f'</td><td>{esc(" + ".join(sorted({m.split for m in g.members if m.split})))}</td>'
                 f'<td>{esc(g.evidence or "")}</td></tr>'
                 for g in audit.groups[:limit]]
-        parts.append(f'<h3>Duplicates <span class="muted">({len(audit.groups):,} groups)</span></h3>'
+        parts.append(f'<h3>Duplicates <span class="muted">({_counted(audit, "groups")} groups'
+                     f'{_listed(audit, "groups")})</span></h3>'
                      f'<div class="pairs">{"".join(cards)}</div><details><summary>All groups</summary>'
                      + table(["rule", "keys", "splits", "evidence"], rows, table_id="duplicate-groups",
                              cls="data compact") + "</details>")
+        parts.append(_not_listed(audit, "groups", min(limit, len(audit.groups)), "groups"))
         shown = len(cards)
         if len(audit.groups) > shown:
             parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
     if audit.conflicts:
-        parts.append(_conflicts_table(audit.conflicts, limit))
+        parts.append(_conflicts_table(audit, limit))
     if audit.lookalikes:
-        parts.append(_lookalikes_table(audit.lookalikes, limit))
+        parts.append(_lookalikes_table(audit, limit))
     if audit.time_order:
         rows = []
         for f in audit.time_order[:limit]:
@@ -617,10 +645,13 @@ def render_leakage(data: ReportData) -> str:
                     f"<td>{esc(earlier)}</td><td>{esc(f.get('latest_' + earlier, WITHHELD_DATE))}</td>"
                     f"<td>{esc(more)}</td><td>{esc(keys)}{' ...' if isinstance(more, int) and more > 5 else ''}"
                     "</td></tr>")
-        parts.append("<h3>Time order</h3>" + table(["split", "its period starts", "earlier split",
-                                                    "its latest record", "its records in the period",
-                                                    "first of them (keys)"], rows,
-                                                   table_id="time-order", cls="data compact"))
+        heading = (f'Time order <span class="muted">({_counted(audit, "time_order")} findings'
+                   f'{_listed(audit, "time_order")})</span>')
+        parts.append(f"<h3>{heading}</h3>" + table(["split", "its period starts", "earlier split",
+                                                     "its latest record", "its records in the period",
+                                                     "first of them (keys)"], rows,
+                                                    table_id="time-order", cls="data compact")
+                     + _not_listed(audit, "time_order", min(limit, len(audit.time_order)), "findings"))
     parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'
                  "</summary>"
                  f'<pre class="json">{_pretty(without_paths(data.manifest.get("audit", {})))}</pre></details>')
