@@ -170,7 +170,10 @@ class CachedChunk:
 #: WhiteIsZero mask keeps its ids; a JPEG turns by its first EXIF segment; a slide's LABEL/OVERVIEW/
 #: THUMBNAIL images are ``not_requested`` and Specimen Label in Image YES is burned-in text; running out
 #: of memory is no bad sample; an entry's records and signatures carry digests checked on reuse.
-CACHE_FORMAT = 54
+#: 55: MONOCHROME2 under Presentation LUT Shape INVERSE renders inverted; Float Pixel Data's own padding
+#: value masks it; a palette whose LUT Data miscounts its entries is named; a series job's left-out
+#: localizer and end-slice records carry Modality and SOP class; a table's time: list is a fallback.
+CACHE_FORMAT = 55
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
