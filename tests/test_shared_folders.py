@@ -256,6 +256,45 @@ def test_a_group_member_reads_an_entry_another_member_downloaded(tmp_path: Path,
         assert path.read_bytes() == data
 
 
+def on_nfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What NFS tells ``flock``: Linux emulates it there with byte-range locks, and an exclusive
+    one on a file open read-only fails with EBADF (flock(2): "the file must be opened for writing")."""
+    import fcntl
+    import types
+
+    from packer.loader import cache as cache_module
+
+    def flock(handle: Any, operation: int) -> None:
+        fd = handle if isinstance(handle, int) else handle.fileno()
+        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        fcntl.flock(handle, operation)
+
+    shim = types.SimpleNamespace(**{name: getattr(fcntl, name) for name in dir(fcntl) if not name.startswith("__")})
+    shim.flock = flock
+    monkeypatch.setattr(cache_module, "fcntl", shim)
+
+
+def test_a_cache_on_nfs_downloads_again_and_evicts_through_lock_files_it_opens_for_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening every existing lock file read-only (for a group's or a read-only cache) broke the
+    exclusive locks of a download and of an eviction on NFS, where a lab's shared cache lives."""
+    from packer.loader.cache import ShardCache
+
+    on_nfs(monkeypatch)
+    shards = [(*_remote_shard(f"nfs-{n}.tar", bytes([n]) * 4000), f"nfs-{n}.tar") for n in range(3)]
+    cache = tmp_path / "nfs-cache"
+    url, sha, size, file = shards[0]
+    ShardCache(cache).fetch(url, sha, size, file)
+    ShardCache(cache).invalidate(sha, file)  # a sample failed its checksum: downloaded again
+    assert ShardCache(cache).fetch(url, sha, size, file).read_bytes() == bytes([0]) * 4000
+    for shard in shards:
+        ShardCache(cache).fetch(*shard)
+    with ShardCache(cache, limit=5000).reading(*shards[0]) as path:  # room for one: the others evicted
+        assert path.read_bytes() == bytes([0]) * 4000
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [f"{sha}.tar"]
+
+
 def test_a_read_only_cache_serves_its_entries_and_names_the_folder_for_a_missing_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fully populated cache made read-only (chmod -R a-w) failed every read: the entry's lock

@@ -149,7 +149,7 @@ class ShardCache:
             if not self._bounded:  # a hit downloads nothing: nothing else would trim what an earlier run left
                 self.evict(keep=(sha256,))
             return path
-        with self._open_lock(sha256, writing=True) as lock:
+        with self._open_lock(sha256, writing=True, exclusive=True) as lock:
             # Never block on the lock: besides a download, a reader may hold it (shared) across a
             # pause in its own iteration, and that reader's DataLoader may be waiting for this very
             # worker's next batch (a deadlock, seen with two workers). Poll instead, and use the
@@ -202,18 +202,28 @@ class ShardCache:
         return self.folder / f".{sha256}.lock"
 
     @contextlib.contextmanager
-    def _open_lock(self, sha256: str, *, writing: bool) -> Iterator[Any]:
-        """The entry's lock file, open for ``flock``, which asks for no write access to the file: an
-        existing one is opened read-only (in a lab group's cache, another member's; in a cache
-        made read-only once filled, every one), a missing one made. ``writing`` (a download): the
-        cache folder is made too, and a folder this user may not write raises OSError saying so
-        (:meth:`_unwritable`). Reading only: None where the lock file is missing and cannot be
-        made (a folder this user may not write, whose entries only its owner can evict): the
-        entry is read without it."""
+    def _open_lock(self, sha256: str, *, writing: bool, exclusive: bool = False) -> Iterator[Any]:
+        """The entry's lock file, open for ``flock``. A shared lock (reading) asks for no write
+        access to the file: an existing one is opened read-only (in a lab group's cache, another
+        member's; in a cache made read-only once filled, every one), a missing one made. An
+        ``exclusive`` lock (a download, an eviction) opens it for writing where it can: on NFS
+        Linux emulates ``flock`` with byte-range locks, and an exclusive one on a file open
+        read-only fails with EBADF; a file this user may not write is then opened read-only, as
+        for a shared lock. ``writing`` (a download): the cache folder is made too, and a folder
+        this user may not write raises OSError saying so (:meth:`_unwritable`). Reading only: None
+        where the lock file is missing and cannot be made (a folder this user may not write, whose
+        entries only its owner can evict): the entry is read without it."""
         path = self._lock_path(sha256)
         handle: Any = None
-        with contextlib.suppress(FileNotFoundError):
-            handle = open(path, "rb")  # noqa: SIM115 - closed below
+        if exclusive and path.exists():
+            try:
+                handle = open(path, "a+b")  # noqa: SIM115 - closed below
+            except OSError as err:
+                if err.errno not in (*_REFUSED, errno.ENOENT):
+                    raise
+        if handle is None:
+            with contextlib.suppress(FileNotFoundError):
+                handle = open(path, "rb")  # noqa: SIM115 - closed below
         if handle is None:
             try:
                 if writing:
@@ -319,7 +329,7 @@ class ShardCache:
             if total <= self.limit:
                 return
             sha256 = path.name.split(".", 1)[0]
-            with self._open_lock(sha256, writing=False) as lock:
+            with self._open_lock(sha256, writing=False, exclusive=True) as lock:
                 if lock is None:
                     self._cannot_evict(PermissionError(errno.EACCES, "Permission denied", str(self._lock_path(sha256))))
                     return
