@@ -952,6 +952,20 @@ def test_an_8_bit_voi_lut_packed_one_byte_per_entry_is_read_entry_by_entry(tmp_p
     np.testing.assert_array_equal(one(save(ds, tmp_path / "voi8.dcm"))[0], table[stored])
 
 
+def test_an_8_bit_voi_lut_packed_two_to_a_word_reads_alike_whether_its_lut_data_is_us_or_ow(tmp_path: Path) -> None:
+    """PS3.3 C.11.2.1.1 allows LUT Data as US or OW; an explicit-VR export that wrote US words was
+    read one entry a word, found half the entries declared, and refused as 'cut short'."""
+    table = (np.arange(4096) // 16).astype(np.uint8)
+    stored = np.random.default_rng(4).integers(0, 4096, (8, 8), dtype=np.uint16)
+    ds = image_dataset(stored, modality="CR", bits_stored=12)
+    item = lut_item(0, 8, [0])
+    item.LUTDescriptor = [4096, 0, 8]
+    del item.LUTData
+    item.add_new(0x00283006, "US", [int(w) for w in table.view("<u2")])  # the same bytes, as US words
+    ds.VOILUTSequence = DicomSequence([item])
+    np.testing.assert_array_equal(one(save(ds, tmp_path / "voi8us.dcm"))[0], table[stored])
+
+
 def refused(path: Path, *windows: Any) -> Any:
     result = read_dicom(make_ref(path), config(*windows))
     assert not isinstance(result, list), f"packed {len(result)} sample(s); expected a bad sample"

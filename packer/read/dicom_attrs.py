@@ -310,7 +310,7 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     LUT Descriptor value 1 is the entry count (0 means 65536); value 2 the first input value
     mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
     file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
-    each, except 8-bit entries packed two to a word (half as many words as entries).
+    each, except 8-bit entries packed two to a word (half as many words as entries), under either VR.
     Raises ``ValueError`` when the descriptor or the data is missing or malformed: bits per entry
     outside 1..16, or another number of LUT Data entries than the descriptor declares (more are
     no padding, bar the one byte that evens an odd count of packed 8-bit entries: read up to the
@@ -333,16 +333,18 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     if not 1 <= bits <= 16:
         raise ValueError(f"(0028,3002) LUT Descriptor gives {bits} bits per entry; expected 8 to 16")
     pad = 0  # the one byte that evens an odd count of 8-bit entries packed two to a word
-    if isinstance(raw_data, bytes):
+    if isinstance(raw_data, bytes):  # OW: the words in the file's byte order
         data = np.frombuffer(raw_data[: len(raw_data) // 2 * 2], dtype="<u2" if little_endian else ">u2")
-        if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2:
-            pad = entries % 2
-            # 8-bit entries "stored in a format equivalent to 8 bits allocated" (PS3.3 C.11.1.1.1,
-            # C.11.2.1.1): two entries per OW word, the first in its low-order byte, as dcmtk reads
-            # them. Read as words, each value would glue two entries and the table would end halfway.
-            data = np.stack([data & 0xFF, data >> 8], axis=-1).reshape(-1)
-    else:
+    else:  # US: pydicom gave the words as numbers
         data = np.atleast_1d(np.asarray(raw_data, dtype=np.int64))
+    if bits <= 8 and entries > 1 and data.size == (entries + 1) // 2 and int(data.min()) >= 0 \
+            and int(data.max()) <= 0xFFFF:
+        pad = entries % 2
+        # 8-bit entries "stored in a format equivalent to 8 bits allocated" (PS3.3 C.11.1.1.1,
+        # C.11.2.1.1): two entries per word, the first in its low-order byte, as dcmtk reads them,
+        # whether LUT Data is OW or US (an explicit-VR export may write either; the bytes are the
+        # same). Read as words, each value would glue two entries and the table would end halfway.
+        data = np.stack([data & 0xFF, data >> 8], axis=-1).reshape(-1)
     if data.size == 0:
         raise ValueError("(0028,3006) LUT Data is empty")
     if data.size < entries:  # looked up past its end, every value there would take the last entry
