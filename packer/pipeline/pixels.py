@@ -39,7 +39,7 @@ from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.dedup import is_blank
 from packer.pipeline.filecache import CopiedUnit, DamagedUnit, Unit, copy_units, find_earlier, unit_keys
-from packer.pipeline.nearcopy import signature
+from packer.pipeline.nearcopy import packed_signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
@@ -388,9 +388,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 pixels = image.tobytes(order="C")
                 shape = tuple(int(d) for d in image.shape)
                 digest = pixels_digest(pixels, shape=shape, dtype=image.dtype.name, fmt=fmt)  # the only pass
-                # a volume's near-copy signature is its middle slice's (C×D×H×W: the middle of D)
-                sig = (signature(image if image.ndim == 3 else image[:, image.shape[1] // 2])
-                       if sig_dir is not None else None)
+                # a volume's is its middle slice's; an output too small to show a copy gets a blank one
+                sig = packed_signature(image) if sig_dir is not None else None
                 clock.switch("spill")
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,
