@@ -66,3 +66,43 @@ def test_an_output_under_the_minimum_side_has_a_blank_signature_and_verifies_as_
                        interpolation=cv2.INTER_CUBIC).clip(0, 255).astype(np.uint8)[None]
     thumb = np.asarray(nearcopy.packed_signature(image)["thumb"])
     assert nearcopy.verify(thumb, thumb).score >= nearcopy.MIN_SCORE
+
+
+def _template_family(rng: np.random.Generator, subjects: int) -> list[np.ndarray]:
+    """``subjects`` renders of one template of blurred ellipses, each with its own noise (sigma 4)."""
+    template = np.zeros((128, 128), np.float32)
+    for _ in range(10):
+        cv2.ellipse(template, (int(rng.integers(20, 108)), int(rng.integers(20, 108))),
+                    (int(rng.integers(5, 30)), int(rng.integers(5, 30))), float(rng.uniform(0, 180)), 0, 360,
+                    float(rng.uniform(0.2, 1)), -1)
+    template = cv2.GaussianBlur(template, (0, 0), 1.5) * 200 + 20
+    return [np.clip(template + rng.normal(0, 4, template.shape), 0, 255).astype(np.uint8) for _ in range(subjects)]
+
+
+def _unrelated(rng: np.random.Generator, count: int) -> dict[str, tuple[np.ndarray, str]]:
+    """``count`` blurred noise images, one entity each."""
+    noise = [rng.integers(0, 256, (128, 128), dtype=np.uint8) for _ in range(count)]
+    return {f"x{i:02d}.png": (cv2.GaussianBlur(image, (0, 0), 2), f"X{i:03d}") for i, image in enumerate(noise)}
+
+
+def test_renders_of_one_template_for_many_subjects_are_each_others_rivals_and_not_linked(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    images = {f"s{i:02d}.png": (render, f"S{i:03d}") for i, render in enumerate(_template_family(rng, 10))}
+    images.update(_unrelated(rng, 30))
+    rules = _build(tmp_path, images, {"size": [64, 64], "color": "gray"})
+    assert rules["near_duplicates_across_splits"]["links"] == 0
+    assert _joined(rules) == []
+
+
+def test_an_image_its_copy_and_the_copys_copy_under_three_entities_are_all_linked(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    source = _template_family(rng, 1)[0]
+    copy = np.roll(source, 1, axis=1)  # moved a pixel: a near copy, not an exact one
+    copy[:, 0] = source[:, 0]
+    _, jpeg = cv2.imencode(".jpg", copy, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    images = {"source.png": (source, "A"), "copy.png": (copy, "B"),
+              "copy-of-copy.png": (cv2.imdecode(jpeg, cv2.IMREAD_GRAYSCALE), "C")}
+    images.update(_unrelated(rng, 30))
+    rules = _build(tmp_path, images, {"size": [64, 64], "color": "gray"})
+    assert _joined(rules) == [["A", "B", "C"]]
+    assert rules["near_duplicates_across_splits"]["links"] >= 2

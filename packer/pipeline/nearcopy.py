@@ -1131,7 +1131,10 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
     """The best rival's score for each passed candidate pair ``passed[k]`` = (a, b): the highest
     score between ``a`` and a sample ``p`` of a third entity (not ``a``'s, not ``b``'s), or between
     ``b`` and such a ``p``, where ``p`` is not itself a copy of the other side (``p``–``b``, resp.
-    ``p``–``a``, verified below ``min_score``). 0 where there is none.
+    ``p``–``a``, verified at ``min_score`` or above and standing out, by ``max_ratio``, from the
+    best candidate of either of the two among every entity but the three: a family of look-alikes
+    of one template does not stand out, and its members stay each other's rivals). 0 where there
+    is none.
 
     A copy stands out from everything else its sample resembles; a look-alike among look-alikes
     does not. A link is kept when its residual ``1 - score`` is at most ``max_ratio`` of its best
@@ -1210,6 +1213,28 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
             turned.append((p, mate))  # it would decide: verify the other order too
         return bool(stands_out)
 
+    def outside_best(q: int, own: tuple[Any, ...]) -> float | None:
+        """``q``'s best candidate score among samples of entities not in ``own``; None where it has none."""
+        for at in range(int(starts[q]), int(starts[q + 1])):  # the best first
+            if groups[int(b[at])] not in own:
+                return float(s[at])
+        return None
+
+    def copies_the_other(p: int, x: int, other: int, copy_of_other: float | None) -> bool:
+        """Whether ``p`` (of a third entity), scoring ``copy_of_other`` with ``other``, is a copy of
+        the other side: their pair passes ``min_score`` and stands out, keeping at most ``max_ratio``
+        of the disagreement of the best candidate of ``p`` or ``other`` among every entity but the
+        three. Three exports of one image under three entities stand out from everything else; a
+        family of look-alikes (one template rendered for many subjects) does not, as each member's
+        best outside candidate is another member, so such a ``p`` stays a rival. Where neither has
+        a candidate of another entity (three samples in all), nothing outside shows them to be a
+        family, and a pair passing ``min_score`` counts as a copy."""
+        if copy_of_other is None or copy_of_other < min_score:
+            return False
+        own = (groups[x], groups[other], groups[p])
+        outside = [v for v in (outside_best(p, own), outside_best(other, own)) if v is not None]
+        return not outside or bool(residual_ratio(copy_of_other, max(outside)) <= cap)
+
     def rivals(k: int, missing: list[tuple[int, int]] | None,
                turned: list[tuple[int, int]] | None = None) -> float:
         """Link ``passed[k]``'s best rival; with ``missing``, list instead the rivals' pairs with the
@@ -1236,14 +1261,14 @@ def rival_test(candidates: Candidates, score: np.ndarray, groups: np.ndarray, pa
                 if (turned is not None and copy_of_other is not None and copy_of_other < min_score
                         and sp > bound and ((min(p, other) << 32) | max(p, other)) not in reverse):
                     turned.append((p, other))  # it would decide: verify the other order too
-                if (copy_of_other is None or copy_of_other < min_score) and copies_a_mate(
-                        p, sp, x, other, sp > bound, turned):
+                if copies_the_other(p, x, other, copy_of_other):
+                    continue  # the other side exported again: no rival (two exports of one image)
+                if copies_a_mate(p, sp, x, other, sp > bound, turned):
                     continue  # a copy of the pair's own patient's other image: no rival, as that image is none
                 # a look-alike of x that is no copy of the other side (or, never verified with it, one
                 # that scores too low to decide: reported as the rival, it cannot reject the link)
-                if copy_of_other is None or copy_of_other < min_score:
-                    best = sp
-                    break
+                best = sp
+                break
         if missing is not None and best <= bound:  # a known rival that rejects it already: nothing to verify
             missing.extend(wanted)
         return best
