@@ -1619,8 +1619,18 @@ def _registry_folder(base: Path, spec: str, name: str) -> Path:
     """``registry`` resolved, and refused at load when a file stands where its folder
     ``<registry>/<name>/`` must be (``registry: labels.csv``, a typo): the build wrote the copy
     last, after all its work and the published version, and then failed naming neither the job
-    nor the key. The file is likely the user's own, so the fix is the key, never removing it."""
-    path = _resolve(base, spec)
+    nor the key. The file is likely the user's own, so the fix is the key, never removing it.
+    A ``file://`` URL is its local path; any other URL is refused: the copies are written with
+    local file calls, and ``s3://bucket/registry`` became a folder named ``s3:`` beside the job."""
+    try:
+        path = local_path(spec) if is_url(spec) else _resolve(base, spec)
+    except ConfigError as err:  # a file:// URL naming another host
+        raise ConfigError(f"registry: {err}") from err
+    if path is None:
+        raise ConfigError(f"registry: {spec} is a URL, and the registry is a local folder (the manifest copies "
+                          "are kept with the repository); point registry at a local folder, e.g. the repository's "
+                          "manifests/ (registry: ../manifests), or leave registry out; a dataset is published to "
+                          "object storage with output:")
     blocker = blocking_file(path / name)
     if blocker is not None:
         raise ConfigError(f"registry: {path} cannot hold the manifest copies <registry>/{name}/<version>.json: "
