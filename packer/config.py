@@ -30,7 +30,7 @@ from packer.records import safe_key
 from packer.schemas import schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 from packer.structures import Structure, StructureMap, code_key, normalise_name
-from packer.where import Condition, parse_where
+from packer.where import BOOL_TEXTS, Condition, parse_where
 
 if TYPE_CHECKING:  # the kinds import this module; the mask parser only asks one what it reads
     from packer.read.kinds import SourceKind
@@ -1383,10 +1383,6 @@ def _parse_target(raw: Any, attribute_labels: bool, where: str) -> TargetConfig:
     return _parse_cell_policies(raw, target, where) if zero_one else target
 
 
-#: the cell texts a YAML 1.2 boolean key stands for: the spellings the job loader reads as it
-_BOOL_TEXTS = (("true", "True", "TRUE"), ("false", "False", "FALSE"))
-
-
 def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tuple[tuple[str, str | None], ...]:
     """``map:`` as sorted (raw value, name or None) pairs: class names for a class target, label
     names or null (the token is dropped) for a multilabel column of names. Keys are cell texts;
@@ -1399,7 +1395,7 @@ def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tu
     for key, value in (raw.get("map") or {}).items():
         name = None if value is None else str(value)
         text = str(key).lower() if isinstance(key, bool) else str(key)  # bool: not through the schema check
-        for cell in next((texts for texts in _BOOL_TEXTS if text in texts), (text,)):
+        for cell in next((texts for texts in BOOL_TEXTS if text in texts), (text,)):
             if cell in entries and entries[cell] != name:
                 raise ConfigError(f"{where}.map.{text}: the keys {spelled[cell]!r} and {text!r} both stand for the "
                                   f"cell {cell!r} (true and false match in any of YAML's spellings: true, True, "

@@ -15,7 +15,9 @@ membership hold when any value is listed, ``not`` when none is, ``match`` when a
 A value the job writes as a number (unquoted YAML: ``1``, ``2.5``) compares as a number with
 cells in plain decimal notation, so ``1`` matches a cell written ``1.0`` or ``1e0``; a value the
 job writes as text (quoted: ``'007'``) matches only that text, as ids with leading zeros are
-distinct entities everywhere else in packer.
+distinct entities everywhere else in packer. A value ``true`` or ``false`` (YAML's boolean, or
+quoted) matches the cell in any of YAML's spellings, ``true``, ``True`` (as pandas writes a bool
+column) or ``TRUE``, as a ``map:`` key does.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def _text(value: Any) -> str:
     return str(value).strip()
 
 
+#: The spellings YAML reads as one boolean: a ``where:`` value ``true`` or ``false`` (quoted or
+#: not, as a ``map:`` key) matches a cell in any of them, ``True`` as pandas writes a bool column
+BOOL_TEXTS = (("true", "True", "TRUE"), ("false", "False", "FALSE"))
+_SPELLINGS = {text: texts for texts in BOOL_TEXTS for text in texts}
+
+
 def _number(value: Any) -> int | float | None:
     """``value`` where the job file writes it as a number (unquoted ``10``, ``2.5``), else None: a
     quoted ``'007'`` is text, and YAML's ``true`` is no number."""
@@ -52,10 +60,13 @@ def _same(value: str, wanted: str, number: int | float | None) -> bool:
     """Whether a cell's ``value`` is the job's ``wanted``: the same text, or, where the job wrote
     a number, the same number in plain decimal notation (:func:`~packer.targets.base.cell_number`:
     ``10.0`` and ``1e1`` are 10, but not ``1_0`` or a full-width ``１０``, which Python's float()
-    would read)."""
+    would read), or, where the job wrote true or false, the same boolean in another of YAML's
+    spellings (``True``, ``TRUE``), as a ``map:`` key matches."""
     if value == wanted:
         return True
-    return number is not None and cell_number(value) == number
+    if number is None:
+        return value in _SPELLINGS.get(wanted, ())
+    return cell_number(value) == number
 
 
 @dataclass(frozen=True)

@@ -32,3 +32,25 @@ def test_a_registry_url_is_refused_at_load_not_written_to_a_local_folder(tmp_pat
         load_job(job)
     assert str(job) in str(err.value)
     assert not (tmp_path / "s3:").exists()
+
+
+@pytest.mark.parametrize("written", ["true", "True", "TRUE", "'true'"])
+def test_where_true_keeps_the_cells_in_any_of_yamls_spellings_as_a_map_key_does(tmp_path: Path,
+                                                                                   written: str) -> None:
+    """pandas writes a bool column True/False: where: {finding: true} kept none of its rows."""
+    doc = yaml.safe_dump(JOB) + ""
+    path = tmp_path / "job.yaml"
+    path.write_text(doc.replace("  table: raw/labels.csv\n",
+                                f"  table: raw/labels.csv\n  where: {{finding: {written}}}\n"))
+    (condition,) = load_job(path).sources[0].where
+    assert [condition.holds([cell]) for cell in ("true", "True", "TRUE")] == [True, True, True]
+    assert [condition.holds([cell]) for cell in ("false", "False", "tRuE", "yes", "1")] == [False] * 5
+
+
+def test_where_false_and_a_list_of_booleans_match_every_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(JOB).replace(
+        "  table: raw/labels.csv\n", "  table: raw/labels.csv\n  where: {a: false, b: {not: [true]}}\n"))
+    a, b = load_job(path).sources[0].where
+    assert a.holds(["False"]) and a.holds(["FALSE"]) and not a.holds(["True"])
+    assert not b.holds(["True"]) and b.holds(["False"]) and b.holds([])
