@@ -1635,6 +1635,27 @@ def _registry_folder(base: Path, spec: str, name: str) -> Path:
     return path
 
 
+def _output_location(base: Path, spec: str, name: str) -> Path | str:
+    """``output`` resolved (a URL kept as written), and refused at load as a source root is when
+    fsspec does not know its protocol (``s4://``, a typo, or one whose package is missing), or
+    when ``output`` or a folder above it is a file (``output: labels.csv``, a typo): both passed
+    ``packer validate`` and failed only the build. A file inside the output folder
+    (``<output>/<name>``) is the build's to name (its fix may be removing that file), not the key's."""
+    if is_url(spec):
+        try:
+            if local_path(spec) is None:
+                check_protocol(spec)
+        except ConfigError as err:
+            raise ConfigError(f"output: {err}") from err
+        return spec
+    path = _resolve(base, spec)
+    blocker = blocking_file(path)
+    if blocker is not None:
+        raise ConfigError(f"output: {path} cannot hold the dataset folder <output>/{name}/: {blocker} is a file, not a "
+                          "folder; point output at a folder (it is made if missing)")
+    return path
+
+
 def _pinned_table(base: Path, spec: str) -> Path:
     """``split.pinned`` resolved, and refused at load when it cannot be opened, as a split list
     is: the split stage reads it after the files are listed and decoded, and its error there
@@ -1787,7 +1808,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         transforms=transforms,
         recorded=recorded,
         pack=pack,
-        output=doc["output"] if is_url(doc["output"]) else _resolve(base, doc["output"]),
+        output=_output_location(base, doc["output"], doc["name"]),
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
                                                                job_default("validate.max_bad_fraction"))),
         registry=_registry_folder(base, doc["registry"], doc["name"]) if doc.get("registry") else None,

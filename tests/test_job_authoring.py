@@ -54,3 +54,25 @@ def test_where_false_and_a_list_of_booleans_match_every_spelling(tmp_path: Path)
     a, b = load_job(path).sources[0].where
     assert a.holds(["False"]) and a.holds(["FALSE"]) and not a.holds(["True"])
     assert not b.holds(["True"]) and b.holds(["False"]) and b.holds([])
+
+
+def test_an_output_url_of_an_unknown_protocol_is_refused_at_load_naming_the_key(tmp_path: Path) -> None:
+    """A root of the same protocol was refused at load; an output one passed validate and failed the build."""
+    job = write_job(tmp_path, output="s4://bucket/datasets")
+    with pytest.raises(ConfigError, match=r"output: s4://bucket/datasets: .*s4") as err:
+        load_job(job)
+    assert str(job) in str(err.value)
+
+
+@pytest.mark.parametrize("output", ["labels.csv", "labels.csv/datasets"])
+def test_an_output_where_a_file_stands_is_refused_at_load(tmp_path: Path, output: str) -> None:
+    (tmp_path / "labels.csv").write_text("path,label\n")
+    job = write_job(tmp_path, output=output)
+    with pytest.raises(ConfigError, match=r"output: .*labels\.csv is a file, not a folder; point output at a folder"):
+        load_job(job)
+    assert (tmp_path / "labels.csv").read_text() == "path,label\n"
+
+
+def test_an_output_url_of_a_known_protocol_still_loads_as_written(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    assert load_job(write_job(tmp_path, output="s3://bucket/datasets/")).output == "s3://bucket/datasets/"
