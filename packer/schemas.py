@@ -352,15 +352,18 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         return (f"acts only with {need!r} beside it, which is not given, so it would be ignored; add "
                 f"{_path_text((*error.absolute_path, need))}, or remove {key}")
     message = _message(error)
-    if error.validator == "enum" and isinstance(error.instance, str) and isinstance(error.validator_value, list):
-        named = {str(v).lower(): str(v) for v in error.validator_value if isinstance(v, str)}
+    if error.validator in ("enum", "const") and isinstance(error.instance, str):
+        choices = error.validator_value if error.validator == "enum" else [error.validator_value]
+        named = {str(v).lower(): str(v) for v in choices if isinstance(v, str)}
         close = difflib.get_close_matches(error.instance.lower(), list(named), n=1)
         if close:
             message += f" (did you mean {named[close[0]]!r}?)"
     if error.validator in _CHOICES and isinstance(error.instance, str) and isinstance(error.validator_value, list):
-        # a word where a word or a mapping is taken (label: foldr): the closest word the branches allow
+        # a word where a word or a mapping is taken (label: foldr, sample: slices): the closest word
+        # the branches allow, each an enum's words or a const's one word
         words = {str(v).lower(): str(v) for branch in error.validator_value if isinstance(branch, dict)
-                 for v in branch.get("enum", ()) if isinstance(v, str)}
+                 for v in (*branch.get("enum", ()), *([branch["const"]] if "const" in branch else []))
+                 if isinstance(v, str)}
         close = difflib.get_close_matches(error.instance.lower(), list(words), n=1)
         if close:
             message += f" (did you mean {words[close[0]]!r}?)"

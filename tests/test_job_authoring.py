@@ -76,3 +76,12 @@ def test_an_output_where_a_file_stands_is_refused_at_load(tmp_path: Path, output
 def test_an_output_url_of_a_known_protocol_still_loads_as_written(tmp_path: Path) -> None:
     pytest.importorskip("s3fs")
     assert load_job(write_job(tmp_path, output="s3://bucket/datasets/")).output == "s3://bucket/datasets/"
+
+
+@pytest.mark.parametrize(("written", "meant"), [("slices", "slice"), ("Volume", "volume"), ("volum", "volume")])
+def test_a_misspelt_word_among_const_choices_gets_did_you_mean(tmp_path: Path, written: str, meant: str) -> None:
+    """transform.nifti.sample is slice | volume | {...}, written as const branches: no suggestion came."""
+    job = write_job(tmp_path, sources=[{"kind": "nifti", "root": "raw", "table": "raw/labels.csv"}],
+                    transform={"nifti": {"sample": written}})
+    with pytest.raises(ConfigError, match=rf"transform\.nifti\.sample.*did you mean '{meant}'\?"):
+        load_job(job)
