@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date
@@ -2309,7 +2310,15 @@ def job_from_mapping(doc: Mapping[str, Any], *, base_dir: str | os.PathLike[str]
 
 def _as_yaml_values(value: Any) -> Any:
     """``value`` with mappings as dicts, tuples as lists and path objects as strings: the values
-    a YAML job file parses to."""
+    a YAML job file parses to; numpy's scalars (``np.int64(8)``, computed in a notebook) as the
+    Python ints, floats, bools and strings they hold, and its arrays (``df["cls"].unique()``)
+    as lists of them: the schema refused ``np.int64(8)`` as not an integer. numpy is not
+    imported here: where it is not loaded, no value is one of its."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic):
+        return value.item()
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return _as_yaml_values(value.tolist())
     if isinstance(value, Mapping):
         return {key: _as_yaml_values(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

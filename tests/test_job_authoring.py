@@ -85,3 +85,20 @@ def test_a_misspelt_word_among_const_choices_gets_did_you_mean(tmp_path: Path, w
                     transform={"nifti": {"sample": written}})
     with pytest.raises(ConfigError, match=rf"transform\.nifti\.sample.*did you mean '{meant}'\?"):
         load_job(job)
+
+
+def test_a_mapping_job_reads_numpy_values_as_the_python_values_they_hold(tmp_path: Path) -> None:
+    """Values computed in a notebook are numpy's: np.int64(8) was refused as 'not of type integer'."""
+    np = pytest.importorskip("numpy")
+    from packer.config import job_from_mapping
+
+    plain = {**JOB, "pack": {"format": "webdataset", "max_samples": 8}, "labels": [0, 1],
+             "split": {"by": "entity", "seed": 3, "ratios": {"train": 0.75, "test": 0.25}}}
+    computed = {**JOB, "pack": {"format": "webdataset", "max_samples": np.int64(8)},
+                "labels": np.array([0, 1]),
+                "split": {"by": "entity", "seed": np.int32(3),
+                          "ratios": {"train": np.float64(0.75), "test": np.float32(0.25)}}}
+    job = job_from_mapping(computed, base_dir=tmp_path)
+    assert job.pack.max_samples == 8 and type(job.pack.max_samples) is int
+    assert job.labels == ("0", "1")
+    assert job.identity() == job_from_mapping(plain, base_dir=tmp_path).identity()
