@@ -102,3 +102,43 @@ def test_a_mapping_job_reads_numpy_values_as_the_python_values_they_hold(tmp_pat
     assert job.pack.max_samples == 8 and type(job.pack.max_samples) is int
     assert job.labels == ("0", "1")
     assert job.identity() == job_from_mapping(plain, base_dir=tmp_path).identity()
+
+
+def _samples(entities: int, per: int = 2) -> list:
+    from packer.records import SampleRef, SpilledSample
+
+    out = []
+    for i in range(entities * per):
+        ref = SampleRef(sample_id=f"s-{i:06d}", source="s", kind="image", path=f"/raw/{i}.png", relpath=f"{i}.png",
+                        label="a", entity=f"p{i // per}", time=None)
+        out.append(SpilledSample(key=ref.sample_id, ref=ref, spill="x", offset=0, pixel_bytes=1, meta_bytes=1,
+                                 shape=(1, 1, 1), dtype="uint8", sha256=f"{i:064x}"))
+    return out
+
+
+def test_folds_left_empty_are_warned_of_and_fold_assignment_is_unchanged() -> None:
+    """split.folds draws each group's fold from its own hash: 12 entities over 5 folds can leave
+    one empty (seed 4), which the build said nothing about; a fold stays where its hash put it."""
+    from packer.config import SplitConfig
+    from packer.pipeline.split import assign_splits, entity_unit
+
+    cfg = SplitConfig(by="entity", ratios=(("train", 1.0),), seed=4, folds=5)
+    assignment = assign_splits(_samples(12), cfg)
+    drawn = {f"s-{i:06d}": int(entity_unit(f"fold\x00p{i // 2}", 4) * 5) for i in range(24)}
+    assert dict(assignment.fold.items()) == drawn
+    empty = sorted(set(range(5)) - set(drawn.values()))
+    assert empty, "seed 4 no longer leaves a fold empty: pick another seed for this test"
+    (warning,) = [w for w in assignment.warnings if w.startswith("split.folds")]
+    assert f"fold{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of 5" in warning
+    assert "no sample" in warning and "another split.seed" in warning
+
+
+def test_more_folds_than_non_test_groups_is_warned_of_and_full_folds_are_not() -> None:
+    from packer.config import SplitConfig
+    from packer.pipeline.split import assign_splits
+
+    few = assign_splits(_samples(3), SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0, folds=5))
+    (warning,) = [w for w in few.warnings if w.startswith("split.folds")]
+    assert "3 non-test split groups cannot fill 5 folds" in warning and "use fewer folds" in warning
+    many = assign_splits(_samples(300), SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0, folds=5))
+    assert not [w for w in many.warnings if w.startswith("split.folds")]

@@ -826,6 +826,7 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     warnings = (f"{pinned}: {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[first][1]}{'' if pseudonym is not None else f': {first!r}'}; they are pinned nowhere "
                 f"({why})",) if stray else ()
+    warnings += _empty_folds(fold, groups, cfg)
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
                       groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()}, warnings=warnings,
                       excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
@@ -869,7 +870,33 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
                 if split_of[i] not in (None, "test"):
                     fold[i] = int(unit * cfg.folds)
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
-                      groups=tuple(groups), dropped=unlisted, pinned={}, warnings=given.warnings)
+                      groups=tuple(groups), dropped=unlisted, pinned={},
+                      warnings=(*given.warnings, *_empty_folds(fold, groups, cfg)))
+
+
+def _empty_folds(fold: np.ndarray, groups: Sequence[SplitGroup], cfg: SplitConfig) -> tuple[str, ...]:
+    """A sentence for the user when ``split.folds`` leaves a fold without a sample: each split
+    group's fold is drawn from its own hash (a group keeps its fold whatever else the data
+    holds, so folds are not dealt out in turn), and a few groups can miss a fold, or be fewer
+    than the folds. Cross-validation then validates on an empty fold; the fix is the job's."""
+    if not cfg.folds:
+        return ()
+    held = fold[fold >= 0]
+    if not held.size:  # nothing outside test: no fold to fill
+        return ()
+    counts = np.bincount(held, minlength=cfg.folds)
+    empty = np.flatnonzero(counts == 0).tolist()
+    if not empty:
+        return ()
+    placed = sum(1 for group in groups if len(group.members) and (fold[group.members.rows] >= 0).any())
+    named = ", ".join(str(f) for f in empty)
+    cause = (f"{placed:,} non-test split group{'' if placed == 1 else 's'} cannot fill {cfg.folds} folds"
+             if placed < cfg.folds else
+             f"each of the {placed:,} non-test split groups draws its fold from its own hash (folds are not dealt "
+             "out in turn, so that a group keeps its fold as the data grows)")
+    fix = "use fewer folds" if placed < cfg.folds else "use fewer folds, or another split.seed"
+    return (f"split.folds: fold{'' if len(empty) == 1 else 's'} {named} of {cfg.folds} hold{'s' if len(empty) == 1 else ''} "
+            f"no sample: {cause}; a cross-validation run on an empty fold has nothing to validate on: {fix}",)
 
 
 def carve_splits(given: Sequence[str | None], groups: Sequence[SplitGroup], cfg: SplitConfig) -> list[str | None]:
