@@ -787,6 +787,9 @@ class JobConfig:
     #: The kinds whose settings are in :meth:`identity` (the kinds a source uses, and those every
     #: job records: :attr:`packer.read.kinds.SourceKind.always_recorded`)
     recorded: tuple[str, ...] = ()
+    #: The ``transform.<kind>`` sections the job writes settings in for a kind none of its
+    #: sources is: ignored, and warned of (:func:`unused_transforms_warning`)
+    unused_transforms: tuple[str, ...] = ()
 
     def settings(self, kind: str) -> Any:
         """The ``transform.<kind>`` settings of source kind ``kind``. Raises KeyError for a kind
@@ -1756,6 +1759,8 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     transforms = tuple((kind.name, kind.parse_settings(transform.get(kind.name) or {}, transform)) for kind in kinds)
     used = {s.kind for s in sources}
     recorded = tuple(kind.name for kind in kinds if kind.always_recorded or kind.name in used)
+    # an empty section sets nothing; one with settings for a kind no source is reads as if it acted
+    unused = tuple(kind.name for kind in kinds if kind.name not in used and transform.get(kind.name))
     split = _parse_split(doc["split"], base)
     if split.by == "time":  # every file needs its time: a table without the column is a config error
         sources = tuple(replace(s, time_required=True) for s in sources)
@@ -1808,6 +1813,7 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
         split=split,
         transforms=transforms,
         recorded=recorded,
+        unused_transforms=unused,
         pack=pack,
         output=_output_location(base, doc["output"], doc["name"]),
         max_bad_fraction=float((doc.get("validate") or {}).get("max_bad_fraction",
@@ -1826,6 +1832,22 @@ def _build_job(doc: dict[str, Any], job_path: Path, base: Path) -> JobConfig:
     if phi.mode == "pseudonymize" and split.lists:
         job = replace(job, split=replace(split, lists=_keyed_lists(split.lists, phi)))
     return job
+
+
+def unused_transforms_warning(job: JobConfig) -> str | None:
+    """A sentence for the user when the job writes ``transform.<kind>`` settings for a kind none
+    of its sources is: they were ignored without a word (``transform.image: {size: [8, 8]}`` in a
+    NIfTI job built at the volumes' own size). A warning, not a config error: a job made from
+    another by removing a source (the demo's photos without its CT) keeps the other's section."""
+    if not job.unused_transforms:
+        return None
+    kinds = sorted({source.kind for source in job.sources})
+    sections = ", ".join(f"transform.{name}" for name in job.unused_transforms)
+    one = len(job.unused_transforms) == 1
+    return (f"{sections}: no source of this job is of {'that kind' if one else 'those kinds'} (its sources are "
+            f"{', '.join(kinds)}), so {'its' if one else 'their'} settings are ignored; write them under "
+            f"transform.{kinds[0] if len(kinds) == 1 else '<kind>'} if they are meant for this job's "
+            f"{'files' if len(kinds) == 1 else 'sources'}, or remove {sections}")
 
 
 def _keyed_lists(lists: tuple[SplitList, ...], phi: PhiConfig) -> tuple[SplitList, ...]:

@@ -142,3 +142,46 @@ def test_more_folds_than_non_test_groups_is_warned_of_and_full_folds_are_not() -
     assert "3 non-test split groups cannot fill 5 folds" in warning and "use fewer folds" in warning
     many = assign_splits(_samples(300), SplitConfig(by="entity", ratios=(("train", 1.0),), seed=0, folds=5))
     assert not [w for w in many.warnings if w.startswith("split.folds")]
+
+
+def test_a_transform_section_for_a_kind_no_source_has_is_warned_of_by_validate(tmp_path: Path) -> None:
+    """A NIfTI-only job's transform.image: {size: [8, 8]} built at the volumes' own size without a
+    word. A warning, not a config error: a job made from the demo by removing its CT source keeps
+    transform.dicom, and should still build."""
+    import numpy as np
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.config import unused_transforms_warning
+
+    nib = pytest.importorskip("nibabel")
+    (tmp_path / "raw").mkdir()
+    rows = ["path,label,entity"]
+    for i in range(4):
+        volume = (np.random.default_rng(i).random((12, 10, 3)) * 1000).astype("int16")
+        nib.save(nib.Nifti1Image(volume, np.eye(4)), str(tmp_path / "raw" / f"c{i}.nii.gz"))
+        rows.append(f"c{i}.nii.gz,{'ab'[i % 2]},p{i}")
+    (tmp_path / "raw" / "labels.csv").write_text("\n".join(rows) + "\n")
+    job = write_job(tmp_path, sources=[{"kind": "nifti", "root": "raw", "table": "raw/labels.csv"}],
+                    split={"by": "entity", "ratios": {"train": 1.0}},
+                    transform={"image": {"size": [8, 8]}, "dicom": {}})  # an empty section sets nothing
+    loaded = load_job(job)
+    assert loaded.unused_transforms == ("image",)
+    said = unused_transforms_warning(loaded)
+    assert said is not None and said.startswith("transform.image: no source of this job is of that kind (its "
+                                                 "sources are nifti), so its settings are ignored")
+    assert "transform.nifti" in said and "remove transform.image" in said
+    report_file = tmp_path / "validate.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--quick", "--json", str(report_file), "--scheduler",
+                                       "sync", "-q"], env={"PACKER_WORK_DIR": str(tmp_path / "work")})
+    assert result.exit_code == 0, result.output
+    assert f"packer: warning: t: {said}" in result.output
+    report = __import__("json").loads(report_file.read_text())
+    assert [w["message"] for w in report["warnings"] if w["code"] == "transform"] == [said]
+
+
+def test_transform_sections_for_the_jobs_kinds_are_not_warned_of(tmp_path: Path) -> None:
+    from packer.config import unused_transforms_warning
+
+    job = load_job(write_job(tmp_path, transform={"channels": 3, "image": {"size": [8, 8]}, "nifti": {}}))
+    assert job.image.size == (8, 8) and job.unused_transforms == () and unused_transforms_warning(job) is None

@@ -385,6 +385,8 @@ OTHER_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
     # the series' geometry (its files' keys), so a chunk's key already covers what it decides
     "dicom.unrounded": _setting("dicom", "unrounded", st.booleans()),
     "name": _setting("", "name", NAMES),
+    # transform.<kind> sections written for a kind no source is: ignored, only warned of
+    "unused_transforms": _setting("", "unused_transforms", st.sampled_from([(), ("nifti",), ("dicom", "image")])),
     "output": _setting("", "output", NAMES.map(lambda n: f"/elsewhere/{n}")),
     "max_bad_fraction": _setting("", "max_bad_fraction", st.floats(0, 1)),
     "registry": _setting("", "registry", st.none() | NAMES.map(Path)),

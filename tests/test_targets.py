@@ -39,7 +39,9 @@ def _job(tmp: Path, sources: list[dict[str, Any]], fmt: str = "webdataset", **ex
         "name": "targets",
         "sources": sources,
         "split": {"by": "entity", "ratios": {"train": 1.0}},
-        "transform": {"dicom": {"size": [32, 32]}, "image": {"size": [32, 32]}},
+        # the sources' kinds only: a section for a kind no source is, is warned of
+        "transform": {kind: {"size": [32, 32]} for kind in ("dicom", "image") if any(s["kind"] == kind
+                                                                                   for s in sources)},
         "pack": {"format": fmt},
         "output": str(tmp / "out"),
         "phi": {"key_file": str(write_demo_key(tmp, 7))},

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packer.badsamples import REPORT_FILE, sort_issues
-from packer.config import JobConfig, SplitConfig
+from packer.config import JobConfig, SplitConfig, unused_transforms_warning
 from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
 from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
 from packer.manifest import library_versions
@@ -194,6 +194,9 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     excluded = list(found.excluded)
     unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
     warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
+    unused = unused_transforms_warning(job)
+    if unused is not None:
+        warned.insert(0, ("transform", unused))
     entity_hints = found.entity_hints  # said once the probe has read the headers' entities
     for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)
