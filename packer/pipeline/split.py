@@ -826,9 +826,9 @@ def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strat
     warnings = (f"{pinned}: {len(stray):,} of its entities name no sample, e.g. the one at row "
                 f"{rows[first][1]}{'' if pseudonym is not None else f': {first!r}'}; they are pinned nowhere "
                 f"({why})",) if stray else ()
-    warnings += _empty_folds(fold, groups, cfg)
     return Assignment(split=RowCodes(table, split, SPLITS), fold=RowCodes(table, fold, range(cfg.folds or 1)),
-                      groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()}, warnings=warnings,
+                      groups=tuple(groups), dropped=(), pinned={e: s for e, s in pins.items()},
+                      warnings=(*warnings, *_empty_folds(fold, groups, cfg)),
                       excluded=tuple(dropped[sample_id] for sample_id in sorted(dropped)))
 
 
@@ -895,8 +895,9 @@ def _empty_folds(fold: np.ndarray, groups: Sequence[SplitGroup], cfg: SplitConfi
              f"each of the {placed:,} non-test split groups draws its fold from its own hash (folds are not dealt "
              "out in turn, so that a group keeps its fold as the data grows)")
     fix = "use fewer folds" if placed < cfg.folds else "use fewer folds, or another split.seed"
-    return (f"split.folds: fold{'' if len(empty) == 1 else 's'} {named} of {cfg.folds} hold{'s' if len(empty) == 1 else ''} "
-            f"no sample: {cause}; a cross-validation run on an empty fold has nothing to validate on: {fix}",)
+    one = len(empty) == 1
+    return (f"split.folds: fold{'' if one else 's'} {named} of {cfg.folds} hold{'s' if one else ''} no sample: "
+            f"{cause}; a cross-validation run on an empty fold has nothing to validate on: {fix}",)
 
 
 def carve_splits(given: Sequence[str | None], groups: Sequence[SplitGroup], cfg: SplitConfig) -> list[str | None]:
