@@ -31,6 +31,15 @@ def sample_image(index: int, shape: Sequence[int] = SHAPE) -> np.ndarray:
     return image.reshape(shape)
 
 
+def flip_pixel_byte(path: Path, index: int) -> None:
+    """Flip one byte of sample ``index``'s pixels inside a shard file (a checksum mismatch)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(sample_image(index).tobytes())
+    assert at >= 0
+    data[at + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def make_sample(index: int, *, split: str = "train", classes: int = 3,
                 shape: Sequence[int] = SHAPE, dtype: str = "uint8") -> EncodedSample:
     """One EncodedSample as packer's encoder would make it. A float ``dtype`` stores the image

@@ -122,6 +122,16 @@ _TABLE_OUT_OF_FILES = textwrap.dedent("""
 """)
 
 
+def out_of_files(script: str, job: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (which takes every descriptor, then reads ``job``'s file) in a process of its
+    own; it must print a ResourceError with exit code 6."""
+    run = subprocess.run([sys.executable, "-c", script, str(job)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("ResourceError 6 "), run.stdout
+    return run
+
+
 def test_out_of_open_files_reading_the_label_table_is_exit_6_not_the_tables_fault(tmp_path: Path) -> None:
     """A CI container's low `ulimit -n` is the machine's condition (README exit 6: raise `ulimit -n`,
     never blamed on a file): the table reader said "cannot read the table" and exit 2, as for a
@@ -133,10 +143,7 @@ def test_out_of_open_files_reading_the_label_table_is_exit_6_not_the_tables_faul
     job.write_text("name: t\nsources:\n  - kind: image\n    root: raw\n    table: raw/labels.csv\n"
                    "split: {by: entity, ratios: {train: 1.0}}\npack: {format: webdataset}\noutput: out\n",
                    encoding="utf-8")
-    run = subprocess.run([sys.executable, "-c", _TABLE_OUT_OF_FILES, str(job)], env=dict(os.environ,
-                         PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("ResourceError 6 "), run.stdout
+    run = out_of_files(_TABLE_OUT_OF_FILES, job)
     assert "raise the open-file limit (`ulimit -n" in run.stdout and "cannot read the table" not in run.stdout
 
 
@@ -186,8 +193,5 @@ def test_out_of_open_files_reading_the_job_file_is_exit_6_not_the_jobs_fault(tmp
     job.write_text("name: t\nsources:\n  - kind: image\n    root: raw\n    label: none\n"
                    "split: {by: entity, ratios: {train: 1.0}}\npack: {format: webdataset}\noutput: out\n",
                    encoding="utf-8")
-    run = subprocess.run([sys.executable, "-c", _JOB_OUT_OF_FILES, str(job)], env=dict(os.environ,
-                         PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("ResourceError 6 "), run.stdout
+    run = out_of_files(_JOB_OUT_OF_FILES, job)
     assert "raise the open-file limit (`ulimit -n" in run.stdout and "job.yaml" in run.stdout

@@ -28,8 +28,8 @@ NFD = unicodedata.normalize("NFD", "Müller")
 KEY = b"0123456789abcdef" * 4
 
 
-def build_folders(tmp_path: Path, people: list[str], phi: dict) -> Path:
-    """Two PNGs in a folder per person, entity from the folder, split by entity; the version folder."""
+def write_people(tmp_path: Path, people: list[str]) -> None:
+    """Two random PNGs in ``raw/<person>/`` for each person."""
     k = 0
     for person in people:
         (tmp_path / "raw" / person).mkdir(parents=True)
@@ -37,6 +37,11 @@ def build_folders(tmp_path: Path, people: list[str], phi: dict) -> Path:
             k += 1
             pixels = np.random.default_rng(k).integers(0, 256, (16, 16, 3), dtype=np.uint8)
             assert cv2.imwrite(str(tmp_path / "raw" / person / f"{i}.png"), pixels)
+
+
+def build_folders(tmp_path: Path, people: list[str], phi: dict) -> Path:
+    """Two PNGs in a folder per person, entity from the folder, split by entity; the version folder."""
+    write_people(tmp_path, people)
     (tmp_path / "phi.key").write_text(KEY.decode())
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
@@ -88,14 +93,7 @@ def test_a_pinned_table_naming_an_id_in_nfd_pins_the_patient_written_in_nfc(tmp_
     """A pinned table saved on a Mac writes ``Müller`` decomposed; the samples' id is NFC. The pin
     named no sample (a stray-pin warning) and the patient went where the ratios sent it."""
     (tmp_path / "pins.csv").write_text(f"entity,split\n{NFD},test\n", encoding="utf-8")
-    people = [NFC] + [f"P{i:02d}" for i in range(10)]
-    k = 0
-    for person in people:
-        (tmp_path / "raw" / person).mkdir(parents=True)
-        for i in range(2):
-            k += 1
-            pixels = np.random.default_rng(k).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-            assert cv2.imwrite(str(tmp_path / "raw" / person / f"{i}.png"), pixels)
+    write_people(tmp_path, [NFC] + [f"P{i:02d}" for i in range(10)])
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
         "name": "pins", "sources": [{"kind": "image", "name": "photos", "root": "raw", "label": "none",

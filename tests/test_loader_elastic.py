@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from loader_fixtures import build_dataset, sample_image
+from loader_fixtures import build_dataset, flip_pixel_byte
 from torch.utils.data import DataLoader
 
 from packer.loader import ShardDataset, ShardReadError, make_loader
@@ -15,15 +15,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 
 SIZES = (4, 6, 5)   # 15 samples
 DAMAGED = (1, 7)    # two samples whose pixels changed after the build
-
-
-def flip_pixel_byte(path: Path, index: int) -> None:
-    """Flip one byte of sample ``index``'s pixels inside a shard file (a checksum mismatch)."""
-    data = bytearray(path.read_bytes())
-    at = data.find(sample_image(index).tobytes())
-    assert at >= 0
-    data[at + 5] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from loader_fixtures import build_dataset, sample_image, split_keys, write_manifest, write_raw_tar
+from loader_fixtures import build_dataset, flip_pixel_byte, sample_image, split_keys, write_manifest, write_raw_tar
 
 from packer.errors import ConfigError, IntegrityError
 from packer.loader import ShardDataset, ShardLoader, ShardReadError, make_loader
@@ -28,15 +28,6 @@ SIZES = (4, 6, 5)
 
 def keys_of(loader) -> list[str]:
     return [k for b in loader for k in b["key"]]
-
-
-def flip_pixel_byte(path: Path, index: int) -> None:
-    """Flip one byte of sample ``index``'s pixels inside a shard file."""
-    data = bytearray(path.read_bytes())
-    at = data.find(sample_image(index).tobytes())
-    assert at >= 0
-    data[at + 5] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
