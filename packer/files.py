@@ -308,7 +308,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-
 def folder_locks_work(folder: Path) -> bool:
     """Whether the file system of ``folder`` takes the directory locks :func:`folder_lock` uses
     (``flock``): True where a lock can be taken, or another process holds one; False where the

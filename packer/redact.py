@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 RAW_TRACEBACK_ENV = "PACKER_RAW_TRACEBACK"
 
 
-
 @dataclass
 class Noted:
     """What one run noted for redaction: the source roots (as text) of the jobs it loaded under

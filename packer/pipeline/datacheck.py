@@ -78,7 +78,6 @@ def _without_quick() -> str:
     return "call packer.validate(..., quick=False)" if surface().python else "run packer validate without --quick"
 
 
-
 def off_skipped(auto: bool) -> str:
     """Why the near-copy rule did not run in a full check: the job turned the check off
     (``split.near_duplicates.enabled: false``), or ``auto`` found one split."""

@@ -446,7 +446,6 @@ def source_kind(name: str, where: str = "kind") -> SourceKind:
     return kind
 
 
-
 def shows_rgb(name: str, channels: int) -> bool:
     """Whether a packed sample of source kind ``name`` with ``channels`` channels shows as one
     colour picture (:meth:`SourceKind.rgb_channels`); False for a kind this packer does not know
