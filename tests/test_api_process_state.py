@@ -255,3 +255,14 @@ def test_a_pseudonymizing_dict_jobs_summary_points_at_what_python_offers(
                     "file's path, ValidationResult.write_json(FILE) lists the bad and left-out files' paths; "
                     "`packer locate JOB KEY ...` prints any key's file once the job is saved as a job file JOB "
                     "(raw paths: keep them local)"]
+
+
+def test_work_the_cluster_start_hands_to_a_thread_names_the_callers_surface() -> None:
+    """The local cluster starts in a thread of its own (signals blocked): what is raised or
+    printed there names the options as the caller spells them, like the caller's own thread."""
+    from packer.errors import PYTHON_API, called_from, surface
+    from packer.pipeline.cluster import _in_a_thread
+
+    with called_from(PYTHON_API):
+        seen = _in_a_thread(surface, "test: surface in a thread")
+    assert seen is PYTHON_API

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import functools
 import json
 import logging
@@ -1184,13 +1185,16 @@ def _call_interrupts_blocked(start: Callable[[], T]) -> T:
 
 def _in_a_thread(fn: Callable[[], T], name: str, *, masked: bool = False) -> T:
     """``fn()`` run in a new thread named ``name`` and waited for here: its value returned, its
-    exception raised here. ``masked``: the thread starts with SIGINT and SIGTERM blocked (a new
-    thread starts with its creator's signal mask, which is set back at once)."""
+    exception raised here. It runs in a copy of this thread's context (a new thread starts with
+    an empty one), so what it raises or prints names the caller's surface (command line or
+    Python) and redacts as the caller's call does. ``masked``: the thread starts with SIGINT and
+    SIGTERM blocked (a new thread starts with its creator's signal mask, which is set back at once)."""
     outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()
 
     def run() -> None:
         try:
-            outcome["value"] = fn()
+            outcome["value"] = context.run(fn)
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, raised there
             outcome["error"] = err
 
