@@ -119,3 +119,19 @@ def test_locate_gives_back_the_real_bytes_of_a_name_that_is_not_utf8(tmp_path: P
     assert shown[bad.sample_id] == f'"{folder}/caf\\udce9.png"'
     assert os.fsencode(json.loads(shown[bad.sample_id])) == latin1
     assert shown[literal] == f"{folder}/caf\\xe9.png"
+
+
+def test_an_unsupported_file_whose_name_is_not_utf8_has_an_id_of_its_own(tmp_path: Path) -> None:
+    """``caf\\xe9.webp`` (Latin-1; a format the image source does not read) and ``caf\\\\xe9.webp``
+    (a real backslash) are two files: their ``unsupported_format`` records are two samples'
+    records, not one id given twice (the escaped text alone is the other file's name)."""
+    folder = tmp_path / "raw" / "c"
+    folder.mkdir(parents=True)
+    write_png(folder / "ok.png", 1)
+    for name in (os.fsencode(folder) + b"/caf\xe9.webp", os.fsencode(folder / "caf\\xe9.webp")):
+        with open(name, "wb") as out:
+            out.write(b"RIFF\x1a\x00\x00\x00WEBPVP8 " + bytes(20))
+    found = discover(load_job(image_job(tmp_path)))
+    left_out = [e for e in found.excluded if e.why == "unsupported_format"]
+    assert len(left_out) == 2
+    assert len({e.sample_id for e in left_out} | {r.sample_id for r in found.refs}) == 3

@@ -1267,8 +1267,7 @@ def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, st
     for rel, path, what in unsupported:
         if rel in named:
             continue
-        shown = _shown_name(rel)
-        sample_id = make_sample_id(source.name, shown, phi)
+        sample_id = _name_id(source.name, rel, phi)
         at = _shown_name(path)
         _note_real(real_paths, sample_id, path, at)
         if only_table and rel not in rows and rel.rsplit("/", 1)[-1] not in row_names:
@@ -1648,7 +1647,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         said = [w for i, w in enumerate(said) if own_entity.get(i) not in sharing]
     if len(job.sources) > 1:
         said.extend(_read_twice(refs, hide_paths=phi is not None and phi.active))
-    excluded = _once(excluded, refs, issues)
+    excluded = _once(excluded, refs, issues, real_paths)
     # distinct ids counted in Arrow: a set of every id held ~120 bytes a sample
     if len(refs) and pc.count_distinct(refs.arrow("sample_id")).as_py() != len(refs):  # a (vanishingly rare) hash
         # collision: renamed in path order
@@ -1692,23 +1691,27 @@ def _read_twice(refs: RefTable, *, hide_paths: bool = False) -> list[str]:
             "source; narrow a root, or part the sources with where:"]
 
 
-def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue]) -> list[Excluded]:
+def _once(excluded: list[Excluded], refs: RefTable, issues: Sequence[Issue],
+          real_paths: Mapping[str, str]) -> list[Excluded]:
     """The exclusions, each file once: sources over one root with a table each (CheXpert's
     train.csv and valid.csv, ``files: table``) each list the other's files as not in their
     table; such a file is the other source's sample, bad sample or exclusion, and counted there.
     Likewise a file of a format no source reads is one ``unsupported_format`` record however
-    many sources list its root (and none where another source took it)."""
+    many sources list its root (and none where another source took it). A file is told by its
+    real path (``real_paths``, by sample id, where a record holds it escaped): a name that is not
+    valid UTF-8, escaped, is the name of another file spelled with a real backslash."""
     if not any(e.why in ("not_in_table", "unsupported_format") for e in excluded):
         return excluded
-    taken = set(refs.column("path")) | {i.path for i in issues}
-    placed = taken | {e.path for e in excluded if e.why != "not_in_table"}
+    taken = set(refs.column("path")) | {real_paths.get(i.sample_id, i.path) for i in issues}
+    placed = taken | {real_paths.get(e.sample_id, e.path) for e in excluded if e.why != "not_in_table"}
     out, seen = [], set()
     for item in excluded:
-        if item.why == "not_in_table" and (item.path in placed or item.path in seen):
+        real = real_paths.get(item.sample_id, item.path)
+        if item.why == "not_in_table" and (real in placed or real in seen):
             continue
-        if item.why == "unsupported_format" and (item.path in taken or item.path in seen):
+        if item.why == "unsupported_format" and (real in taken or real in seen):
             continue
-        seen.add(item.path)
+        seen.add(real)
         out.append(item)
     return out
 
