@@ -559,8 +559,10 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     if why is not None:
         base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), constant_slice_note(why)]}
     stack = cfg.frames == "stack"
-    blank = (_constant_frames(pixels, mask, cfg, photometric, padded_by)
-             if why is None and frames > 1 and not stack else {})
+    flat = _flat_frames(pixels, mask, photometric, padded_by) if why is None and frames > 1 else {}
+    if len(flat) == frames and not cfg.by_series:  # each frame flat, one grey to the next (a fade, a blank loop)
+        return _issue(ref, "validate", "constant_image", _every_frame_constant(flat))
+    blank = _constant_frames(flat, cfg) if not stack else {}
     if cfg.spacing is not None:  # resampled by it: a malformed one raises (unreadable), never read as absent
         for frame in range(1 if stack else frames):
             checked_pixel_spacing(ds, frame)
@@ -643,22 +645,38 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
             for i, (array, meta) in enumerate(outputs)]
 
 
-def _constant_frames(pixels: np.ndarray, mask: np.ndarray | None, cfg: DicomTransformConfig,
-                     photometric: str = "", padding: str = "(0028,0120) Pixel Padding Value") -> dict[int, str]:
-    """Frame → the warning its sample carries, for each frame of a multi-frame file (split into
-    samples; the file as a whole not constant) whose every real pixel is equal: a slice of a
-    series (``cfg.by_series``) is context, as a constant single-frame slice is, and is counted
-    as one; a frame packed on its own says it carries no information, so that a blank frame
-    among a file's good ones is seen (the file is not a bad sample: its other frames are good)."""
-    notes: dict[int, str] = {}
+def _flat_frames(pixels: np.ndarray, mask: np.ndarray | None, photometric: str = "",
+                 padding: str = "(0028,0120) Pixel Padding Value") -> dict[int, str]:
+    """Frame → why it carries no information (:func:`_constant`), for each frame of a multi-frame
+    file whose every real pixel is equal."""
+    flat: dict[int, str] = {}
     for frame in range(pixels.shape[0]):
         why = _constant(pixels[frame:frame + 1], None if mask is None else mask[frame:frame + 1], photometric, padding)
-        if why is None:
-            continue
-        notes[frame] = constant_slice_note(why) if cfg.by_series else (
-            f"constant frame: {why} in frame {frame}; it carries no information, but the file's other frames do, "
-            "so it is packed with them (a file whose every frame is constant is a constant_image bad sample)")
-    return notes
+        if why is not None:
+            flat[frame] = why
+    return flat
+
+
+def _every_frame_constant(flat: dict[int, str]) -> str:
+    """The ``constant_image`` message of a file whose every frame is flat, each frame's value
+    another (the file as a whole is not constant): its first frames' values, then how many more."""
+    shown = "; ".join(f"frame {frame}: {why}" for frame, why in list(flat.items())[:3])
+    more = f"; and {len(flat) - 3} more" if len(flat) > 3 else ""
+    return (f"every one of its {len(flat)} frames is constant ({shown}{more}): no frame carries information, "
+            "whether packed one sample per frame or stacked as channels; remove the file")
+
+
+def _constant_frames(flat: dict[int, str], cfg: DicomTransformConfig) -> dict[int, str]:
+    """Frame → the warning its sample carries, for each ``flat`` frame (:func:`_flat_frames`) of a
+    multi-frame file split into samples (neither the file as a whole nor every frame of it
+    constant: those are ``constant_image``): a slice of a series (``cfg.by_series``) is context, as
+    a constant single-frame slice is, and is counted as one; a frame packed on its own says it
+    carries no information, so that a blank frame among a file's good ones is seen (the file is
+    not a bad sample: its other frames are good)."""
+    return {frame: constant_slice_note(why) if cfg.by_series else (
+                f"constant frame: {why} in frame {frame}; it carries no information, but the file's other frames "
+                "do, so it is packed with them (a file whose every frame is constant is a constant_image bad sample)")
+            for frame, why in flat.items()}
 
 
 def instance_digest(ds: Dataset) -> str:
