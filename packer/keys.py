@@ -6,12 +6,15 @@ that says which part of the file it is::
     key      := file_id                                  one sample per file (a volume: its first file)
               | file_id "-f" frame                       a frame (DICOM multi-frame, NIfTI slice)
               | file_id ["-p" page] ["-t" row "_" col]   a TIFF page, a tile, a page's tile
-    frame    := 4 digits, or 5 to 9 without a leading zero (0-based)
+    frame    := 4 to 9 digits (0-based): as many as the file's last frame needs, at least 4
     page     := 5 digits, or 6 to 9 without a leading zero (0-based, main IFD chain)
     row, col := 5 digits, or 6 to 9 without a leading zero (the tile's top-left pixel)
 
 A file id is ``safe_key(source)-<16 hex>`` (``-dupN`` after a hash collision), so it never
 ends in a suffix (16 hex may be ``f`` and 15 digits: hence at most 9 digits in a frame).
+A frame is padded to the width of its file's last frame index, so a file's frame keys are of
+one width and sort as text in frame order (``pack.order: path``): a file of up to 10,000 frames
+has the 4 digits it always had (``-f0007``), one of 10,005 has 5 (``-f00007`` … ``-f10004``).
 Readers build keys with :func:`frame_key`, :func:`page_key` and :func:`make_key`; whatever
 maps a key back to its file (``packer locate``) uses :func:`parse_key`, so a suffix exists in
 exactly one place.
@@ -39,7 +42,7 @@ def _index(width: int) -> str:
     return rf"(?:\d{{{width}}}|[1-9]\d{{{width},8}})"
 
 
-_FRAME = re.compile(rf"^(?P<id>.+)-f(?P<frame>{_index(4)})$")
+_FRAME = re.compile(r"^(?P<id>.+)-f(?P<frame>\d{4,9})$")
 _PAGE_TILE = re.compile(rf"^(?P<id>.+?)(?:-p(?P<page>{_index(5)}))?(?:-t(?P<row>{_index(5)})_(?P<col>{_index(5)}))?$")
 
 
@@ -53,9 +56,12 @@ def _checked(what: str, value: int) -> int:
     return value
 
 
-def frame_key(sample_id: str, frame: int) -> str:
-    """The key of frame ``frame`` (0-based) of a file split into one sample per frame: ``<id>-f0007``."""
-    return f"{sample_id}-f{_checked('frame', frame):04d}"
+def frame_key(sample_id: str, frame: int, frames: int | None = None) -> str:
+    """The key of frame ``frame`` (0-based) of a file split into ``frames`` samples, one per frame
+    (or slice): ``<id>-f0007``, padded to the width of the last frame index, at least 4 digits, so
+    that the file's keys sort as text in frame order. Without ``frames``, the frame's own width."""
+    last = _checked("frame", frame if frames is None else max(frames - 1, frame))
+    return f"{sample_id}-f{frame:0{max(4, len(str(last)))}d}"
 
 
 def page_key(sample_id: str, page: int) -> str:
@@ -64,15 +70,15 @@ def page_key(sample_id: str, page: int) -> str:
 
 
 def make_key(file_id: str, *, frame: int | None = None, page: int | None = None,
-             tile: tuple[int, int] | None = None) -> str:
-    """The key of a part of the file ``file_id``: a frame, a page, a tile (row, col of its top-left
-    pixel) or a page's tile; ``file_id`` itself for the whole file. Raises ValueError for a
-    negative index, or a frame with a page or a tile (no reader makes those)."""
+             tile: tuple[int, int] | None = None, frames: int | None = None) -> str:
+    """The key of a part of the file ``file_id``: a frame (of ``frames``: :func:`frame_key`), a page,
+    a tile (row, col of its top-left pixel) or a page's tile; ``file_id`` itself for the whole file.
+    Raises ValueError for a negative index, or a frame with a page or a tile (no reader makes those)."""
     if frame is not None:
         if page is not None or tile is not None:
             raise ValueError(f"{file_id}: a sample key names a frame and a page or a tile; readers make "
                              "frames (DICOM, NIfTI) or pages and tiles (TIFF, images), never both")
-        return frame_key(file_id, frame)
+        return frame_key(file_id, frame, frames)
     key = file_id if page is None else page_key(file_id, page)
     if tile is not None:
         row, col = tile

@@ -62,7 +62,7 @@ def test_keys_are_written_as_the_readers_always_wrote_them() -> None:
 
 @pytest.mark.parametrize(("key", "parts"), [
     ("a-f12", KeyParts("a-f12")),  # a frame index is at least 4 digits
-    ("a-f00012", KeyParts("a-f00012")),  # ... and not padded past 4
+    ("a-f0000000012", KeyParts("a-f0000000012")),  # ... and at most 9 (a longer file's frames pad to its last)
     ("a-p0001", KeyParts("a-p0001")),  # a page index is at least 5 digits
     ("a-t00001", KeyParts("a-t00001")),  # a tile is row_col
     ("a-t1_2", KeyParts("a-t1_2")),

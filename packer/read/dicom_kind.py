@@ -560,10 +560,8 @@ class DicomSeries(Grouping):
             return [(series.refs[0], series.refs[0].sample_id)]
         k, count = job.dicom.neighbors, len(series.slices)
         skip = job.dicom.by_series and job.dicom.edge == "skip"
-        frames = Counter(index for index, _ in series.slices)  # a file's slices: its frames in the series
-        return [(series.refs[index], series.refs[index].sample_id if frames[index] == 1
-                 else frame_key(series.refs[index].sample_id, frame))
-                for i, (index, frame) in enumerate(series.slices)
+        keys = _slice_keys(series)
+        return [(series.refs[index], keys[i]) for i, (index, _) in enumerate(series.slices)
                 if not skip or k <= i < count - k]
 
     def spans(self, group: Series | AnnotatedSeries, job: JobConfig) -> list[SampleSpan]:
@@ -575,10 +573,7 @@ class DicomSeries(Grouping):
         if job.dicom.sample == "volume":
             return [SampleSpan(key=key, files=tuple(series.refs), whole=True) for _, key in counted]
         k = job.dicom.neighbors if job.dicom.by_series else 0
-        frames = Counter(index for index, _ in series.slices)  # keyed as :meth:`counted` keys them
-        position = {key: i for i, key in enumerate(
-            series.refs[index].sample_id if frames[index] == 1 else frame_key(series.refs[index].sample_id, frame)
-            for index, frame in series.slices)}
+        position = {key: i for i, key in enumerate(_slice_keys(series))}  # keyed as :meth:`counted` keys them
         out = []
         for ref, key in counted:
             i = position[key]
@@ -664,6 +659,19 @@ def timed_by_latest_slice(stacked: list[Sample], slices: Sequence[Sample], job: 
         out.append(replace(sample, ref=replace(sample.ref, time=latest))
                    if latest is not None and sample.ref.time is not None and latest > sample.ref.time else sample)
     return out
+
+
+def _slice_keys(series: Series) -> list[str]:
+    """Each slice's sample key, as the reader keys it (:func:`packer.read.dicom_render.render_samples`):
+    a one-frame file's own id, a frame's key padded to its file's frames (the last of them in the
+    series: a file's slices are its frames)."""
+    frames = Counter(index for index, _ in series.slices)
+    last: dict[int, int] = {}
+    for index, frame in series.slices:
+        last[index] = max(last.get(index, 0), frame)
+    return [series.refs[index].sample_id if frames[index] == 1
+            else frame_key(series.refs[index].sample_id, frame, last[index] + 1)
+            for index, frame in series.slices]
 
 
 def _blank_series(series: Series, slices: Sequence[Sample]) -> tuple[Issue, ...]:

@@ -638,7 +638,7 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
     if frames == 1:
         return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]},
                        stored_digest=stored(pixels[0]), instance=instance)]
-    return [Sample(key=frame_key(ref.sample_id, i), ref=ref, image=array,
+    return [Sample(key=frame_key(ref.sample_id, i, frames), ref=ref, image=array,
                    metadata={**base_metadata, **meta, "frame": i,
                              **({"warnings": [*base_metadata.get("warnings", ()), blank[i]]} if i in blank else {})},
                    stored_digest=stored(pixels[i]), instance=instance)

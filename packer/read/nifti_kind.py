@@ -256,7 +256,7 @@ class NiftiKind(SourceKind):
             return (ref.sample_id,)
         count = slice_count(state, cfg.axis)
         skipped = cfg.neighbors if cfg.sample == "neighbors" and cfg.edge == "skip" else 0
-        return tuple(frame_key(ref.sample_id, i) for i in range(skipped, count - skipped))
+        return tuple(frame_key(ref.sample_id, i, count) for i in range(skipped, count - skipped))
 
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         return read_nifti(ref, job, state)

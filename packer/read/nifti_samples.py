@@ -253,7 +253,7 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
             mask = transform_mask_dicom(np.ascontiguousarray(_slice_view(case.mask, plan.axis, index)),
                                         pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
                                         policy=plan.resize, pad_value=plan.pad)
-        key = frame_key(ref.sample_id, index)
+        key = frame_key(ref.sample_id, index, count)
         out.append(Sample(key=key, ref=ref, image=image, metadata=metadata, mask=mask))
     if plan.sample != "neighbors":
         return out
