@@ -176,6 +176,38 @@ _NOT_TEXT = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx or OpenDocument .ods
              (b"SQLite format 3", "an SQLite database", "read_sql"))
 
 
+#: How many of a table's first bytes are looked at for a format that is no table (:func:`_refuse_binary`):
+#: enough for an XML declaration or an HTML doctype after a BOM and some blank lines
+_HEAD_BYTES = 512
+
+#: The opening of a markup document: an XML declaration, a doctype, a comment or an element
+_MARKUP = re.compile(r"<(?:\?xml[\s?]|!doctype\s+(?P<doctype>[\w.:-]+)|!--|(?P<element>[A-Za-z_][\w.:-]*)[\s/>])",
+                     re.IGNORECASE)
+_ELEMENT = re.compile(r"<([A-Za-z_][\w.:-]*)[\s/>]")
+_HTML_ELEMENTS = frozenset({"html", "head", "body", "table", "meta", "title"})
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def _markup(head: bytes) -> tuple[str, str | None] | None:
+    """("XML" or "HTML", the first element's name) where ``head``, the first bytes of a table,
+    opens a markup document after an optional BOM and blank space: an XML declaration, a
+    doctype, a comment or an element (a Pascal VOC or LIDC annotation file, a page saved from a
+    browser); None otherwise. An element that no tag closes in ``head`` (a header row written in
+    angle brackets, ``<path>,<label>``) is a CSV's."""
+    bom, codec = next(((len(b), c) for b, c in _BOMS if head.startswith(b)), (0, "utf-8"))
+    text = head[bom:].decode(codec, errors="ignore").lstrip()  # (a character cut at the end: dropped)
+    opened = _MARKUP.match(text)
+    if opened is None:
+        return None
+    first = _ELEMENT.search(text)
+    name = first.group(1) if first else None
+    html = ((opened["doctype"] or "").lower() == "html" or (name or "").lower() in _HTML_ELEMENTS
+            or re.search(r"<html[\s>]", text, re.IGNORECASE) is not None)
+    if opened["element"] and not html and "</" not in text and "/>" not in text:
+        return None  # no tag closes: a header row in angle brackets (<path>,<label>)
+    return ("HTML" if html else "XML"), name
+
+
 #: Members only a workbook's zip holds: an Office Open XML file's and an OpenDocument file's
 _WORKBOOK_MEMBERS = frozenset({"[Content_Types].xml", "mimetype"})
 
@@ -191,7 +223,8 @@ def _zip_members(archive: Path | bytes) -> list[str]:
 
 def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None = None) -> None:
     """A config error for a table saved in a binary format (read as text it is 'not UTF-8', or
-    its first bytes a header row), naming the format and how to export it. A zip archive
+    its first bytes a header row), or as an XML or HTML document (:func:`_markup`: read as a CSV,
+    its first line was the header row), naming the format and how to export it. A zip archive
     (``archive``: the file or its bytes) that is no workbook is told by what it holds: Kaggle's
     per-file download of ``stage_2_train.csv`` is ``stage_2_train.csv.zip``, a CSV that unzips,
     which pandas' read_excel cannot read."""
@@ -207,17 +240,32 @@ def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None =
             raise ConfigError(f"{path}: {what}, not a text table; packer reads CSV, TSV and JSON tables: export it as "
                               f"CSV (UTF-8), e.g. with pandas: pd.{reader}(...).to_csv('labels.csv', index=False)"
                               + (", or from the spreadsheet's Save As" if reader == "read_excel" else ""))
+    markup = _markup(head)
+    if markup is None:
+        return
+    kind, element = markup
+    if kind == "HTML":
+        raise ConfigError(f"{path}: an HTML page (a table saved from a browser?), not a text table; packer reads "
+                          "CSV, TSV and JSON tables: download the table itself as CSV, or convert the page's table "
+                          "as CSV (UTF-8), e.g. with pandas: pd.read_html(...)[0].to_csv('labels.csv', index=False)")
+    root = f" (its first element <{element}>)" if element else ""
+    raise ConfigError(f"{path}: an XML document{root}, not a text table; packer reads CSV, TSV and JSON tables: "
+                      "convert it to a CSV (UTF-8) with a row per file (an annotation file per image, as Pascal "
+                      "VOC's or LIDC's, makes a row per object naming the image and its class, read with "
+                      "table: {file: ..., repeated: same}); pandas converts a flat one: "
+                      "pd.read_xml(...).to_csv('labels.csv', index=False)")
 
 
 @contextlib.contextmanager
 def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
     """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole. A name
     ending in ``.gz`` is gunzipped as it is read (MIMIC-CXR-JPG ships its tables as ``.csv.gz``).
-    A binary file (a workbook, Parquet) is a config error saying so (:func:`_refuse_binary`)."""
+    A binary file (a workbook, Parquet) or an XML or HTML document is a config error saying so
+    (:func:`_refuse_binary`)."""
     gzipped = str(path).lower().endswith(".gz")
     if isinstance(path, Path):
         with gzip.open(path, "rb") if gzipped else open(path, "rb") as raw:
-            _refuse_binary(path, raw.read(16), None if gzipped else path)
+            _refuse_binary(path, raw.read(_HEAD_BYTES), None if gzipped else path)
         with (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if gzipped
               else open(path, newline="", encoding="utf-8-sig")) as fh:
             yield fh
@@ -233,7 +281,7 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
         data = gzip.decompress(data) if gzipped else data
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot read the table: not a whole gzip file ({err})") from err
-    _refuse_binary(path, data[:16], data)
+    _refuse_binary(path, data[:_HEAD_BYTES], data)
     yield io.StringIO(data.decode("utf-8-sig"), newline="")
 
 
