@@ -9,6 +9,8 @@ rows, as rows that disagree on its entity do.
 from __future__ import annotations
 
 import gzip
+import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,10 @@ import numpy as np
 import pytest
 import yaml
 
+from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.errors import ConfigError
+from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.discover import discover
 
 VOC = ('<?xml version="1.0"?>\n<annotation>\n  <folder>VOC2012</folder>\n  <filename>a.png</filename>\n'
@@ -99,3 +103,69 @@ def test_a_csv_whose_header_cells_are_in_angle_brackets_is_still_a_csv(tmp_path:
     found = discover(load_job(_job(tmp_path, {"table": {"file": "t.csv", "path": "<path>"},
                                               "label": {"column": "<label>"}, "entity": "<path>"})))
     assert sorted((r.relpath, r.label) for r in found.refs) == [("a.png", "cat"), ("b.png", "dog")]
+
+
+# -- rows of one file that give it two splits ------------------------------------------------------
+
+
+def _split_job(tmp_path: Path, rows: list[str], repeated: str = "same", **split: Any) -> Path:
+    _images(tmp_path / "img", [f"{i}.png" for i in range(6)])
+    (tmp_path / "t.csv").write_text("\n".join(["path,obj,entity,split", *rows]) + "\n")
+    label = {"column": "obj"} if repeated == "same" else {"kind": "multilabel", "column": "obj"}
+    return _job(tmp_path, {"table": {"file": "t.csv", "repeated": repeated}, "entity": {"column": "entity"},
+                           "label": label}, split={"by": "column", "column": "split", **split},
+                validate={"max_bad_fraction": 0.5})
+
+
+ROWS = ["0.png,dog,E0,train", "1.png,cat,E1,train", "2.png,dog,E2,valid", "3.png,cat,E3,test",
+        "4.png,dog,E4,train", "5.png,cat,E5,train"]
+
+
+@pytest.mark.parametrize("repeated", ["same", "union"])
+def test_rows_of_one_file_that_give_it_two_splits_make_it_a_bad_target_naming_them(
+        tmp_path: Path, repeated: str) -> None:
+    """The merged row kept only the cells its rows agree on: the split cell was dropped, and after
+    every file was decoded the build died with "the table ... has no column 'split' ... add the
+    column", a column the table has. The disagreement is the file's bad_target record, before
+    decoding, as a disagreement on the entity is."""
+    job = _split_job(tmp_path, [*ROWS, "0.png,dog,E0,test"], repeated)
+    found = discover(load_job(job))
+    (issue,) = found.issues
+    assert (Path(issue.path).name, issue.reason) == ("0.png", "bad_target")
+    assert issue.message == (f"{tmp_path / 't.csv'} rows 2 and 8 name '0.png' with the splits 'train' and 'test' "
+                             "(column 'split', split: {by: column}); rows of one file must agree: give them one split")
+    assert sorted(r.relpath for r in found.refs) == [f"{i}.png" for i in range(1, 6)]
+
+
+def test_rows_of_one_file_whose_splits_agree_after_the_map_keep_its_split(tmp_path: Path) -> None:
+    """'val' and ' valid' are one split under map: {val: valid}: the file keeps the first row's cell."""
+    job = _split_job(tmp_path, [*ROWS[:2], "2.png,dog,E2,val", *ROWS[3:], "2.png,dog,E2, valid"], map={"val": "valid"})
+    found = discover(load_job(job))
+    assert found.issues == []
+    assert {r.relpath: dict(r.extra).get("split") for r in found.refs}["2.png"] == "val"
+
+
+def test_rows_that_disagree_on_a_split_column_the_split_does_not_read_keep_only_their_shared_cells(
+        tmp_path: Path) -> None:
+    """Under another split the column is a cell like any other: one box per row, dropped unsaid."""
+    job = _split_job(tmp_path, [*ROWS, "0.png,dog,E0,test"])
+    doc = yaml.safe_load(job.read_text())
+    doc["split"] = {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1}
+    job.write_text(yaml.safe_dump(doc))
+    found = discover(load_job(job))
+    assert found.issues == []
+    assert "split" not in dict({r.relpath: r for r in found.refs}["0.png"].extra)
+
+
+def test_a_build_whose_file_rows_give_two_splits_packs_the_others_in_their_splits(tmp_path: Path) -> None:
+    job = _split_job(tmp_path, [*ROWS, "0.png,dog,E0,test", "5.png,cat,E5,train"])
+    result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    bad = list(read_bad_samples(result.version_dir / "bad_samples.jsonl"))
+    assert [(Path(b["path"]).name, b["reason"]) for b in bad] == [("0.png", "bad_target")]
+    splits = {}
+    for shard in sorted(result.version_dir.rglob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in (m for m in tar.getmembers() if m.name.endswith(".json")):
+                record = json.load(tar.extractfile(member))  # type: ignore[arg-type]
+                splits[Path(record["path"]).name] = record["split"]
+    assert splits == {"1.png": "train", "2.png": "valid", "3.png": "test", "4.png": "train", "5.png": "train"}

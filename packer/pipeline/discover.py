@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from packer.config import MAPPING_JOB, JobConfig, SourceConfig
+from packer.config import MAPPING_JOB, JobConfig, SourceConfig, SplitConfig
 from packer.errors import ConfigError
 from packer.keys import KeyParts, make_key, parse_key
 from packer.phi import Pseudonymizer
@@ -1305,11 +1305,13 @@ def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: 
 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
-                 where: str = "sources[0]", relative_to: str = "the job file", quiet: bool = False) -> SourceFound:
+                 where: str = "sources[0]", relative_to: str = "the job file", quiet: bool = False,
+                 split: SplitConfig | None = None) -> SourceFound:
     """The refs of one source, its table-only issues, what it left out, and its remote listing.
     ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors;
     ``relative_to``: what its relative paths are relative to, for them too. ``quiet``: no
-    progress lines (:func:`~packer.progress.stage_progress`)."""
+    progress lines (:func:`~packer.progress.stage_progress`). ``split``: the job's (a file's rows
+    must agree on its ``by: column`` cell, :func:`place_rows`)."""
     as_written = _check_root(source, where, relative_to)
     kind = source_kind(source.kind)
     table = source.label_table
@@ -1343,7 +1345,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     if records is not None:
         try:
             placed, unplaced = place_rows(source, records, relpaths, known_labels, quiet=quiet,
-                                          hide_paths=phi is not None and phi.active)
+                                          hide_paths=phi is not None and phi.active, split=split)
         except ConfigError as err:
             raise ConfigError(f"{where}.{kind.table_key} (source {source.name!r}): {err}") from err
     excluded: list[Excluded] = [*unnamed_out, *masks_out]
@@ -1625,7 +1627,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         try:
             found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]",
                                  relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file",
-                                 quiet=quiet)
+                                 quiet=quiet, split=job.split)
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(found.refs)

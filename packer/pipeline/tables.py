@@ -44,7 +44,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
-from packer.config import JoinConfig, SourceConfig, TableConfig
+from packer.config import JoinConfig, SourceConfig, SplitConfig, TableConfig
 from packer.errors import ConfigError, exhausted
 from packer.pipeline.labels import Refused, from_row, target_columns
 from packer.pipeline.rawstore import read_remote_bytes
@@ -1228,7 +1228,8 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
 
 
 def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], known: tuple[str, ...] = (), *,
-               quiet: bool = False, hide_paths: bool = False) -> tuple[Placed, dict[str, Refused]]:
+               quiet: bool = False, hide_paths: bool = False, split: SplitConfig | None = None
+               ) -> tuple[Placed, dict[str, Refused]]:
     """Put ``records`` on the files of ``listed`` (relative paths under the root, sorted).
     Returns the placement and, by relative path, the files that are not listed and that rows
     without a joined row name: one ``join_unmatched`` refusal per file, naming all its rows (the
@@ -1236,7 +1237,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     ``missing: drop`` are counted as filtered. A long placement shows a ``table`` progress
     line (files whose rows are read) unless ``quiet``. ``hide_paths`` (PHI pseudonymization):
     the errors that stop the job, printed where CI logs keep them, name rows, not the files'
-    paths, whose folders may carry a patient's name."""
+    paths, whose folders may carry a patient's name. ``split``: the job's, whose ``by: column``
+    column the rows of one file must agree on (:meth:`_RowReader.merge`)."""
     table = source.table_map
     assert table is not None
     _real_folder.cache_clear()  # folders resolved as they are now, not as an earlier job found them
@@ -1244,7 +1246,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     names = NameIndex(listed) if table.find == "name" else None
     listed_set = set(listed)
     spelled = UnicodeSpelling(listed)
-    reader = _RowReader(source, records, known, listed_set, spelled, hide_paths=hide_paths)
+    reader = _RowReader(source, records, known, listed_set, spelled, hide_paths=hide_paths, split=split)
     placed = Placed()
     unmatched: dict[str, list[int]] = defaultdict(list)
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
@@ -1391,7 +1393,7 @@ class _RowReader:
     columns' roles, the source kind) worked out once rather than per row."""
 
     def __init__(self, source: SourceConfig, records: Records, known: tuple[str, ...], listed: set[str],
-                 spelled: UnicodeSpelling, *, hide_paths: bool = False) -> None:
+                 spelled: UnicodeSpelling, *, hide_paths: bool = False, split: SplitConfig | None = None) -> None:
         assert source.table_map is not None
         self.source, self.table, self.path, self.known = source, source.table_map, records.path, known
         self.listed, self.spelled = listed, spelled
@@ -1405,6 +1407,10 @@ class _RowReader:
         self.file_columns = frozenset(source.file_columns())
         self.fixed = frozenset({self.table.path, "label", self.entity_column, *self.time_columns,
                                 *self.target_columns}) - self.file_columns
+        #: ``split: {by: column}``'s column, which gives each file its split (its values renamed
+        #: by ``split.map``): one file's rows must agree on it, as on its entity
+        self.split_column = split.column if split is not None and split.by == "column" else None
+        self.split_map = dict(split.value_map) if split is not None else {}
 
     def place(self, rel: str, rows: list[tuple[int, Record]], placed: Placed) -> None:
         """Place the rows naming one file: fields from its path, the where filter, repeated rows."""
@@ -1462,14 +1468,24 @@ class _RowReader:
         """The relative paths the file columns of ``record`` name (:meth:`file_path`)."""
         return {self.file_path(v) for k, v in record.items() if k in self.file_columns and v and v.strip()}
 
+    def split_of(self, row: TableRow) -> str | None:
+        """The split ``row``'s ``split.column`` cell gives (renamed by ``split.map``), ``""`` where
+        it is empty; None where the split is not by column or the row has no such cell."""
+        if self.split_column is None or self.split_column not in dict(row.extra):
+            return None
+        value = dict(row.extra)[self.split_column].strip()
+        return self.split_map.get(value, value)
+
     def merge(self, rel: str, rows: list[TableRow]) -> TableRow | Refused:
-        """One row for a file named by several: the first, when they agree on target, entity and
-        time (``same``), or holding every row's labels (``union``, multi-label); either way with
-        only the other cells every row agrees on (one box per row, RSNA: no box is the file's, and
-        keeping the first row's made the packed record, and the dataset's hash, depend on the
-        order of the table's rows)."""
+        """One row for a file named by several: the first, when they agree on target, entity,
+        time, files and split (``split: {by: column}``'s cell) (``same``), or holding every row's
+        labels (``union``, multi-label); either way with only the other cells every row agrees on
+        (one box per row, RSNA: no box is the file's, and keeping the first row's made the packed
+        record, and the dataset's hash, depend on the order of the table's rows). The split cell
+        is the first row's where the rows give one split (``train`` and ``train ``)."""
         agreed = set(rows[0].extra).intersection(*(row.extra for row in rows[1:]))
-        first = replace(rows[0], extra=tuple(cell for cell in rows[0].extra if cell in agreed))
+        first = replace(rows[0], extra=tuple(cell for cell in rows[0].extra
+                                             if cell in agreed or cell[0] == self.split_column))
         refused = next((r.refused for r in rows if r.refused is not None), None)
         if refused is not None:
             return refused
@@ -1485,6 +1501,11 @@ class _RowReader:
                         a, b = first.raw_time, other.raw_time
                     return Refused("bad_target", f"{self.path} rows {first.row} and {other.row} name {rel!r} with "
                                                  f"{what} {a!r} and {b!r}; rows of one file must agree")
+            if self.split_of(first) != self.split_of(other):  # dropped, it was "the table has no column"
+                a, b = (dict(row.extra).get(self.split_column or "", "").strip() for row in (first, other))
+                return Refused("bad_target", f"{self.path} rows {first.row} and {other.row} name {rel!r} with the "
+                                             f"splits {a!r} and {b!r} (column {self.split_column!r}, split: "
+                                             "{by: column}); rows of one file must agree: give them one split")
         united = target_class(self.source.target.kind).union_text([r.label for r in rows]) \
             if self.table.repeated == "union" else None
         others = tuple(row.row for row in rows[1:])
