@@ -173,7 +173,9 @@ def _print_summary(result: Any) -> None:
                    "them as it copies them into shards, so a build needs almost no disk beyond the dataset, "
                    "and a rebuild reads unchanged samples back from the last version's shards (if that "
                    "version folder is deleted, they are decoded again). --keep-spill costs a second full copy "
-                   "of the dataset on disk, and rebuilds then reuse samples whatever happens to the output.")
+                   "of the dataset on disk, and rebuilds then reuse samples whatever happens to the output: "
+                   "the cache keeps a copy of every sample the version packs, those it reused from an earlier "
+                   "version included (read back from there once, their hashes checked).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Keep the build cache under DIR/<name>-<hash>/ instead of $PACKER_WORK_DIR/cache (default "
                    "~/.cache/packer/work/cache). It names raw paths, ids and dates: keep it outside the output. "

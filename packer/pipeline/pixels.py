@@ -87,7 +87,9 @@ class ChunkTask:
     group: Any = None
     #: Per-file reuse records an unchanged file's samples by reference where an earlier entry's
     #: bytes sit in a published version, instead of copying them (:meth:`SpillWriter.refer`);
-    #: False when the build keeps its spill (``--keep-spill``: entries must not depend on versions)
+    #: False when the build keeps its spill (``--keep-spill``: entries must not depend on versions):
+    #: such samples are copied, and an entry reused whole whose bytes sit in a published version
+    #: gets a spill of its own (``load_cached_chunk(own_copy=True)``)
     refer: bool = True
 
 
@@ -344,7 +346,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     tune_allocator()
     cache_dir = Path(task.cache_dir) if task.cache_dir else None
     if cache_dir is not None:
-        cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format)
+        # --keep-spill: an entry reused whole keeps its own copy of what it read back from a version
+        cached = load_cached_chunk(cache_dir, task.key, task.job.pack.format, own_copy=not task.refer)
         if cached is not None:
             return ChunkResult(key=task.key, samples=cached.samples, issues=cached.issues, files=cached.files,
                                reused=True, notes=cached.notes, excluded=cached.excluded, units=cached.units)

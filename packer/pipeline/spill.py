@@ -18,7 +18,10 @@ the rest as each shard's task returns and deletes a chunk's spill once all of it
 version. A later build reuses the chunk by reading its samples back from those shards, checked
 against the same digests (:func:`load_cached_chunk`), so "decode only what is new" survives
 without a full copy on disk. ``packer build --keep-spill`` keeps the spill instead (reuse then
-does not depend on the version folder, at the cost of that second copy).
+does not depend on the version folder, at the cost of that second copy): an entry it reuses whose
+bytes are in a published version is given a spill of its own, read back and checked
+(:func:`load_cached_chunk` with ``own_copy``), and unchanged files of a changed chunk are copied,
+not referenced.
 
 The key (:func:`chunk_key`) covers :data:`CACHE_FORMAT`, the library versions (packer's with a
 digest of its source, :func:`packer.manifest.decoding_libraries`), the parts of the
@@ -336,19 +339,23 @@ class ReadBackError(IntegrityError, OSError):
     decoding, an IntegrityError (exit 5) where nothing does."""
 
 
-def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None:
+def load_cached_chunk(cache_dir: Path, key: str, fmt: str, *, own_copy: bool = False) -> CachedChunk | None:
     """The chunk's records if its records file is complete and its samples' bytes check out
     (sizes, each sample's sha256 and the digest chained over them), else None (the chunk is
     then processed again, its unchanged files copied from this entry unit by unit where their
     own bytes still check out: :func:`packer.pipeline.filecache.copy_units`). The bytes are the
     spill file's or, once a build consumed the spill, the published shards' its
-    ``.packed.json`` names; the samples returned say which.
+    ``.packed.json`` names; the samples returned say which. With ``own_copy`` (``packer build
+    --keep-spill``) an entry whose bytes are read back from a published version is given a
+    spill of its own first (:func:`_own_copy`), and its samples are read from there.
 
     The samples come with their sha256 for shard format ``fmt``: a chunk cached by a build of
     the other format is reused too (the key leaves packing out), its samples hashed once more
     for this one (:func:`~packer.shards.encode.pixels_digest`)."""
     try:
         entry = read_entry(cache_dir, key)
+        if entry is not None and own_copy:
+            entry = _own_copy(cache_dir, key, *entry)
         if entry is None:
             return None
         data, samples = entry
@@ -371,6 +378,51 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str) -> CachedChunk | None
         return None  # a damaged cache entry is recomputed: its units copied where they check out, else decoded
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
                        units=units)
+
+
+class _NotKept(Exception):
+    """The bytes read back for an entry's own copy did not check out: the copy is discarded."""
+
+
+def _own_copy(cache_dir: Path, key: str, data: dict[str, Any], samples: tuple[SpilledSample, ...]
+              ) -> tuple[dict[str, Any], tuple[SpilledSample, ...]] | None:
+    """Entry ``key`` (its parsed records ``data`` and its ``samples`` as :func:`read_entry`
+    gives them) with every sample's bytes in a spill of its own: the samples it reads back from
+    a published version (through its ``.packed.json`` pointer, or an earlier entry's it holds
+    them by reference through) are copied into ``<key>.spill``, in order, each checked against
+    its records as it is read (:func:`checked_chain`: its pixels' xxh3 or sha256, then the digest
+    chained over all of them). The records are rewritten where they change (samples held by
+    reference become the entry's own, at their offsets in the new spill). An entry whose bytes
+    are all its spill's already is returned as it is; None (nothing written) where the bytes do
+    not check out: its files are then copied unit by unit where they do, else decoded again.
+    Written spill first, records second, each under a temporary name: a kill between the two
+    leaves a spill the records do not size, an entry refused and redone, never one misread."""
+    own = f"{key}{SPILL_SUFFIX}"
+    if all(sample.spill == own for sample in samples):
+        return data, samples
+    placed: list[SpilledSample] = []
+    try:
+        with cache_output(spill_path(cache_dir, key)) as fh:
+            def keep(sample: SpilledSample, pixels: bytes, meta: bytes, mask: bytes) -> None:
+                fh.write(pixels)
+                fh.write(meta)
+                fh.write(mask)
+                offset = placed[-1].offset + placed[-1].nbytes if placed else 0
+                placed.append(replace(sample, spill=own, offset=offset))
+
+            if checked_chain(cache_dir, samples, data["shard_format"], visit=keep) != data.get("spill_digest"):
+                raise _NotKept(key)  # the partial spill is removed, never renamed into place
+    except _NotKept:
+        return None
+    body = {name: value for name, value in data.items() if name != RECORDS_CHECK}
+    body["samples"] = [{**recorded, "spill": own, "offset": sample.offset}
+                       for recorded, sample in zip(data["samples"], placed, strict=True)]
+    body["spill_bytes"] = placed[-1].offset + placed[-1].nbytes
+    body[RECORDS_CHECK] = records_digest(body)
+    if body != data:
+        with cache_output(records_path(cache_dir, key)) as fh:
+            fh.write(canonical_json(body))
+    return body, tuple(placed)
 
 
 def index_keys(key: str, move: str) -> bytes:
