@@ -222,6 +222,11 @@ class Sample:
     #: SOP Instance UID, :func:`packer.read.dicom_render.instance_digest`; ``""`` elsewhere and in
     #: series jobs): two entities' files with one are a mix-up the build warns of
     instance: str = ""
+    #: Where the source image lies in ``image``'s H×W as (top, left, height, width), where the
+    #: rest is padding (``resize: fit``'s letterbox; :attr:`packer.transform.image.Tile.content`),
+    #: ``None`` where it fills the output: near-copy evidence is drawn from this box alone
+    #: (:func:`packer.pipeline.nearcopy.packed_signature`). Not packed.
+    content: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -391,8 +391,9 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                 pixels = image.tobytes(order="C")
                 shape = tuple(int(d) for d in image.shape)
                 digest = pixels_digest(pixels, shape=shape, dtype=image.dtype.name, fmt=fmt)  # the only pass
-                # a volume's is its middle slice's; an output too small to show a copy gets a blank one
-                sig = packed_signature(image) if sig_dir is not None else None
+                # a volume's is its middle slice's, of the box the image lies in (not fit's padding);
+                # an output too small to show a copy gets a blank one
+                sig = packed_signature(image, sample.content) if sig_dir is not None else None
                 clock.switch("spill")
                 mask = b"" if sample.mask is None else npy_bytes(sample.mask)
                 spill.add(key=sample.key, ref=sample.ref, pixels=pixels, digest=digest,

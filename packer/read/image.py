@@ -745,11 +745,11 @@ def _samples(ref: SampleRef, fmt: str, page: _Page, tiles: list[Tile], pages: in
     samples = []
     for tile in tiles:
         if tile.origin is None:
-            samples.append(Sample(key, ref, tile.image, metadata))
+            samples.append(Sample(key, ref, tile.image, metadata, content=tile.content))
         else:
             row, col = tile.origin
             samples.append(Sample(make_key(ref.sample_id, page=page.page, tile=(row, col)), ref, tile.image,
-                                  {**metadata, "tile": [row, col]}))
+                                  {**metadata, "tile": [row, col]}, content=tile.content))
     return samples
 
 

@@ -20,7 +20,7 @@
    A float image's NaN pixels are then black (0), as −inf is, so the resize blends them as
    black instead of spreading NaN over every output pixel its filter touches.
 5. :func:`packer.transform.resize.resize_image` to ``cfg.size`` under ``cfg.resize``
-   (``fit`` pads with 0 = black).
+   (``fit`` pads with 0 = black, and the tile records where the image lies: ``Tile.content``).
 6. :func:`to_uint8`: ``rint(clip(x, 0, 1) * 255)``.
 7. Tiles (``cfg.tile_size``): cut from the resized image, row-major, stride ``cfg.tile_stride``
    (default: the tile size). Only full tiles are kept: a right or bottom margin narrower than a
@@ -38,7 +38,7 @@ import numpy as np
 
 from packer.config import ImageTransformConfig
 from packer.errors import ConfigError
-from packer.transform.resize import POLICIES, resize_image
+from packer.transform.resize import POLICIES, content_box, resize_image
 
 COLORS = ("rgb", "gray")
 ALPHA_MODES = ("drop", "composite")
@@ -47,10 +47,14 @@ ALPHA_MODES = ("drop", "composite")
 @dataclass(frozen=True)
 class Tile:
     """One output array: ``image`` is uint8 C×H×W, C-contiguous; ``origin`` is the tile's
-    top-left (row, col) in the resized image, or ``None`` when the image is not tiled."""
+    top-left (row, col) in the resized image, or ``None`` when the image is not tiled;
+    ``content``: where the image lies in ``image`` as (top, left, height, width), the rest being
+    ``fit``'s padding (a tile of padding alone: (0, 0, 0, 0)), or ``None`` where the image
+    fills it (:func:`packer.transform.resize.content_box`)."""
 
     origin: tuple[int, int] | None
     image: np.ndarray
+    content: tuple[int, int, int, int] | None = None
 
 
 def check_image_config(cfg: ImageTransformConfig) -> None:
@@ -273,13 +277,31 @@ def transform_image(image: np.ndarray, cfg: ImageTransformConfig, orientation: i
         # a window leaves NaN as NaN (np.clip does): black now, before the resize, whose filter
         # would spread it to every output pixel it touches (one NaN blackened a whole 8×8 block)
         np.nan_to_num(unit, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
+    box = None
     if cfg.size:
+        box = content_box(unit.shape[:2], cfg.size, cfg.resize)
         unit = resize_image(np.ascontiguousarray(unit, dtype=np.float32), cfg.size, cfg.resize)
     out = to_uint8(unit, finite=image.dtype.kind in "ui")  # integer pixels: finite through every step
     if swap:
         out = out[:, :, ::-1]
     if cfg.tile_size is None:
-        return [Tile(None, np.ascontiguousarray(out.transpose(2, 0, 1)))]
+        return [Tile(None, np.ascontiguousarray(out.transpose(2, 0, 1)), box)]
     th, tw = cfg.tile_size
-    return [Tile((r, c), np.ascontiguousarray(out[r:r + th, c:c + tw].transpose(2, 0, 1)))
+    return [Tile((r, c), np.ascontiguousarray(out[r:r + th, c:c + tw].transpose(2, 0, 1)),
+                 _tile_content(box, (r, c), (th, tw)))
             for r, c in tile_origins(out.shape[0], out.shape[1], cfg.tile_size, cfg.tile_stride)]
+
+
+def _tile_content(box: tuple[int, int, int, int] | None, origin: tuple[int, int], tile: tuple[int, int]
+                  ) -> tuple[int, int, int, int] | None:
+    """The part of the image's ``box`` in the resized output (``None``: all of it) that the tile at
+    ``origin`` holds, in the tile's pixels; ``None`` where the tile is all image, (0, 0, 0, 0) where
+    it is all padding."""
+    if box is None:
+        return None
+    top, left = max(box[0], origin[0]), max(box[1], origin[1])
+    bottom, right = min(box[0] + box[2], origin[0] + tile[0]), min(box[1] + box[3], origin[1] + tile[1])
+    if bottom <= top or right <= left:
+        return 0, 0, 0, 0
+    inside = (top - origin[0], left - origin[1], bottom - top, right - left)
+    return None if inside == (0, 0, tile[0], tile[1]) else inside

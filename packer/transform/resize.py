@@ -111,6 +111,17 @@ def resize_plan(src_hw: tuple[int, ...], size: tuple[int, int], policy: str
     return (new_h, new_w), (-((new_h - height) // 2), -((new_w - width) // 2))
 
 
+def content_box(src_hw: tuple[int, ...], size: tuple[int, int], policy: str) -> tuple[int, int, int, int] | None:
+    """Where the image lies in :func:`resize_image`'s output: (top, left, height, width) of the
+    scaled grid under ``fit``, whose padding around it is no part of the image; ``None`` under
+    ``stretch`` and ``crop``, whose image fills the whole output. What shows the image, for
+    evidence drawn from it (near-copy signatures, :func:`packer.pipeline.nearcopy.packed_signature`)."""
+    if policy != "fit":
+        return None
+    (new_h, new_w), (top, left) = resize_plan(src_hw, size, policy)
+    return top, left, new_h, new_w
+
+
 def _crop_sampled(image: np.ndarray, scaled: tuple[int, int], offset: tuple[int, int], size: tuple[int, int],
                   interpolation: str) -> np.ndarray:
     """The ``crop`` of ``image`` scaled to ``scaled`` and cut at ``offset`` (<= 0) to ``size``,
