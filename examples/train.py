@@ -72,6 +72,7 @@ from torch.nn import functional as F
 
 from packer.errors import ConfigError, PackerError
 from packer.loader import DevicePrefetcher, MixedDataset, ShardDataset, make_loader
+from packer.loader.device import usable_device
 from packer.manifest import read_manifest
 
 
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None, *, description: str = __doc__, batch_size
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the model's weights and of the shuffle order (default: %(default)s)")
     parser.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="torch device: cpu, cuda, cuda:1 (default here: %(default)s)")
+                        help="torch device this machine has: cpu, cuda, cuda:1, mps, xpu (default here: %(default)s)")
     parser.add_argument("--checkpoint", type=Path, help="where to save (and, with --resume, load) the checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     parser.add_argument("--save-every", type=positive, default=100, help="checkpoint every N steps (N >= 1)")
@@ -131,15 +132,11 @@ def _at_least(text: str, minimum: int) -> int:
 
 
 def device_arg(text: str) -> str:
-    """``--device``: a torch device this machine has (cpu, cuda, cuda:1, ...)."""
+    """``--device``: a torch device this machine has (cpu, cuda, cuda:1, mps, xpu, ...)."""
     try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; give cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here; use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        usable_device(text, repr(text))
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 

@@ -39,7 +39,7 @@ import torch
 from packer.errors import ConfigError
 from packer.loader.dataloader import make_loader
 from packer.loader.dataset import ShardDataset
-from packer.loader.device import DevicePrefetcher
+from packer.loader.device import DevicePrefetcher, usable_device
 
 
 def _epochs(make_iter: Any, seconds: float) -> Iterator[Any]:
@@ -217,25 +217,6 @@ def choose_collate(dataset: ShardDataset, collate: str | None) -> tuple[str, str
                     f"so batches were measured with collate=\"list\"; {fix}")
 
 
-def _usable_device(device: str) -> torch.device:
-    """``device`` as a torch device this machine has, checked before anything is measured:
-    a ConfigError (exit 2) names ``--device`` for a name torch does not know, CUDA where torch
-    has none, or a GPU index past the last, instead of torch's traceback after the runs."""
-    try:
-        torch_device = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"--device {device}: not a torch device; expected cpu or cuda (cuda:N)") from err
-    if torch_device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"--device {device}: CUDA is not available here (torch {torch.__version__}, "
-                              f"CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
-        if torch_device.index is not None and torch_device.index >= count:
-            raise ConfigError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to "
-                              f"cuda:{count - 1}")
-    return torch_device
-
-
 def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = "cpu",
                  workers: Sequence[int] = (0, 1, 2), batch_sizes: Sequence[int] = (32,),
                  pin_memory: Sequence[bool] | None = None, seconds: float = 3.0, seed: int = 0,
@@ -261,7 +242,7 @@ def bench_loader(manifest: str | os.PathLike[str], split: str, *, device: str = 
         raise ValueError("workers, batch_sizes, pin_memory and verify each need at least one value")
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
-    torch_device = _usable_device(device)
+    torch_device = usable_device(device, f"--device {device}")
     dataset = ShardDataset(manifest, split, seed=seed, rank=0, world_size=1, sources=sources, verify=verify[0])
     if dataset.samples == 0:
         which = f"sources {', '.join(sources)} of " if sources else ""

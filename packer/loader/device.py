@@ -20,6 +20,46 @@ from typing import Any
 
 import torch
 
+from packer.errors import ConfigError
+
+_ALWAYS_THERE = ("cpu", "meta")  # torch needs no backend for these
+
+
+def usable_device(name: str, what: str) -> torch.device:
+    """``name`` as a torch device this machine has, checked before anything runs on it.
+
+    A ConfigError (exit 2) for a string torch does not know, a device type whose backend
+    torch has not got here (CUDA, MPS, XPU, ...: asked of the backend's own ``is_available``,
+    or, for a type without one, of an empty tensor made on it) or an index past the backend's
+    last device, instead of torch's traceback once the run has started. ``what``: how the
+    caller names the value in the message (``--device cuda:1``, ``'cuda:1'``).
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"{what} is not a torch device; expected cpu, cuda (cuda:N), mps or xpu") from err
+    if device.type in _ALWAYS_THERE:
+        return device
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    kind = device.type.upper()
+    if callable(is_available):
+        if not is_available():
+            build = f", CUDA build: {torch.version.cuda or 'no'}" if device.type == "cuda" else ""
+            raise ConfigError(f"{what}: {kind} is not available here (torch {torch.__version__}{build}); "
+                              "use --device cpu")
+        count = getattr(getattr(torch, device.type, None), "device_count", None)
+        if device.index is not None and callable(count) and device.index >= count():
+            raise ConfigError(f"{what}: this machine has {count()} {kind} device(s), {device.type}:0 to "
+                              f"{device.type}:{count() - 1}")
+        return device
+    try:  # a type torch has no availability function for (xla, hpu, ...): ask it for an empty tensor there
+        torch.empty(0, device=device)
+    except (RuntimeError, NotImplementedError, ImportError, AssertionError) as err:
+        raise ConfigError(f"{what}: torch {torch.__version__} cannot make tensors on {kind} here "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); use --device cpu") from err
+    return device
+
 
 def _scale_for(dtype: torch.dtype) -> float:
     if dtype.is_floating_point:

@@ -1,0 +1,95 @@
+"""What the loader's callers hand it: device names, custom batches, numpy numbers and arrays."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from loader_fixtures import build_dataset
+
+from packer.errors import ConfigError
+from packer.loader.device import usable_device
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _available(kind: str) -> bool:
+    if kind == "mps":
+        return torch.backends.mps.is_available()
+    backend = getattr(torch, kind, None)
+    return bool(getattr(backend, "is_available", lambda: False)())
+
+
+# device types whose backend this machine lacks: each has torch's own availability function (mps, xpu,
+# mtia) or none (xla, hip: asked of an empty tensor); a machine that has one skips it
+MISSING_BACKENDS = [pytest.param(kind, marks=pytest.mark.skipif(_available(kind), reason=f"{kind} is here"))
+                    for kind in ("mps", "xpu", "mtia", "xla", "hip", "xpu:1")]
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_dataset(tmp_path_factory.mktemp("inputs"), shard_sizes=(5, 7))
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("packer_example_train_inputs", REPO / "examples" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("device", MISSING_BACKENDS)
+def test_a_device_whose_backend_is_missing_is_refused_by_name(device):
+    """usable_device asked only about CUDA: mps or xpu on a machine without them passed, and the
+    run died later in torch ("PyTorch is not linked with support for mps devices")."""
+    kind = device.split(":")[0].upper()
+    with pytest.raises(ConfigError, match=rf"^--device {device}: .*{kind}.*; use --device cpu"):
+        usable_device(device, f"--device {device}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "meta"])
+def test_cpu_and_meta_are_always_usable(device):
+    assert usable_device(device, device) == torch.device(device)
+
+
+def test_a_string_torch_does_not_know_is_named():
+    with pytest.raises(ConfigError, match=r"^'gpu' is not a torch device; expected cpu, cuda"):
+        usable_device("gpu", "'gpu'")
+
+
+@pytest.mark.parametrize("device", MISSING_BACKENDS)
+def test_train_example_refuses_a_missing_backend_as_a_usage_error(manifest, device, capsys, monkeypatch):
+    """examples/train.py --device mps (or xpu) without that backend: exit 2 naming the device, as
+    --device cuda without CUDA gives, not torch's traceback (exit 1) once the loader has started."""
+    example = load_example()
+    started = []
+    monkeypatch.setattr(example, "ShardDataset", lambda *a, **k: started.append(a))
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--manifest", str(manifest.parent), "--epochs", "1", "--workers", "0", "--device", device])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --device: '{device}': " in err and "use --device cpu" in err and "Traceback" not in err
+    assert not started
+
+
+@pytest.mark.parametrize("device", MISSING_BACKENDS)
+def test_bench_loader_refuses_a_missing_backend_before_measuring(manifest, device, monkeypatch):
+    """packer bench-loader --device mps ran every measurement, then ended in 'internal error'."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.loader import bench
+
+    measured = []
+    monkeypatch.setattr(bench, "_loader", lambda *a, **k: measured.append(a) or {})
+    result = CliRunner().invoke(main, ["bench-loader", str(manifest), "--seconds", "0.1", "--workers", "0",
+                                       "--device", device])
+    assert result.exit_code == 2, result.output
+    assert f"--device {device}: " in result.output and "internal error" not in result.output
+    assert not measured
