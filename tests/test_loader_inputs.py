@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from loader_fixtures import build_dataset
 
 from packer.errors import ConfigError
+from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.loader.device import usable_device
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -93,3 +95,65 @@ def test_bench_loader_refuses_a_missing_backend_before_measuring(manifest, devic
     assert result.exit_code == 2, result.output
     assert f"--device {device}: " in result.output and "internal error" not in result.output
     assert not measured
+
+
+class Pair(NamedTuple):
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+COLLATES = {
+    "tuple": lambda items: (torch.stack([i["image"] for i in items]), torch.stack([i["label"] for i in items])),
+    "namedtuple": lambda items: Pair(torch.stack([i["image"] for i in items]),
+                                     torch.stack([i["label"] for i in items])),
+    "nested dict": lambda items: {"image": torch.stack([i["image"] for i in items]),
+                                  "targets": {"label": torch.stack([i["label"] for i in items])},
+                                  "pair": (torch.stack([i["label"] for i in items]), [i["image"] for i in items]),
+                                  "key": [i["key"] for i in items], "size": torch.Size([2, 3])},
+}
+
+
+@pytest.mark.parametrize("shape", list(COLLATES))
+def test_prefetcher_moves_every_tensor_of_a_batch_of_a_collate_of_your_own(manifest, shape):
+    """The README lets collate=fn return a batch "of any type ((images, labels), a dict of your own
+    names)", but DevicePrefetcher took it for a flat dict: a tuple batch raised AttributeError
+    ('tuple' object has no attribute 'items') and tensors nested in a dict or tuple stayed on the
+    host (a device mismatch at the model on CUDA). "meta" stands in for the GPU."""
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False), 4, collate=COLLATES[shape])
+    host = next(iter(loader))
+    batch = next(iter(DevicePrefetcher(loader, "meta")))
+    assert type(batch) is type(host)
+    assert {t.device.type for t in _tensors(batch)} == {"meta"}
+    assert [t.shape for t in _tensors(batch)] == [t.shape for t in _tensors(host)]
+    if shape == "nested dict":
+        assert batch.keys() == host.keys() and type(batch["pair"]) is tuple and type(batch["pair"][1]) is list
+        assert batch["key"] == host["key"] and batch["size"] == torch.Size([2, 3])
+        assert batch["image"].dtype == torch.float32   # a dict batch's image is still converted
+    else:
+        assert batch[0].dtype == host[0].dtype          # no "image" name: moved, not converted
+
+
+def test_prefetcher_records_the_stream_of_exactly_the_tensors_it_hands_out(manifest, monkeypatch):
+    """On CUDA every tensor of the batch handed out is record_stream-ed on the compute stream so the
+    caching allocator does not reuse its memory early; tensors in tuples were skipped."""
+    recorded: list[int] = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append(id(self)))
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False), 4, collate=COLLATES["nested dict"])
+    prefetcher = DevicePrefetcher(loader, "meta")
+    batch = prefetcher._prepare(next(iter(loader)))
+    prefetcher._record(batch, object())
+    assert sorted(recorded) == sorted(id(t) for t in _tensors(batch)) and len(recorded) == 7
+    recorded.clear()
+    pair = prefetcher._prepare(next(iter(make_loader(ShardDataset(manifest, "train"), 4, collate=COLLATES["tuple"]))))
+    prefetcher._record(pair, object())
+    assert sorted(recorded) == sorted(id(t) for t in pair)

@@ -15,7 +15,8 @@ float images (say, from a ``transform``) are taken to be in 0..1 already.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import copy
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -73,10 +74,12 @@ class DevicePrefetcher:
     ``mean``/``std``: one value per channel (or one for all) in 0..1 units, or ``None``
     for plain ``x / 255``. ``state_dict()`` returns the loader's state as of the last
     batch handed out (the prefetched one is not counted), so save that, not the loader's.
-    A list ``image`` (mixed shapes) is converted element by element.
+    A list ``image`` (mixed shapes) is converted element by element. A batch of a collate of
+    your own (a tuple, a namedtuple, a dict of your own names, nested) has every tensor in it
+    moved to the device, its structure kept; only a dict batch's ``image`` is converted.
     """
 
-    def __init__(self, loader: Iterable[dict[str, Any]], device: str | torch.device, *,
+    def __init__(self, loader: Iterable[Any], device: str | torch.device, *,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
         self.loader = loader
         self.device = torch.device(device)
@@ -127,15 +130,31 @@ class DevicePrefetcher:
         return out
 
     def _move(self, value: Any) -> Any:
+        """``value`` with every tensor in it, however nested in dicts, lists and tuples, on the
+        device; the containers are rebuilt as their own types (a namedtuple stays one)."""
         if isinstance(value, torch.Tensor):
             return value.to(self.device, non_blocking=self._cuda)
-        if isinstance(value, list):
+        if isinstance(value, Mapping):
+            moved = {name: self._move(v) for name, v in value.items()}
+            try:                     # a dict subclass (OrderedDict, defaultdict, ...) keeps its type
+                clone = copy.copy(value)
+                clone.update(moved)  # type: ignore[attr-defined]
+                return clone
+            except (TypeError, AttributeError):  # a read-only Mapping: a plain dict of the same items
+                return moved
+        if isinstance(value, list):  # an ImageBatch too: its packing is of host memory
             return [self._move(v) for v in value]
+        if isinstance(value, tuple):
+            items = [self._move(v) for v in value]
+            if all(new is old for new, old in zip(items, value, strict=True)):
+                return value         # nothing to move (a torch.Size, a tuple of keys)
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         return value
 
-    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        moved = {name: self._move(value) for name, value in batch.items()}
-        image = moved.get("image")
+    def _prepare(self, batch: Any) -> Any:
+        """``batch`` on the device; a dict batch's ``image`` also converted and normalised."""
+        moved = self._move(batch)
+        image = moved.get("image") if isinstance(moved, Mapping) else None
         if isinstance(image, torch.Tensor):
             moved["image"] = self._normalise(image, channel_axis=1)
         elif isinstance(image, list):
@@ -143,13 +162,18 @@ class DevicePrefetcher:
         return moved
 
     def _record(self, value: Any, stream: Any) -> None:
+        """``record_stream`` every tensor of the batch handed out (all on the device, moved or
+        made there by ``_prepare``), wherever it is nested."""
         if isinstance(value, torch.Tensor):
             value.record_stream(stream)
-        elif isinstance(value, list | dict):
-            for v in value.values() if isinstance(value, dict) else value:
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                self._record(v, stream)
+        elif isinstance(value, list | tuple):
+            for v in value:
                 self._record(v, stream)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         self._state = None
         if self._stream is not None:
             # mean/std (and anything else the caller queued) were made on the compute stream
@@ -166,7 +190,7 @@ class DevicePrefetcher:
             self._state = state
             yield batch
 
-    def _fetch(self, iterator: Iterator[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    def _fetch(self, iterator: Iterator[Any]) -> tuple[Any, dict[str, Any] | None] | None:
         try:
             batch = next(iterator)
         except StopIteration:
