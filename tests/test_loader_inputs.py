@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from loader_fixtures import build_dataset
@@ -157,3 +160,35 @@ def test_prefetcher_records_the_stream_of_exactly_the_tensors_it_hands_out(manif
     pair = prefetcher._prepare(next(iter(make_loader(ShardDataset(manifest, "train"), 4, collate=COLLATES["tuple"]))))
     prefetcher._record(pair, object())
     assert sorted(recorded) == sorted(id(t) for t in pair)
+
+
+def test_a_numpy_batch_size_gives_a_state_of_plain_ints_that_a_weights_only_checkpoint_restores(manifest):
+    """make_loader(ds, np.int64(4)) kept the numpy int: the state's segment held np.int64s, so
+    json.dumps(state_dict()) failed and torch.load(weights_only=True) (examples/train.py's resume)
+    refused the checkpoint."""
+    loader = make_loader(ShardDataset(manifest, "train"), np.int64(4), np.int32(0), prefetch_factor=np.int64(2))
+    assert type(loader.batch_size) is int and type(loader.num_workers) is int
+    batches = DevicePrefetcher(loader, "cpu")
+    batches.set_epoch(0)
+    seen = [b["key"] for _, b in zip(range(2), batches, strict=False)]
+    state = batches.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    buffer = io.BytesIO()
+    torch.save({"loader": state}, buffer)
+    buffer.seek(0)
+    resumed = make_loader(ShardDataset(manifest, "train"), 4)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True)["loader"])
+    rest = [b["key"] for b in resumed]
+    everything = [b["key"] for b in make_loader(ShardDataset(manifest, "train"), 4)]
+    assert seen + rest == everything
+
+
+@pytest.mark.parametrize(("argument", "value"), [("batch_size", 8.0), ("batch_size", "8"), ("batch_size", True),
+                                                 ("num_workers", 1.0), ("num_workers", "2"),
+                                                 ("prefetch_factor", 2.5)])
+def test_a_loader_count_that_is_not_an_integer_is_a_config_error_naming_it(manifest, argument, value):
+    """batch_size=8.0 passed make_loader and failed at len(loader) ('float' object cannot be
+    interpreted as an integer); batch_size="8" failed with "'<' not supported"."""
+    arguments = {"batch_size": 4, argument: value}
+    with pytest.raises(ConfigError, match=f"^{argument} must be an integer, not {type(value).__name__}"):
+        make_loader(ShardDataset(manifest, "train"), **arguments)

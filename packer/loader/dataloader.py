@@ -534,6 +534,11 @@ class ShardLoader:
                  persistent_workers: bool | None = None, drop_last: bool = False, timeout: float = 0,
                  multiprocessing_context: Any = None,
                  collate: str | Callable[[list[Item]], Any] = "stack") -> None:
+        # plain ints (a numpy one from a schedule too), so that state_dict() stays JSON-able and a
+        # checkpoint of it loads under torch.load(weights_only=True); a float or a string is refused here
+        batch_size, num_workers = as_integer(batch_size, "batch_size"), as_integer(num_workers, "num_workers")
+        if prefetch_factor is not None:
+            prefetch_factor = as_integer(prefetch_factor, "prefetch_factor")
         if batch_size < 1 or num_workers < 0:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
         self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
@@ -831,7 +836,11 @@ def make_loader(dataset: PlannedDataset, batch_size: int, num_workers: int = 0, 
     batch, handed over as it is; it is never called on an empty list (a batch whose samples were
     all skipped under ``uneven="exact"`` is left out).
 
-    Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0`` or an unknown collate.
+    ``batch_size``, ``num_workers``, ``prefetch_factor``: any integer type (numpy's too), each kept as a
+    plain ``int`` so that ``state_dict()`` stays JSON-able.
+
+    Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0``, one of them (or
+    ``prefetch_factor``) that is not an integer (a float, a string) or an unknown collate.
     """
     return ShardLoader(dataset=dataset, batch_size=batch_size, num_workers=num_workers,
                        prefetch_factor=prefetch_factor, pin_memory=pin_memory,
