@@ -17,6 +17,7 @@ from loader_fixtures import build_dataset
 from packer.errors import ConfigError
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.loader.device import usable_device
+from packer.loader.readers import _view_dtype
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -192,3 +193,37 @@ def test_a_loader_count_that_is_not_an_integer_is_a_config_error_naming_it(manif
     arguments = {"batch_size": 4, argument: value}
     with pytest.raises(ConfigError, match=f"^{argument} must be an integer, not {type(value).__name__}"):
         make_loader(ShardDataset(manifest, "train"), **arguments)
+
+
+def test_labels_and_sources_given_as_numpy_arrays_make_the_view_a_list_makes(manifest):
+    """labels=np.array([...]) (np.unique(table.label)) died in `if not labels:` with numpy's "truth
+    value of an array ... is ambiguous"; the view is the list's, and its state holds plain strs."""
+    as_list = ShardDataset(manifest, "train", labels=["c0", "c2"], shuffle=False)
+    for labels in (np.array(["c0", "c2"]), np.array([0, 2]), ("c2", "c0"), {"c0", "c2"}):
+        dataset = ShardDataset(manifest, "train", labels=labels, shuffle=False)
+        assert len(dataset) == len(as_list) and [i["key"] for i in dataset] == [i["key"] for i in as_list]
+        state = make_loader(dataset, 4).state_dict()
+        assert state == make_loader(as_list, 4).state_dict() and json.loads(json.dumps(state)) == state
+    assert len(ShardDataset(manifest, "train", sources=np.array(["synthetic"]))) == len(ShardDataset(manifest, "train"))
+
+
+@pytest.mark.parametrize(("argument", "value", "said"), [
+    ("labels", np.str_("c0"), r"labels='c0': pass a list of label names, e.g. labels=\['c0'\]"),
+    ("labels", np.int64(2), r"^labels=.*2.* \(int64\): pass a list of label names"),
+    ("labels", np.array("c0"), r"^labels=.*c0.* \(ndarray\): pass a list of label names"),
+    ("labels", np.array([], dtype=str), r"labels=\[\]: an empty view holds no sample"),
+    ("sources", 3, r"sources=3 \(int\): pass a list of source names"),
+    ("sources", np.array([], dtype=str), r"sources=\[\]: an empty view holds no sample"),
+])
+def test_a_view_argument_that_is_not_a_collection_of_names_is_a_config_error(manifest, argument, value, said):
+    with pytest.raises(ConfigError, match=said):
+        ShardDataset(manifest, "train", **{argument: value})
+
+
+def test_a_numpy_array_of_sources_picks_the_dtype_of_a_view_of_a_dataset_of_several():
+    """The dtype check of a dataset whose sources differ in dtype tested `sources or ()`: ambiguous
+    for an array of two names, and an empty array is deprecated as a truth value."""
+    schema = {"dtypes": {"ct": ["uint8"], "mr": ["float16"], "ct2": ["uint8"]}}
+    assert _view_dtype("m.json", schema, np.array(["ct", "ct2"])) == "uint8"
+    with pytest.raises(ConfigError, match=r"sources=\['ct', 'mr'\] hold float16, uint8"):
+        _view_dtype("m.json", schema, np.array(["ct", "mr"]))

@@ -245,8 +245,9 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
         raise ConfigError(f"{path}: the samples have several dtypes (sample_schema.dtype is null) and the manifest "
                           "does not say which source has which; rebuild it with this packer, then read one source "
                           "at a time (ShardDataset(..., sources=[...]))")
-    if isinstance(sources, str):  # load_view refuses it with its own message
-        sources = [sources]
+    if sources is not None:  # a string: load_view refuses it with its own message
+        sources = [sources] if isinstance(sources, str) else [str(s) for s in _view_names(sources, "sources",
+                                                                                          "source names")]
     chosen = {dtype for source in (sources or ()) for dtype in dtypes.get(source, ())}
     if sources is not None and len(chosen) == 1:
         return next(iter(chosen))
@@ -639,6 +640,19 @@ def _warn_unchecked(info: SplitInfo, why: str) -> None:
                     "packer to check every sample, or pass verify='shard' to hash whole shards", info.manifest, why)
 
 
+def _view_names(value: Any, argument: str, what: str) -> list[Any]:
+    """A view argument (``sources=``, ``labels=``) as a list: any iterable of names (a list, a
+    tuple, a set, a numpy array such as ``np.unique(table.label)``). ConfigError for one string
+    (a list of its letters is never meant) or a value that is not a collection."""
+    if isinstance(value, str | bytes):
+        name = str(value) if isinstance(value, str) else value  # numpy's str_ too, shown as a str
+        raise ConfigError(f"{argument}={name!r}: pass a list of {what}, e.g. {argument}=[{name!r}]")
+    try:
+        return list(value)
+    except TypeError:  # an int, a 0-d numpy array
+        raise ConfigError(f"{argument}={value!r} ({type(value).__name__}): pass a list of {what}") from None
+
+
 def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: Sequence[str | int] | None = None,
               verify: bool = False) -> View:
     """The samples of ``info``'s split whose source is in ``sources`` and label in ``labels``
@@ -654,9 +668,7 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
     where = f"{info.manifest}"
     wanted_sources: tuple[str, ...] | None = None
     if sources is not None:
-        if isinstance(sources, str):
-            raise ConfigError(f"sources={sources!r}: pass a list of source names, e.g. sources=[{sources!r}]")
-        wanted_sources = tuple(dict.fromkeys(str(s) for s in sources))
+        wanted_sources = tuple(dict.fromkeys(str(s) for s in _view_names(sources, "sources", "source names")))
         if not wanted_sources:
             raise ConfigError(f"sources=[]: an empty view holds no sample; name at least one of "
                               f"{sorted(info.shapes)}, or pass sources=None for the whole split")
@@ -666,12 +678,12 @@ def load_view(info: SplitInfo, *, sources: Sequence[str] | None = None, labels: 
                               f"{sorted(info.shapes)}")
     label_ids: set[int] | None = None
     label_names: tuple[str, ...] | None = None
+    if labels is not None:
+        labels = _view_names(labels, "labels", "label names")
     if labels is not None and info.target.view_column is None:
-        raise ConfigError(f"labels={list(labels)!r}: this dataset's target is {info.target.kind}, so it has no "
+        raise ConfigError(f"labels={labels!r}: this dataset's target is {info.target.kind}, so it has no "
                           "labels to filter by; filter by sources= instead")
     if labels is not None:
-        if isinstance(labels, str):
-            raise ConfigError(f"labels={labels!r}: pass a list of label names, e.g. labels=[{labels!r}]")
         if not labels:
             raise ConfigError(f"labels=[]: an empty view holds no sample; name at least one of "
                               f"{sorted(info.label_map)}, or pass labels=None for every label")
