@@ -113,9 +113,14 @@ def test_each_raw_file_is_fetched_once_and_the_cache_key_costs_no_request(builds
     fetched = builds.calls.whole_gets()
     assert set(fetched) == read  # the raw files (planted defects included) and the two tables
     assert set(fetched.values()) == {1}
-    looked_up = builds.calls.keys("head_object")
-    assert looked_up <= {prefix + "ct_labels.csv", prefix + "photos/labels.csv"}  # a table may be sized first;
-    # a raw file never is: its size and ETag (cache key, size limit) came from the listing
+    tables = {prefix + "ct_labels.csv", prefix + "photos/labels.csv"}
+    looked_up = [r.key for r in builds.calls.requests if r.method == "head_object" and r.key not in tables]
+    # a table may be sized first; a raw file's size and ETag (cache key, size limit) came from the listing,
+    # and it is looked up once, after its fetch, to check the copy is of the listed version
+    assert sorted(looked_up) == sorted(set(fetched) - tables)
+    for key in looked_up:
+        kinds = [r.method for r in builds.calls.requests if r.key == key]
+        assert kinds.index("head_object") > kinds.index("get_object")
     assert builds.calls.count("list_objects_v2") == 2  # one listing per source
 
 

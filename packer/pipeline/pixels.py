@@ -41,7 +41,7 @@ from packer.pipeline.dedup import is_blank
 from packer.pipeline.filecache import CopiedUnit, DamagedUnit, Unit, copy_units, find_earlier, unit_keys
 from packer.pipeline.nearcopy import packed_signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
-from packer.pipeline.rawstore import RawObject, fetched, remote_listing
+from packer.pipeline.rawstore import FetchIssue, RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
 from packer.pipeline.split import HeldFiles
@@ -401,8 +401,11 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest,
                           blank=is_blank(image), instance=sample.instance)
         clock.switch("spill")
+    # a record of the store's state at the fetch (an object replaced since the listing, say) is
+    # not the file's: the entry is not kept, so the next build fetches the file again
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
-                 units=[(unit.key, unit.sample_ids, unit.move) for unit in units])
+                 units=[(unit.key, unit.sample_ids, unit.move) for unit in units],
+                 cached=not any(isinstance(issue, FetchIssue) for issue in issues))
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded),
                        copied=sum(len(unit.sample_ids) for unit in units if unit.key in copied),

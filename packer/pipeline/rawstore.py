@@ -4,8 +4,10 @@ The client lists a source root with one recursive listing (:func:`list_remote_fi
 also gives each object's size and version tag (:class:`RawObject`): the build cache keys a
 remote file by them, as it keys a local file by its stat, and the workers check the size
 limit against them before fetching anything. A worker fetches each file once, whole, into a
-private temporary folder on its own disk (:func:`fetched`), runs the ordinary path-based
-readers on the copy and deletes it; a file that cannot be fetched becomes an :class:`Issue`.
+private temporary folder on its own disk (:func:`fetched`), checks the copy against the
+listing (its size, then the object's version tag: an object replaced since is never decoded under
+the listing's key), runs the ordinary path-based readers on the copy and deletes it; a file that
+cannot be fetched, or changed since the listing, becomes a :class:`FetchIssue`.
 
 The header pass (``validate --quick``) fetches less: ``fetched(..., headers_only=True)`` first
 rehearses the header probe on a view of the object that fetches the ranges it reads
@@ -54,6 +56,14 @@ class RawObject:
 
     size: int
     version: str
+
+
+@dataclass(frozen=True)
+class FetchIssue(Issue):
+    """An :class:`Issue` about the store at the moment of the fetch, not about the file's bytes:
+    the object is gone, was replaced after discovery listed it, or the store could not be
+    reached. True of this build only: the build cache keeps no entry holding one (the next
+    build fetches the file again), where a bad file's record is kept under the file's key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +219,13 @@ def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
 
     ``listed`` is what discovery's listing said about the file (None: one request asks). The
     size limit (``limits.max_decoded_bytes``, as the readers apply it) is checked before any
-    byte is fetched. Issues: ``too_large``; ``missing_file`` (the object is gone); ``unreadable``
-    (access denied, no credentials, store unreachable: the message says what to fix). Raises
+    byte is fetched, and a copy for decoding (not ``headers_only``) is checked against ``listed``
+    after: its size, and the object's version tag as the store gives it now, one ``info``
+    request (:func:`_changed_since_listing`). So a copy is only ever decoded as the listed
+    object, and a size limit applies to the bytes decoded. Issues (:class:`FetchIssue`, but
+    ``too_large``): ``too_large``; ``missing_file`` (the object is gone, or was replaced since
+    the listing: the listed version is gone); ``unreadable`` (access denied, no credentials,
+    store unreachable: the message says what to fix). Raises
     ``ConfigError`` when this machine cannot open the URL's protocol at all (a defect of the
     run, not of the file). The copy lives in a fresh temporary folder (``$TMPDIR``) on the
     machine that runs the task.
@@ -230,26 +245,58 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
     url = ref.path
     try:
         fs, path = filesystem_for(url, storage_options)
-        size = listed.size if listed is not None else int(fs.info(path)["size"])
-        too_big = file_size_problem(size, limits)
+        if listed is None:
+            listed = raw_object(fs.info(path))
+        too_big = file_size_problem(listed.size, limits)
         if too_big is not None:
             return Issue.of(ref, stage="read", reason="too_large", message=f"{url}: {too_big}")
         local = folder / ("raw" + _copy_suffix(posixpath.basename(url)))
-        if not (headers_only and size > HEAD_BYTES and _fetch_probed_ranges(ref, fs, path, size, local, limits)):
+        ranged = headers_only and listed.size > HEAD_BYTES and _fetch_probed_ranges(ref, fs, path, listed.size,
+                                                                                    local, limits)
+        if not ranged:
             fs.get_file(path, str(local))
+            # the header pass keeps nothing: its copy is probed as it is, the decoding fetch checks
+            changed = "" if headers_only else _changed_since_listing(fs, path, listed, local.stat().st_size)
+            if changed:
+                return FetchIssue.of(ref, stage="read", reason="missing_file", message=(
+                    f"{url}: the object changed after discovery listed it ({changed}): the listed version is "
+                    "gone and the copy was not read; build again (once the object stays as it is), so that "
+                    "discovery lists what is there now"))
     except FileNotFoundError as err:
-        return Issue.of(ref, stage="read", reason="missing_file",
-                        message=f"{url}: the object was listed but is gone ({err}); restore it, or build again "
-                                "so that discovery lists what is there now")
+        return FetchIssue.of(ref, stage="read", reason="missing_file",
+                             message=f"{url}: the object was listed but is gone ({err}); restore it, or build again "
+                                     "so that discovery lists what is there now")
     except remote_errors() as err:
         # a full or read-only temporary folder is this machine's defect, not the object's
         refused = refused_write(err, f"the local copy of {url} in {folder}", opening=True,
                                 elsewhere="point TMPDIR at a folder with room") if isinstance(err, OSError) else None
         if refused is not None:
             raise refused from err
-        return Issue.of(ref, stage="read", reason="unreadable",
-                        message=f"{describe_error(url, err)}; the file was not fetched")
+        return FetchIssue.of(ref, stage="read", reason="unreadable",
+                             message=f"{describe_error(url, err)}; the file was not fetched")
     return replace(ref, path=str(local))
+
+
+def _changed_since_listing(fs: Any, path: str, listed: RawObject, fetched_size: int) -> str:
+    """How the object at ``path``, just fetched whole as ``fetched_size`` bytes, differs from
+    ``listed`` (``"size: listed 10 bytes, fetched 12"``), or ``""`` when it does not.
+
+    The size is the copy's own; the version tag is the one the store gives
+    now (one ``info`` request, past any cached listing), compared by the key the listing's tag
+    came from (an ETag with an ETag): the fetch came between the listing and that answer, so
+    an object replaced before the fetch is told, unless it was put back before the answer. A
+    store whose answer lacks that key (or a listing without a tag) is checked by size alone.
+    Raises what the store raises."""
+    if fetched_size != listed.size:
+        return f"size: listed {listed.size} bytes, fetched {fetched_size}"
+    if not listed.version:
+        return ""
+    fs.invalidate_cache(path)  # the listing's own entry may be cached in this process
+    key, _, value = listed.version.partition(":")
+    now = fs.info(path).get(key)
+    if now in (None, "") or str(now) == value:
+        return ""
+    return f"{key}: listed {value}, now {now}"
 
 
 def _copy_suffix(name: str) -> str:

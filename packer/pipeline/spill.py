@@ -987,12 +987,15 @@ class SpillWriter:
         return meta_digest.hexdigest(), len(self._signatures) - 1 if self.sig_dir is not None else -1
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
-               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str]] = ()) -> None:
+               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str]] = (),
+               cached: bool = True) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
         the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
         where there are some, so other entries keep their bytes; ``units``: each unit of
         per-file reuse's key, the ids of its files and its move key, ``""`` for none,
-        :mod:`packer.pipeline.filecache`)."""
+        :mod:`packer.pipeline.filecache`). ``cached`` False: no records file, so no later build
+        reuses the entry (it holds a record true of this build only); the spill still serves this
+        build's packing."""
         signed = b""
         if self.sig_dir is not None:
             buffer = io.BytesIO()
@@ -1000,7 +1003,9 @@ class SpillWriter:
             signed = buffer.getvalue()
             with cache_output(self.sig_dir / self.sig_name) as fh:
                 fh.write(signed)
-        if self.cache_dir is not None:
+        if self.cache_dir is not None and not cached:  # nor an earlier build's records for this key
+            records_path(self.cache_dir, self.key).unlink(missing_ok=True)
+        elif self.cache_dir is not None:
             if self.samples and not self._offset:  # every sample held by reference: no spill file of its own
                 (self.cache_dir / self.spill_name).unlink(missing_ok=True)
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),

@@ -1,0 +1,108 @@
+"""Objects that change while a build reads them, and object-store names that are not plain (moto's
+S3 server on 127.0.0.1): a raw object replaced between discovery's listing and the worker's fetch
+is never decoded nor cached as the listed object."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.config import JobConfig, load_job
+from packer.manifest import decoding_libraries
+from packer.pipeline.discover import Discovery, discover
+from packer.pipeline.pixels import ChunkResult, ChunkTask, process_chunk
+from packer.pipeline.rawstore import remote_listing
+from packer.pipeline.spill import chunk_key, load_cached_chunk
+from tests.helpers import write_job
+from tests.s3_store import Store, running_store
+
+pytestmark = pytest.mark.slow  # every test talks to moto's S3 server
+pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+pytest.importorskip("s3fs", reason="s3fs (the s3 extra) reads s3:// URLs")
+
+BUCKET = "packer-races"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    with running_store(tmp_path_factory.mktemp("aws"), BUCKET) as running:
+        yield running
+
+
+def png_bytes(seed: int, side: int = 16) -> bytes:
+    """An uncompressed PNG: two of one side have one size, whatever their pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(side, side, 3), dtype=np.uint8)
+    ok, encoded = cv2.imencode(".png", pixels, [cv2.IMWRITE_PNG_COMPRESSION, 0])
+    assert ok
+    return encoded.tobytes()
+
+
+def photo_job(store: Store, tmp_path: Path, prefix: str, files: dict[str, bytes], **overrides: Any) -> JobConfig:
+    """An image source at ``s3://BUCKET/<prefix>`` holding ``files``, one entity each."""
+    for name, data in files.items():
+        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data)
+    rows = [f"{name},{'cat' if i % 2 else 'dog'},E{i}," for i, name in enumerate(files)]
+    table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
+    store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/labels.csv", Body=table.encode())
+    doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{BUCKET}/{prefix}",
+                                     "table": f"s3://{BUCKET}/{prefix}/labels.csv"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), **overrides}
+    return load_job(write_job(tmp_path, doc))
+
+
+def pixel_pass(job: JobConfig, found: Discovery, cache_dir: Path | None) -> ChunkResult:
+    """The worker's pass over every file discovery found, keyed by discovery's listing."""
+    libraries = decoding_libraries()
+    key = chunk_key(found.refs, job, libraries, found.listed)
+    return process_chunk(ChunkTask(key=key, refs=tuple(found.refs), job=job, libraries=tuple(libraries.items()),
+                                   cache_dir=str(cache_dir) if cache_dir is not None else None,
+                                   listed=remote_listing(found.refs, found.listed)))
+
+
+def digests(result: ChunkResult) -> dict[str, str]:
+    return {s.ref.path: s.sha256 for s in result.samples}
+
+
+def test_an_object_replaced_at_its_size_after_the_listing_is_a_record_never_a_cached_decode(
+        store: Store, tmp_path: Path) -> None:
+    original, interim = png_bytes(1), png_bytes(99)
+    assert len(original) == len(interim) and original != interim  # only the ETag tells them apart
+    job = photo_job(store, tmp_path, "swapped", {"a.png": png_bytes(2), "b.png": original})
+    found = discover(job)
+    swapped = f"s3://{BUCKET}/swapped/b.png"
+    store.client.put_object(Bucket=BUCKET, Key="swapped/b.png", Body=interim)  # after the listing
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    during = pixel_pass(job, found, cache)
+    (issue,) = during.issues
+    assert (issue.stage, issue.reason, issue.path) == ("read", "missing_file", swapped)
+    assert issue.message.startswith(f"{swapped}: the object changed after discovery listed it (ETag: listed ")
+    assert "build again" in issue.message
+    assert swapped not in digests(during)
+    key = chunk_key(found.refs, job, decoding_libraries(), found.listed)
+    assert load_cached_chunk(cache, key, "webdataset") is None  # a record of this build only: not kept
+
+    store.client.put_object(Bucket=BUCKET, Key="swapped/b.png", Body=original)  # put back: the listed ETag again
+    after = pixel_pass(job, found, cache)
+    assert not after.reused and after.issues == ()
+    assert digests(after) == digests(pixel_pass(job, found, None))  # the listed bytes' pixels, decoded now
+    assert load_cached_chunk(cache, key, "webdataset") is not None
+
+
+def test_a_larger_object_swapped_in_after_the_listing_is_not_decoded_past_the_size_limit(
+        store: Store, tmp_path: Path) -> None:
+    small, large = png_bytes(3, side=16), png_bytes(4, side=64)
+    job = photo_job(store, tmp_path, "grown", {"a.png": small}, limits={"max_decoded_bytes": len(small)})
+    found = discover(job)
+    store.client.put_object(Bucket=BUCKET, Key="grown/a.png", Body=large)
+    result = pixel_pass(job, found, tmp_path / "cache")
+    (issue,) = result.issues
+    assert (issue.reason, issue.path) == ("missing_file", f"s3://{BUCKET}/grown/a.png")
+    assert f"(size: listed {len(small)} bytes, fetched {len(large)})" in issue.message
+    assert result.samples == ()
