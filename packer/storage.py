@@ -42,6 +42,11 @@ MANIFEST_FILE = "manifest.json"  # the one definition; packer.manifest imports i
 #: Files of a version folder that name raw paths (README: "local only"); never uploaded by default.
 LOCAL_ONLY = ("bad_samples.jsonl", "excluded.jsonl", "leakage.json", "report.html", "warnings.jsonl")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+#: fsspec's chained URLs: ``simplecache::s3://b/p`` (a layer before the URL) or ``zip://m.csv::s3://b/a.zip``
+#: (a URL inside another); a key holding ``::`` (``s3://b/a::b``) is not one. A slash of the last ``://`` may be
+#: missing: a Path made of the URL (``--out`` in Python) folds ``//``
+_CHAINED = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+(?:://.*?)?::(?:[A-Za-z][A-Za-z0-9+.-]+::)*[A-Za-z][A-Za-z0-9+.-]+:/",
+                      re.DOTALL)
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 _CHUNK = 1 << 20
 
@@ -50,15 +55,18 @@ Location = str | os.PathLike[str]
 
 # -- locations --------------------------------------------------------------------------
 def is_url(location: object) -> bool:
-    """True for a string of the form ``scheme://...`` (``file://`` included); paths are not URLs."""
-    return isinstance(location, str) and _URL.match(location) is not None
+    """True for a string of the form ``scheme://...`` (``file://`` included) or an fsspec chained
+    URL (``simplecache::s3://...``, which :func:`local_path` refuses); paths are not URLs."""
+    return isinstance(location, str) and (_URL.match(location) is not None or _CHAINED.match(location) is not None)
 
 
 def local_path(location: Location) -> Path | None:
     """The local path of a plain path or a ``file://`` URL; ``None`` for any other URL.
 
-    Raises ``ConfigError`` for a ``file://`` URL naming another host.
+    Raises ``ConfigError`` for a ``file://`` URL naming another host, and for an fsspec chained
+    URL (``simplecache::s3://bucket/p``): packer names, joins, lists and publishes plain URLs.
     """
+    _refuse_chained(location)
     if not is_url(location):
         return Path(location)
     parts = urlsplit(str(location))
@@ -68,6 +76,16 @@ def local_path(location: Location) -> Path | None:
         raise ConfigError(f"{location}: a file:// URL names a local path (file:///abs/path); "
                           f"host {parts.netloc!r} is not this machine")
     return Path(unquote(parts.path))
+
+
+def _refuse_chained(location: Location) -> None:
+    """Raise ``ConfigError`` for an fsspec chained URL, naming the plain URL to give instead."""
+    if _CHAINED.match(str(location)) is not None:
+        plain = re.sub(r"^([^:/]+):/+", r"\1://", str(location).rsplit("::", 1)[1])
+        raise ConfigError(f"{location} is an fsspec chained URL (a::b://...), which packer does not read or write; "
+                          f"give the plain URL ({plain}) and the store's options, caching ones included, as "
+                          f"{surface().storage_options(KEY='VALUE')}: packer fetches each raw file once and keeps "
+                          "its decodes in the build cache itself")
 
 
 def join_url(base: str, *names: str) -> str:
@@ -115,6 +133,10 @@ def resolve_output(target: Location, work: Path | None = None) -> tuple[Path, st
     A plain path or a ``file://`` URL is built in place; any other URL is built under
     :func:`work_dir` and published there afterwards.
     """
+    try:
+        _refuse_chained(target)
+    except ConfigError as err:
+        raise ConfigError(f"output: {err}") from err
     path = local_path(target)
     if path is not None:
         typo = _URL_TYPO.match(str(target))
@@ -229,8 +251,10 @@ def _with_http_timeout(options: dict[str, Any]) -> dict[str, Any]:
 def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem for ``url`` and the path it knows the URL by.
 
-    Raises ``ConfigError`` when the protocol is unknown or its package is not installed.
+    Raises ``ConfigError`` when the protocol is unknown or its package is not installed, or the
+    URL is a chained one (``simplecache::s3://...``).
     """
+    _refuse_chained(url)
     try:
         import fsspec.core
     except ImportError as err:
@@ -278,7 +302,9 @@ def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Bas
 
 def check_protocol(url: str) -> None:
     """Raise ``ConfigError`` when fsspec does not know ``url``'s protocol or the package that
-    implements it is not installed. Makes no request and needs no storage options."""
+    implements it is not installed, or it is a chained URL (``simplecache::s3://...``). Makes no
+    request and needs no storage options."""
+    _refuse_chained(url)
     try:
         import fsspec
     except ImportError as err:

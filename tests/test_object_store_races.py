@@ -11,8 +11,10 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from packer.config import JobConfig, load_job
+from packer.errors import ConfigError
 from packer.manifest import decoding_libraries
 from packer.pipeline.discover import Discovery, discover
 from packer.pipeline.pixels import ChunkResult, ChunkTask, process_chunk
@@ -106,3 +108,42 @@ def test_a_larger_object_swapped_in_after_the_listing_is_not_decoded_past_the_si
     assert (issue.reason, issue.path) == ("missing_file", f"s3://{BUCKET}/grown/a.png")
     assert f"(size: listed {len(small)} bytes, fetched {len(large)})" in issue.message
     assert result.samples == ()
+
+
+CHAINED = "simplecache::s3://bucket/datasets"
+
+
+def chained_doc(tmp_path: Path, **where: str) -> dict[str, Any]:
+    (tmp_path / "raw").mkdir(exist_ok=True)
+    (tmp_path / "raw" / "labels.csv").write_text("path,label,entity,timestamp\na.png,cat,E1,\n")
+    source = {"kind": "image", "root": "raw", "table": "raw/labels.csv"}
+    source.update({k: v for k, v in where.items() if k != "output"})
+    return {"name": "t", "sources": [source], "split": {"by": "entity"}, "pack": {"format": "webdataset"},
+            "output": where.get("output", str(tmp_path / "out"))}
+
+
+@pytest.mark.parametrize("key", ["output", "root", "table"])
+def test_a_chained_url_is_refused_naming_it_and_the_plain_url(tmp_path: Path, key: str) -> None:
+    """As the output it built a local folder named ``simplecache::s3:`` and exited 0."""
+    doc = chained_doc(tmp_path, **{key: CHAINED if key != "table" else f"zip://labels.csv::{CHAINED}/raw.zip"})
+    with pytest.raises(ConfigError) as refused:
+        load_job(write_job(tmp_path, doc))
+    where = "output" if key == "output" else f"sources[0].{key}"
+    assert f"{where}: " in str(refused.value) and "is an fsspec chained URL" in str(refused.value)
+    plain = "s3://bucket/datasets" if key != "table" else "s3://bucket/datasets/raw.zip"
+    assert f"give the plain URL ({plain})" in str(refused.value) and "--storage-option" in str(refused.value)
+    assert not any(p.name.startswith(("simplecache", "zip")) for p in tmp_path.iterdir())
+
+
+def test_a_chained_out_on_the_command_line_exits_2_and_builds_nothing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer.cli import main
+
+    monkeypatch.chdir(tmp_path)  # where a relative --out would be built
+    job = write_job(tmp_path, chained_doc(tmp_path))
+    for out in (CHAINED, "blockcache::s3:/bucket/datasets"):  # a Path made of it folds the slashes
+        result = CliRunner().invoke(main, ["build", str(job), "--out", out, "--scheduler", "sync", "--quiet"])
+        assert result.exit_code == 2, result.output
+        assert f"output: {out} is an fsspec chained URL" in result.output
+        assert "give the plain URL (s3://bucket/datasets)" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "raw"]
