@@ -581,7 +581,7 @@ class VersionFolder:
                 shutil.copyfile(source, partial)
                 os.replace(partial, self.local / name)
             return
-        if sources:
+        if sources:  # lists on both sides: fsspec takes each name as it is, never as a glob pattern
             self._fs.put([str(s) for s in sources], [self._remote(n) for n in names])
         self._fs.invalidate_cache(self._root)
 
@@ -608,7 +608,9 @@ class VersionFolder:
             return True
         if self.local is not None or source.local is not None or type(self._fs) is not type(source._fs):
             return False
-        self._fs.copy(source._remote(source_name), self._remote(name))
+        # cp_file: one object to one key; fs.copy takes its paths for glob patterns (a prefix
+        # ``exp[1]`` or ``q?x``, legal in a key, matched nothing or copied into <name>/<name>)
+        self._fs.cp_file(source._remote(source_name), self._remote(name))
         self._fs.invalidate_cache(self._root)
         return True
 

@@ -16,12 +16,14 @@ from click.testing import CliRunner
 from packer.config import JobConfig, load_job
 from packer.errors import ConfigError
 from packer.manifest import decoding_libraries
+from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.discover import Discovery, discover
 from packer.pipeline.pixels import ChunkResult, ChunkTask, process_chunk
 from packer.pipeline.rawstore import remote_listing
 from packer.pipeline.spill import chunk_key, load_cached_chunk
+from packer.verify import verify_dataset
 from tests.helpers import write_job
-from tests.s3_store import Store, running_store
+from tests.s3_store import S3Requests, Store, running_store
 
 pytestmark = pytest.mark.slow  # every test talks to moto's S3 server
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
@@ -147,3 +149,40 @@ def test_a_chained_out_on_the_command_line_exits_2_and_builds_nothing(tmp_path: 
         assert f"output: {out} is an fsspec chained URL" in result.output
         assert "give the plain URL (s3://bucket/datasets)" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "raw"]
+
+
+def local_photo_job(tmp_path: Path, output: str, labels: dict[str, str]) -> JobConfig:
+    """Eight local PNGs, one entity each, labelled by ``labels`` (file name: label), output to ``output``."""
+    raw = tmp_path / "raw"
+    raw.mkdir(exist_ok=True)
+    for i, name in enumerate(labels):
+        (raw / name).write_bytes(png_bytes(100 + i))
+    rows = [f"{name},{label},E{i},2023-01-0{i + 1}T00:00:00" for i, (name, label) in enumerate(labels.items())]
+    (raw / "labels.csv").write_text("\n".join(["path,label,entity,timestamp", *rows]) + "\n")
+    doc = {"name": "glob", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "pack": {"format": "webdataset"}, "output": output}
+    return load_job(write_job(tmp_path, doc))
+
+
+@pytest.mark.parametrize("prefix", ["exp[1]", "q?x", "a*b"])
+def test_a_later_version_publishes_under_a_prefix_with_glob_characters_copying_the_earlier_shards(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    """fsspec's copy took the names for glob patterns: ``[1]`` found nothing, ``?`` copied a shard into
+    ``<version>/test-000000.tar/test-000000.tar``; every later build failed to publish."""
+    output = f"s3://{BUCKET}/{prefix}"
+    labels = {f"p{i}.png": "cat" if i % 2 else "dog" for i in range(8)}
+    options = BuildOptions(scheduler="sync", quiet=True, html_report=False)
+    first = build(local_photo_job(tmp_path, output, labels), options)
+    calls = S3Requests(monkeypatch)
+    second = build(local_photo_job(tmp_path, output, {**labels, "p1.png": "dog"}), options)
+    assert second.manifest["version"] != first.manifest["version"]
+    copied = calls.keys("copy_object")
+    assert copied and all(key.startswith(f"{prefix}/glob/{second.manifest['version']}/") for key in copied)
+    keys = {o["Key"] for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/")["Contents"]}
+    assert not [key for key in keys if ".tar/" in key]  # no shard copied into a "folder" named after a shard
+    for result in (first, second):
+        version = f"{prefix}/glob/{result.manifest['version']}"
+        shards = {s["file"] for split in result.manifest["splits"].values() for s in split["shards"]}
+        assert {f"{version}/{name}" for name in shards} <= keys
+        assert verify_dataset(f"s3://{BUCKET}/{version}").ok
