@@ -186,3 +186,34 @@ def test_a_later_version_publishes_under_a_prefix_with_glob_characters_copying_t
         shards = {s["file"] for split in result.manifest["splits"].values() for s in split["shards"]}
         assert {f"{version}/{name}" for name in shards} <= keys
         assert verify_dataset(f"s3://{BUCKET}/{version}").ok
+
+
+def test_a_damaged_shard_repaired_by_a_copy_from_an_earlier_version_is_said_to_be_copied(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The warning said "uploaded it again from <local file>" while the shard was copied in the store
+    from the earlier version (as the summary said)."""
+    output = f"s3://{BUCKET}/repair"
+    labels = {f"p{i}.png": "cat" if i % 2 else "dog" for i in range(8)}
+    options = BuildOptions(scheduler="sync", quiet=True, html_report=False)
+    first = build(local_photo_job(tmp_path, output, labels), options)
+    job = local_photo_job(tmp_path, output, {**labels, "p1.png": "dog"})
+    calls = S3Requests(monkeypatch)
+    second = build(job, options)
+    version, earlier = second.manifest["version"], first.manifest["version"]
+    key = sorted(calls.keys("copy_object"))[0]  # a shard the second version took from the first
+    name = key.rsplit("/", 1)[1]
+    data = bytearray(store.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 1  # same size, other bytes
+    store.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    capsys.readouterr()
+
+    calls.requests.clear()
+    build(job, BuildOptions(scheduler="sync", quiet=False, html_report=False))
+    err = capsys.readouterr()
+    (warning,) = [line for line in err.err.splitlines() if "damaged in the store" in line]
+    assert warning.startswith(f"packer: warning: {output}/glob/{version}/{name} has the size but not the sha256")
+    assert warning.endswith(f"copied it again in the store from {output}/glob/{earlier}/{name}")
+    assert key in calls.keys("copy_object") and key not in calls.keys("put_object")  # as the warning says
+    (summary,) = [line for line in err.out.splitlines() if line.startswith("packer: published")]
+    assert "1 shards (0.0 MiB) copied in the store from earlier versions" in summary
+    assert verify_dataset(f"{output}/glob/{version}").ok

@@ -605,10 +605,11 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
     folder that already holds a manifest with the same ``dataset_hash`` is left alone
     (``skipped``) when every file it lists holds the manifest's bytes (:func:`_remote_state`:
     an ETag that is their MD5, else read back); a file missing there or of another size makes
-    the whole version upload again, a damaged one of the same size is uploaded again alone
-    (``repaired``, with a warning on stderr). A damaged or different remote version has its
-    manifest deleted before anything is uploaded, so readers never see a manifest over
-    half-replaced shards. A shard copied in the store from an earlier version
+    the whole version upload again, a damaged one of the same size is put there again alone
+    (``repaired``, with a warning on stderr saying how, once done: copied in the store from an
+    earlier version that holds the same shard, else uploaded from ``local_version_dir``). A
+    damaged or different remote version has its manifest deleted before anything is uploaded,
+    so readers never see a manifest over half-replaced shards. A shard copied in the store from an earlier version
     (:func:`_copy_earlier`) that reads back damaged is uploaded from ``local_version_dir``
     instead (``repaired``; the warning names the earlier object). An interrupted
     publish leaves objects without a manifest; publishing again replaces them.
@@ -630,9 +631,6 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
             _record_checked(folder, local_version_dir, sorted(state.intact))
             say(f"{result_url} already holds dataset_hash {manifest['dataset_hash'][:12]}: nothing uploaded")
             return PublishResult(url=target, manifest_url=result_url, skipped=True)
-        for name in state.damaged:  # a warning, not progress: printed under quiet too
-            _warn(f"{folder.where(name)} has the size but not the sha256 its manifest records (damaged in the "
-                  f"store); uploaded it again from {local_version_dir / name}")
         if state.exists:
             say(f"{result_url} holds another or a damaged version (a different manifest, or a file it lists missing, "
                 "of another size or damaged): removing its manifest before uploading")
@@ -650,6 +648,11 @@ def publish_version(local_version_dir: Path, remote_url: str, *, storage_options
         total, repaired = _upload(folder, local_version_dir, order, recorded, copied=sources)
         for name in repaired:
             copied.pop(name, None)
+        for name in state.damaged:  # a warning, not progress: printed under quiet too; said once it is done
+            how = f"copied it again in the store from {sources[name]}" if name in copied else \
+                f"uploaded it again from {local_version_dir / name}"
+            _warn(f"{folder.where(name)} has the size but not the sha256 its manifest records (damaged in the "
+                  f"store); {how}")
         folder.upload([local_version_dir / MANIFEST_FILE], [MANIFEST_FILE])
         if folder.read_bytes(MANIFEST_FILE) != manifest_bytes:
             folder.remove(MANIFEST_FILE)
