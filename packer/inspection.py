@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections import Counter, defaultdict, deque
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -760,12 +760,12 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
         notes.append(f"target kinds differ (old {_target_text(old_target)}, new {_target_text(new_target)}): "
                      "targets are not compared per sample, so none is listed as relabeled")
     lists: dict[str, list[SampleChange]] = defaultdict(list)
-    samples, new_assigned = False, {}
+    old_assigned: dict[str, tuple[Any, ...]] = {}
+    new_assigned: dict[str, tuple[Any, ...]] = {}
     if old_rows is not None and new_rows is not None:
         # what _splits.parquet says of a sample besides its split: its entity, fold and time (under
         # dates: shift a time is in no shard byte, so two versions that differ in it alone said "no differences")
         old_assigned, new_assigned = read_assignment(old_manifest) or {}, read_assignment(new_manifest) or {}
-        samples = True
         for key in sorted(set(old_rows) | set(new_rows)):
             a, b = old_rows.get(key), new_rows.get(key)
             change = SampleChange(key, old_split=a["split"] if a else None, new_split=b["split"] if b else None,
@@ -793,7 +793,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                                      and old_assigned.get(key) != new_assigned.get(key))):
                     lists["record_changed"].append(change)
     if content:
-        lists["rekeyed"] = pair_by_content(lists, old_rows or {}, new_rows or {}, new_assigned if samples else {})
+        lists["rekeyed"] = pair_by_content(lists, old_rows or {}, new_rows or {}, old_assigned, new_assigned, target)
     versions = diff_values({"packer_version": old["packer_version"], "libraries": old["libraries"],
                             "decoders": old["decoders"], "format_version": old["format_version"]},
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
@@ -809,32 +809,66 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                        hash_fields=_hash_fields(old, new))
 
 
+#: The traits of a sample (0 its target as :meth:`Target.compared_target` gives it, 1 its split,
+#: 2 its entity) that :func:`pair_by_content` pairs copies of one image by, most alike first:
+#: those of all three, then of the target and split, ..., then any
+_PAIRING_TIERS = ((0, 1, 2), (0, 1), (0, 2), (0,), (1, 2), (1,), (2,), ())
+
+
 def pair_by_content(lists: dict[str, list[SampleChange]], old_rows: Mapping[str, Mapping[str, Any]],
-                    new_rows: Mapping[str, Mapping[str, Any]],
-                    new_assigned: Mapping[str, tuple[Any, ...]]) -> list[SampleChange]:
+                    new_rows: Mapping[str, Mapping[str, Any]], old_assigned: Mapping[str, tuple[Any, ...]],
+                    new_assigned: Mapping[str, tuple[Any, ...]], target: Target | None) -> list[SampleChange]:
     """Pair each removed sample with an added one of the same per-sample sha256 (the same bytes
     under a new key: a file moved to another class folder under ``label: folder``, renamed, or
-    moved under the root, changes its path, so its entity, key and drawn split), in key order
-    where several share a digest; take the pairs out of ``lists``' removed and added lists and
-    return them as :class:`SampleChange` under the new key, with ``old_key`` and the new entity
-    (from ``new_assigned``, :func:`read_assignment`)."""
+    moved under the root, changes its path, so its entity, key and drawn split). Where several
+    share a digest (copies of one image, each with its own label), a removed sample is paired
+    with an added one of the same target (``target``: the one the diff compares, None where the
+    kinds differ), then of the same split, then of the same entity (``old_assigned`` and
+    ``new_assigned``, :func:`read_assignment`), then in key order: a renamed source pairs each
+    copy with its own new key, whatever order pseudonymized keys sort in, so no copy is reported
+    relabeled or moved. Takes the pairs out of ``lists``' removed and added lists and returns
+    them as :class:`SampleChange` under the new key, with ``old_key`` and the new entity."""
+    def traits(rows: Mapping[str, Mapping[str, Any]], assigned: Mapping[str, tuple[Any, ...]],
+               key: str) -> tuple[Hashable, str, Any]:
+        row = rows[key]
+        return (None if target is None else target.compared_target(row["label"], row["target"]), row["split"],
+                (assigned.get(key) or (None,))[0])
+
     added: dict[str, list[SampleChange]] = defaultdict(list)
     for change in lists["added"]:
         added[new_rows[change.key]["sha256"]].append(change)
-    pairs, removed = [], []
-    for gone in lists["removed"]:
-        candidates = added.get(old_rows[gone.key]["sha256"])
-        if not candidates:
-            removed.append(gone)
-            continue
-        new = candidates.pop(0)
-        entity = (new_assigned.get(new.key) or (None,))[0]
-        pairs.append(SampleChange(new.key, old_split=gone.old_split, new_split=new.new_split, old_label=gone.old_label,
-                                  new_label=new.new_label, old_target=gone.old_target, new_target=new.new_target,
-                                  old_key=gone.key, new_entity=None if entity is None else str(entity)))
-    paired = {pair.key for pair in pairs}
-    lists["removed"] = removed
-    lists["added"] = [change for change in lists["added"] if change.key not in paired]
+    removed: dict[str, list[SampleChange]] = defaultdict(list)
+    for change in lists["removed"]:
+        if old_rows[change.key]["sha256"] in added:
+            removed[old_rows[change.key]["sha256"]].append(change)
+    pairs = []
+    for digest, gone in removed.items():  # each list in key order, as lists holds them
+        candidates = added[digest]
+        old_traits = {change.key: traits(old_rows, old_assigned, change.key) for change in gone}
+        new_traits = {change.key: traits(new_rows, new_assigned, change.key) for change in candidates}
+        for tier in _PAIRING_TIERS:
+            waiting: dict[tuple[Any, ...], deque[SampleChange]] = defaultdict(deque)
+            for change in candidates:
+                waiting[tuple(new_traits[change.key][i] for i in tier)].append(change)
+            unpaired = []
+            for old in gone:
+                alike = waiting.get(tuple(old_traits[old.key][i] for i in tier))
+                if not alike:
+                    unpaired.append(old)
+                    continue
+                new = alike.popleft()
+                entity = new_traits[new.key][2]
+                pairs.append(SampleChange(new.key, old_split=old.old_split, new_split=new.new_split,
+                                          old_label=old.old_label, new_label=new.new_label,
+                                          old_target=old.old_target, new_target=new.new_target, old_key=old.key,
+                                          new_entity=None if entity is None else str(entity)))
+            taken = {pair.key for pair in pairs}
+            gone, candidates = unpaired, [change for change in candidates if change.key not in taken]
+            if not gone or not candidates:
+                break
+    paired_old, paired_new = {pair.old_key for pair in pairs}, {pair.key for pair in pairs}
+    lists["removed"] = [change for change in lists["removed"] if change.key not in paired_old]
+    lists["added"] = [change for change in lists["added"] if change.key not in paired_new]
     return sorted(pairs, key=lambda pair: pair.key)
 
 

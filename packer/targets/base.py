@@ -15,7 +15,7 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -531,11 +531,17 @@ class Target:
         raise NotImplementedError
 
     @per_kind
+    def compared_target(self, text: str | None, values: TargetValues | None) -> Hashable:
+        """What :meth:`relabeled` compares of a sample's (text, values), as :meth:`index_target`
+        gives them: two samples' targets differ exactly where these differ, so ``packer diff``
+        can group samples by it (pairing copies of one image under new keys by their targets)."""
+        raise NotImplementedError
+
     def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
                   ) -> bool:
         """Whether a sample's target differs between two versions of this kind; ``old`` and
         ``new`` are (text, values) as :meth:`index_target` gives them."""
-        raise NotImplementedError
+        return self.compared_target(*old) != self.compared_target(*new)
 
     def moved_positions(self, new: Target) -> tuple[str, ...]:
         """Each position of the target vector both versions have that holds another name in

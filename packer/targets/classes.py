@@ -8,7 +8,7 @@ A shard holds the index (``.cls`` ASCII integer, Parquet ``label`` int64), the l
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -176,9 +176,8 @@ class ClassTarget(Target):
                      mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         return self._name(label), None
 
-    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
-                  ) -> bool:
-        return old[0] != new[0]
+    def compared_target(self, text: str | None, values: TargetValues | None) -> Hashable:
+        return text
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         return (str(text),)

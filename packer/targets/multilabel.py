@@ -14,7 +14,7 @@ per label the samples ignoring it (``ignored_counts``) and those lacking it (``n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -316,12 +316,11 @@ class MultiLabelTarget(Target):
         """:func:`_known` over the labels of this target (both versions' vocabularies, in a diff)."""
         return _known(values) & set(self.names)
 
-    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
-                  ) -> bool:
-        """Whether the labels held changed (a label added to, or dropped from, the vocabulary only
-        where the sample holds it), or those ignored among the labels of both versions (a known
-        negative now masked out)."""
-        return _held(old[1]) != _held(new[1]) or self._known_shared(old[1]) != self._known_shared(new[1])
+    def compared_target(self, text: str | None, values: TargetValues | None) -> Hashable:
+        """The labels held and those known among the labels of both versions: relabeled where the
+        labels held changed (a label added to, or dropped from, the vocabulary only where the
+        sample holds it), or those ignored (a known negative now masked out)."""
+        return frozenset(_held(values)), frozenset(self._known_shared(values))
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         """Each label the sample holds (:data:`NO_LABEL` when none)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -206,9 +206,8 @@ class NumericTarget(Target):
         pairs = tuple((name, float(str(v))) for name, v in zip(self.names, values, strict=False))
         return self.describe(None, values), pairs
 
-    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
-                  ) -> bool:
-        return dict(old[1] or ()) != dict(new[1] or ())
+    def compared_target(self, text: str | None, values: TargetValues | None) -> Hashable:
+        return frozenset(dict(values or ()).items())
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         return ()  # numbers are not counted by name; only their changes are (relabel_counts)

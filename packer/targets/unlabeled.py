@@ -6,7 +6,7 @@ A shard holds no target (no ``.cls``; Parquet ``label`` null), the loader's batc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -86,9 +86,8 @@ class NoTarget(Target):
                      mask: Sequence[int] | None = None) -> tuple[str, TargetValues | None]:
         return self.describe(None, None), None
 
-    def relabeled(self, old: tuple[str | None, TargetValues | None], new: tuple[str | None, TargetValues | None]
-                  ) -> bool:
-        return False  # nothing to relabel
+    def compared_target(self, text: str | None, values: TargetValues | None) -> Hashable:
+        return None  # nothing to relabel
 
     def diff_names(self, text: str | None, values: TargetValues | None) -> tuple[str, ...]:
         return ()
