@@ -592,10 +592,11 @@ def read_sample_index(manifest: Manifest, *, target_masks: bool = True) -> dict[
     (``xxh3`` None where the index has no such column, as an older packer wrote it):
     ``label`` the sample's target as text (class name, labels held, numbers), ``target`` a
     multi-label or numeric sample's :data:`TargetValues` (None for other kinds), read with its
-    ``target_mask`` where the index has one and ``target_masks``; None when the
-    file is absent (a registry copy). IntegrityError when it does not match the manifest's
-    recorded sha256, or when a multi-label or numeric dataset's index has no ``target`` column."""
-    path = _checked_table(manifest, manifest.data["index"])
+    ``target_mask`` where the index has one and ``target_masks``; None when the file is absent
+    from a registry copy. IntegrityError when it is absent from a version folder or does not match
+    the manifest's recorded sha256, or when a multi-label or numeric dataset's index has no
+    ``target`` column."""
+    path = _checked_table(manifest, manifest.data["index"], "every sample's key, split, target and sha256")
     if path is None:
         return None
     target = Target.of_manifest(manifest.data)
@@ -634,12 +635,19 @@ def _records_target_masks(manifest: Manifest) -> bool | None:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
 
 
-def _checked_table(manifest: Manifest, entry: dict[str, Any]) -> Path | None:
+def _checked_table(manifest: Manifest, entry: dict[str, Any], needed: str) -> Path | None:
     """The local table a manifest ``entry`` (``index``, ``splits_table``) names, None where it is
-    absent (a registry copy); IntegrityError where it does not hold the size and sha256 recorded."""
+    absent from a registry copy (:attr:`Manifest.registry_copy`: none of the version's files
+    beside it); IntegrityError where it is absent from a version folder (damaged, as ``packer
+    verify`` says; ``needed``: what diff reads it for) or does not hold the size and sha256 recorded."""
     path = Path(manifest.locate(entry["file"]))
     if not path.is_file():
-        return None
+        if manifest.registry_copy:
+            return None
+        raise IntegrityError(f"{path}: not found, though the manifest lists it and this is a version folder, not a "
+                             f"registry copy: the version is damaged and diff reads {needed} from it; restore the "
+                             f"file from a good copy or rebuild the version with `packer build` (`packer verify "
+                             f"{manifest.folder}` names every problem)")
     if file_sha256(path) != (entry["bytes"], entry["sha256"]):
         raise IntegrityError(f"{path}: does not match the sha256 its manifest records; run `packer verify "
                              f"{manifest.folder}` and rebuild the version")
@@ -653,10 +661,11 @@ _ASSIGNMENT_COLUMNS = ("entity_id", "fold", "time", "days_since_first")
 
 def read_assignment(manifest: Manifest) -> dict[str, tuple[Any, ...]] | None:
     """``_splits.parquet`` beside a local ``manifest`` as ``{key: (entity_id, fold, time,
-    days_since_first)}``; None where the manifest names no such table or the file is absent.
-    IntegrityError where it does not match the manifest's recorded sha256."""
+    days_since_first)}``; None where the manifest names no such table or the file is absent from
+    a registry copy. IntegrityError where it is absent from a version folder or does not match the
+    manifest's recorded sha256."""
     entry = manifest.data.get("splits_table")
-    path = _checked_table(manifest, entry) if isinstance(entry, dict) else None
+    path = _checked_table(manifest, entry, "every sample's entity, fold and time") if isinstance(entry, dict) else None
     if path is None:
         return None
     try:
@@ -716,8 +725,9 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     """Compare two built versions (manifests or version folders): samples by key and content,
     the resolved config, and the packer/library/decoder versions.
 
-    Raises IntegrityError when a manifest or index fails its hash. A missing
-    ``_index.parquet`` (registry copies) only skips the sample comparison, with a note.
+    Raises IntegrityError when a manifest, index or splits table fails its hash, or when a
+    version folder lacks its index or splits table (damaged). A registry copy (none of the
+    version's files beside it) has neither: the sample comparison is skipped, with a note.
     """
     old_manifest, new_manifest = read_manifest(Path(old_path)), read_manifest(Path(new_path))
     old, new = old_manifest.data, new_manifest.data
@@ -735,7 +745,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                      "under uncertain: ignore are not compared, only those held; rebuild it to compare them")
     old_rows, new_rows = (read_sample_index(m, target_masks=None not in masks) for m in (old_manifest, new_manifest))
     for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
-        missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy?): samples "
+        missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy): samples "
                    "not compared; pass the version folders")
         if rows is None and missing not in notes:  # two registry copies of one folder: one note, not two
             notes.append(missing)

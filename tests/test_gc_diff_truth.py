@@ -10,13 +10,19 @@ Real builds of real image files; expected facts come from the inputs and from th
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+from numpy.typing import NDArray
 
+from packer.cli import main
 from packer.config import load_job
-from packer.demo import render_photo, write_demo_key, write_photo
+from packer.demo import write_demo_key, write_photo
 from packer.inspection import diff_datasets, format_diff
 from packer.pipeline.build import BuildOptions, build
 from tests.helpers import write_job
@@ -40,19 +46,22 @@ def _build(tmp: Path, root: Path, name: str = "ds", **extra: Any) -> Path:
     return build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False)).version_dir
 
 
+def _noise(rng: np.random.Generator) -> NDArray[np.uint8]:
+    """A 24×24 BGR image of uniform noise: no two are near copies."""
+    return rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
+
+
 def _images_with_copies(root: Path, entities: int = 12) -> dict[str, str]:
     """Per entity two images of its own and one image filed twice (``dup0.png`` labelled a,
     ``dup1.png`` labelled b: a label conflict, common in real data). The label of each path."""
-    import numpy as np
-
     rng = np.random.default_rng(3)
     labels: dict[str, str] = {}
     rows = ["path,label,entity,timestamp"]
     for e in range(entities):
         for i in range(2):
             labels[f"E{e}/{i}.png"] = "ab"[(e + i) % 2]
-            write_photo(root / f"E{e}/{i}.png", render_photo(rng, ("circle", "square")[i], height=24, width=24))
-        copy = render_photo(rng, "circle", height=24, width=24)
+            write_photo(root / f"E{e}/{i}.png", _noise(rng))
+        copy = _noise(rng)
         for j, label in enumerate("ab"):
             labels[f"E{e}/dup{j}.png"] = label
             write_photo(root / f"E{e}/dup{j}.png", copy)
@@ -96,3 +105,65 @@ def test_a_renamed_source_pairs_each_copy_of_an_image_with_its_own_new_key(tmp_p
     relabeled = _build(tmp_path, scans)
     again = diff_datasets(before, relabeled)
     assert [(c.old_label, c.new_label) for c in again.rekeyed if c.old_label != c.new_label] == [("b", "a")]
+
+
+# -- diff: a damaged version folder is not a registry copy ----------------------------------------------
+
+
+def _images(root: Path, seed: int = 0) -> Path:
+    """Six entities of three images each, labelled a or b (``labels.csv``)."""
+    rng = np.random.default_rng(seed)
+    rows = ["path,label,entity,timestamp"]
+    for e in range(6):
+        for i in range(3):
+            write_photo(root / f"E{e}/{i}.png", _noise(rng))
+            rows.append(f"E{e}/{i}.png,{'ab'[(e + i) % 2]},E{e},2023-01-0{i + 1}T00:00:00")
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+@dataclass(frozen=True)
+class Registered:
+    old: Path       # <out>/ds/<version>: a version folder
+    new: Path       # another version of ds (another split seed)
+    copy: Path      # <registry>/ds/<old's version>.json: old's registry copy, nothing beside it
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> Registered:
+    tmp = tmp_path_factory.mktemp("registered")
+    raw = _images(tmp / "raw")
+    old = _build(tmp, raw, registry=str(tmp / "reg"))
+    new = _build(tmp, raw, registry=str(tmp / "reg"),
+                 split={"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 2})
+    return Registered(old, new, tmp / "reg" / "ds" / f"{old.name}.json")
+
+
+def _cli(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("lost", ["_index.parquet", "_splits.parquet"])
+def test_a_version_folder_that_lost_a_table_is_damaged_not_a_registry_copy(
+        registered: Registered, tmp_path: Path, lost: str) -> None:
+    """A version folder (its shards beside its manifest) without its _index.parquet was taken for
+    a registry copy: diff exited 0 with "(a registry copy?) ... pass the version folders" and hid
+    every sample difference, and a lost _splits.parquet was skipped in silence, while `packer
+    verify` calls the folder damaged (exit 5). diff now says so too: exit 5, restore or rebuild."""
+    damaged = Path(shutil.copytree(registered.new, tmp_path / registered.new.name))
+    (damaged / lost).unlink()
+    assert any(damaged.glob("*.tar"))  # the shards are there: a version folder
+
+    assert _cli("verify", "-q", damaged).exit_code == 5
+    result = _cli("diff", registered.old, damaged)
+    assert result.exit_code == 5, result.output
+    message = " ".join(result.output.split())
+    assert f"{damaged / lost}: not found" in message
+    assert "not a registry copy: the version is damaged" in message
+    assert "restore the file from a good copy or rebuild the version with `packer build`" in message
+    assert "pass the version folders" not in message
+
+    # a registry copy, with none of the version's files beside it, is still compared by its manifest only
+    copy = _cli("diff", registered.copy, registered.new)
+    assert copy.exit_code == 0, copy.output
+    assert "_index.parquet not found (a registry copy): samples not compared; pass the version folders" in copy.output

@@ -67,8 +67,9 @@ def diff_command(old: str, new: str, as_json: bool, limit: int, check: bool) -> 
     version differences ("no differences" only where the dataset_hashes agree). Versions of different target kinds are
     compared without per-sample targets, with a note saying so. A WebDataset version against
     a Parquet one reads the Parquet side's pixels to compare content, with a note saying so.
-    A difference is not an error: exits 0 (5 only if a manifest or index fails its hash, or a
-    shard it has to read is missing or damaged). It compares the shards' recorded sha256, and
+    A difference is not an error: exits 0 (5 only if a manifest, index or splits table fails its
+    hash or a version folder lacks one, or a shard it has to read is missing or damaged; a
+    registry copy is compared without samples, with a note). It compares the shards' recorded sha256, and
     hashes no shard itself: a shard missing or of another size than its manifest records is a
     warning on stderr; --check first verifies both versions (every file re-hashed, as `packer
     verify` does) and exits 5 without a diff, naming each problem, when either fails.
