@@ -167,3 +167,26 @@ def test_a_version_folder_that_lost_a_table_is_damaged_not_a_registry_copy(
     copy = _cli("diff", registered.copy, registered.new)
     assert copy.exit_code == 0, copy.output
     assert "_index.parquet not found (a registry copy): samples not compared; pass the version folders" in copy.output
+
+
+def test_diff_check_refuses_a_registry_copy_as_verify_does(registered: Registered) -> None:
+    """`packer diff --check COPY VERSION` verified the registry copy as a version folder: every
+    file "missing", "restore the named files ... or rebuild", exit 5, though nothing is damaged
+    (a registry copy holds the manifest only, by design); `packer verify COPY` says exit 2: pass
+    the version folder. diff --check now says what verify says, for either argument."""
+    assert not [p for p in registered.copy.parent.iterdir() if p.suffix != ".json"]  # nothing but manifests there
+    verify = _cli("verify", registered.copy)
+    assert verify.exit_code == 2
+    expected = (f"none of the {len(list(registered.old.glob('*.tar'))) + 2} files this manifest lists (its index, "
+                "splits table and shards) is beside it")
+    assert expected in " ".join(verify.output.split())
+    for args in ((registered.copy, registered.new), (registered.new, registered.copy)):
+        result = _cli("diff", "--check", *args)
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert f"{registered.copy}: {expected}" in message
+        assert f"pass the version folder it describes (<output>/ds/{registered.old.name}/)" in message
+        assert "restore" not in message and "integrity problem" not in message
+    # the version folder it describes passes --check; without --check the copy is compared by its manifest
+    assert _cli("diff", "--check", registered.old, registered.new).exit_code == 0
+    assert _cli("diff", registered.copy, registered.new).exit_code == 0

@@ -254,3 +254,24 @@ def local_folder_argument(value: str, *, command: str) -> Path:
                    f"or copy its objects to a local folder (e.g. `aws s3 cp --recursive {folder}/ DIR`) and pass "
                    "that folder")
     raise ConfigError(f"{value}: `packer {command}` reads local folders only; {instead}")
+
+
+def refuse_registry_copy(shown: str, located: Path, consequence: str) -> None:
+    """ConfigError (exit 2) where ``located`` (:func:`~packer.manifest.resolve_manifest_path` of
+    the argument ``shown``) is a registry copy with none of its version's files beside it, for a
+    command that checks those files (``packer verify``, ``packer diff --check``): it is no damaged
+    version, so nothing is to be restored; the message names the version folder to pass instead.
+    ``consequence``: what the command would do with it. A ``manifest.json`` alone is a version
+    whose files are missing (an integrity failure the check names), never refused here."""
+    from packer.errors import PackerError
+    from packer.manifest import MANIFEST_FILE, detached_manifest_error, read_manifest
+
+    if not located.is_file() or located.name == MANIFEST_FILE:
+        return
+    try:
+        data = read_manifest(located, strict=False, check_hash=False).data
+    except PackerError:
+        return  # a damaged copy: the check names what is wrong with it
+    detached = detached_manifest_error(shown, located, data, consequence, copies_only=True)
+    if detached is not None:
+        raise detached

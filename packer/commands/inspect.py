@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from packer.commands import exits, local_folder_argument
+from packer.commands import exits, local_folder_argument, refuse_registry_copy
 
 
 def _echo_json(value: Any) -> None:
@@ -54,7 +54,8 @@ def inspect_command(manifest: str, as_json: bool, storage_option: tuple[str, ...
               help="Keys listed per kind of change in the text output.")
 @click.option("--check", is_flag=True,
               help="First verify both versions as `packer verify` does (every shard, index and table re-hashed "
-                   "against its manifest); exit 5 without a diff when either fails.")
+                   "against its manifest); exit 5 without a diff when either fails (2 for a registry copy, as "
+                   "verify: pass the version folder).")
 @exits
 def diff_command(old: str, new: str, as_json: bool, limit: int, check: bool) -> None:
     """Compare two built versions OLD and NEW (manifests or version folders).
@@ -72,14 +73,18 @@ def diff_command(old: str, new: str, as_json: bool, limit: int, check: bool) -> 
     registry copy is compared without samples, with a note). It compares the shards' recorded sha256, and
     hashes no shard itself: a shard missing or of another size than its manifest records is a
     warning on stderr; --check first verifies both versions (every file re-hashed, as `packer
-    verify` does) and exits 5 without a diff, naming each problem, when either fails.
+    verify` does) and exits 5 without a diff, naming each problem, when either fails (2 for a
+    registry copy, as verify says: it holds no file to check; pass the version folder).
     """
     from packer.inspection import diff_datasets, format_diff
     from packer.manifest import resolve_manifest_path
 
     old_path, new_path = (local_folder_argument(value, command="diff") for value in (old, new))
-    for path in (old_path, new_path):
-        resolve_manifest_path(path)   # a missing version: exit 2 naming the versions its dataset folder holds
+    for shown, path in ((old, old_path), (new, new_path)):
+        located = resolve_manifest_path(path)   # a missing version: exit 2 naming the versions its folder holds
+        if check:  # as verify says it: a registry copy is no damaged version, --check has nothing of it to hash
+            refuse_registry_copy(shown, located, "--check has nothing here to verify (diff without --check "
+                                 "compares it by its manifest)")
     if check:
         _check_versions({"OLD": old_path, "NEW": new_path})
     diff = diff_datasets(old_path, new_path)

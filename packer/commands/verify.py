@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from packer.commands import exits
-from packer.errors import IntegrityError, PackerError
+from packer.commands import exits, refuse_registry_copy
+from packer.errors import IntegrityError
 
 
 @click.command("verify")
@@ -33,21 +33,13 @@ def verify_command(manifest: str, deep: bool, as_json: bool, quiet: bool, storag
     2 when MANIFEST is not a dataset version (a dataset folder: the message lists its versions;
     a registry copy, with none of its files beside it: pass the version folder it describes).
     """
-    from packer.manifest import MANIFEST_FILE, detached_manifest_error, read_manifest, resolve_manifest_path
+    from packer.manifest import resolve_manifest_path
     from packer.storage import is_url, parse_storage_options
     from packer.verify import UNLISTED, format_result, verify_dataset
 
     if not is_url(manifest):
         located = resolve_manifest_path(manifest)  # a missing version: exit 2 naming the versions its folder holds
-        if located.is_file() and located.name != MANIFEST_FILE:  # a registry copy: nothing beside it to verify?
-            try:
-                data = read_manifest(located, strict=False, check_hash=False).data
-            except PackerError:
-                data = {}  # a damaged copy: verify_dataset below names what is wrong with it
-            detached = detached_manifest_error(manifest, located, data, "there is nothing here to verify",
-                                               copies_only=True)
-            if detached is not None:
-                raise detached
+        refuse_registry_copy(manifest, located, "there is nothing here to verify")
     report = verify_dataset(manifest if is_url(manifest) else Path(manifest), deep=deep, quiet=quiet,
                             storage_options=parse_storage_options(storage_option))
     click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else format_result(report))
