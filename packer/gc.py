@@ -131,11 +131,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
                           f"version, delete the dataset folder {folder} itself")
     listing = list_versions(folder)
     # a link's folder belongs to whoever made it: never counted, never removed, never followed
-    linked = tuple((name, os.readlink(listing.root / name)) for name in sorted(
-        {v.folder for v in listing.versions} | {o.folder for o in listing.others})
-        if (listing.root / name).is_symlink())
-    link_names = {name for name, _ in linked}
-    readable = [v for v in listing.versions if v.problem is None and v.folder not in link_names]  # newest first
+    linked = tuple((o.folder, o.target or "") for o in listing.others if o.kind == "link")
+    readable = [v for v in listing.versions if v.problem is None]  # newest first
     good = [v for v in readable if v.failed is None]
     kept_good = good[:keep]
     # a failed build's version (exit 3) never counts toward --keep; the ones newer than every kept
@@ -144,9 +141,9 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     kept = tuple(v for v in readable if v in kept_good or (v.failed is not None
                                                             and (v.created_at, v.version) > newest_kept))
     removed = tuple(v for v in readable if v not in kept)
-    trash = tuple(o.folder for o in listing.others if o.kind == "trash" and o.folder not in link_names)
-    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete" and o.folder not in link_names)
-    staging = tuple(o.folder for o in listing.others if o.kind == "staging" and o.folder not in link_names)
+    trash = tuple(o.folder for o in listing.others if o.kind == "trash")
+    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
+    staging = tuple(o.folder for o in listing.others if o.kind == "staging")
     unguarded = () if not staging or folder_locks_work(listing.root) else staging
     staging = () if unguarded else staging  # no lock to hold: a running build's staging looks the same
     gone = {v.folder for v in removed} | set(trash) | set(incomplete) | set(staging)
@@ -161,7 +158,7 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
         else:
             shared += links.size
     return GcPlan(root=listing.root, keep=kept, remove=removed,
-                  broken=tuple(v for v in listing.versions if v.problem is not None and v.folder not in link_names),
+                  broken=tuple(v for v in listing.versions if v.problem is not None),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
                   incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep,
                   unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"))

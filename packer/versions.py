@@ -103,16 +103,20 @@ class OtherFolder:
     publishing it: :func:`is_incomplete_version`), ``trash`` (a version an interrupted ``packer
     gc`` was removing), ``unreadable`` (a folder this user may not look into:
     :func:`unreadable_folder`; ``problem`` says why, ``bytes`` is 0, as nothing in it can be
-    counted) or ``other``."""
+    counted), ``link`` (a symbolic link to a folder, ``target`` what it points to: another team's
+    version brought in with ``ln -s``, whoever made it owns it; ``bytes`` is 0, as nothing through
+    it is this folder's, and ``packer gc`` leaves it alone) or ``other``."""
 
     folder: str
     kind: str
     bytes: int
     problem: str | None = None
+    target: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": self.folder, "kind": self.kind, "bytes": self.bytes,
-                **({"problem": self.problem} if self.problem is not None else {})}
+                **({"problem": self.problem} if self.problem is not None else {}),
+                **({"target": self.target} if self.target is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,10 @@ def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
 def _walk_files(folder: Path) -> Iterable[os.stat_result]:
     """The stat of every regular file under ``folder`` (symbolic links neither followed nor counted);
     files removed meanwhile are skipped, and so are the files of a folder this user may not read
-    (:func:`unreadable_folder`: :func:`list_versions` names such a version folder instead)."""
+    (:func:`unreadable_folder`: :func:`list_versions` names such a version folder instead).
+    ``folder`` itself a link: nothing (what it points to is not under the folder it is in)."""
+    if os.path.islink(folder):
+        return
     stack = [os.fspath(folder)]
     while stack:
         try:
@@ -299,10 +306,13 @@ def list_versions(folder: str | Path) -> DatasetVersions:
     """
     root = check_local_dataset_folder(folder, command="ls")
     subfolders = {entry.name: entry for entry in sorted(root.iterdir()) if entry.is_dir()}
+    # a link to a folder (another team's version, ln -s) is whoever made it's: named, never followed or counted
+    others: list[OtherFolder] = [OtherFolder(folder=name, kind="link", bytes=0, target=os.readlink(path))
+                                 for name, path in subfolders.items() if path.is_symlink()]
+    subfolders = {name: path for name, path in subfolders.items() if not path.is_symlink()}
     # a folder this user may not read is no version of theirs to count: named, never looked into
     unreadable = {name: why for name, path in subfolders.items() if (why := unreadable_folder(path)) is not None}
-    others: list[OtherFolder] = [OtherFolder(folder=name, kind="unreadable", bytes=0, problem=why)
-                                 for name, why in unreadable.items()]
+    others += [OtherFolder(folder=name, kind="unreadable", bytes=0, problem=why) for name, why in unreadable.items()]
     subfolders = {name: path for name, path in subfolders.items() if name not in unreadable}
     files = scan_links(subfolders)
     by_folder: dict[str, list[FileLinks]] = defaultdict(list)
@@ -361,6 +371,8 @@ _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next bui
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
                              "the same inputs replaces it; `packer gc` removes it",
                "other": "not a version (no manifest.json): left alone",
+               "link": "a symbolic link to {target}: not a folder a build of this dataset wrote, so not listed "
+                       "as a version and none of its bytes counted here (`packer gc` leaves it alone)",
                "unreadable": "UNREADABLE: this user may not look into it ({problem}), so it is not counted, "
                              "`packer gc` leaves it alone and a build links no shard from it; its owner can make "
                              "it readable (chmod -R g+rX, for a group) or remove it"}
@@ -385,7 +397,7 @@ def format_versions(listing: DatasetVersions) -> str:
     lines.append("  own: files no other folder links (what removing that version alone frees); shared: linked by "
                  "another version or elsewhere")
     for other in listing.others:
-        text = _OTHER_TEXT[other.kind].format(problem=other.problem)
-        lines.append(f"  also {other.folder}: {text}" if other.kind == "unreadable"
+        text = _OTHER_TEXT[other.kind].format(problem=other.problem, target=other.target)
+        lines.append(f"  also {other.folder}: {text}" if other.kind in ("unreadable", "link")
                      else f"  also {other.folder} ({human_bytes(other.bytes)}): {text}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ Real builds of real image files; expected facts come from the inputs and from th
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,43 @@ def test_diff_check_refuses_a_registry_copy_as_verify_does(registered: Registere
     # the version folder it describes passes --check; without --check the copy is compared by its manifest
     assert _cli("diff", "--check", registered.old, registered.new).exit_code == 0
     assert _cli("diff", registered.copy, registered.new).exit_code == 0
+
+
+# -- ls and gc: a symbolic link in the dataset folder is no version of it -------------------------------
+
+
+def _file_bytes(folder: Path) -> int:
+    """Every regular file under ``folder`` (links not followed), each inode once, by ``os.stat``."""
+    seen = {}
+    for path in folder.rglob("*"):
+        st = path.lstat()
+        if path.is_file() and not path.is_symlink():
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
+def test_ls_names_a_symlinked_version_as_a_link_and_counts_none_of_its_bytes(
+        registered: Registered, tmp_path: Path) -> None:
+    """Another team's version brought in with `ln -s` (the case gc documents): ls listed it as a
+    version of this dataset, its bytes as "own" (what removing it alone frees: nothing here) and
+    in "on disk", its dataset's name beside this one's, while gc never counts it. ls now names it
+    as a link with its target, as gc's plan does, and counts none of its bytes."""
+    root = Path(shutil.copytree(registered.old.parent, tmp_path / "out" / "ds"))
+    own = _file_bytes(root)
+    other = _build(tmp_path / "b", _images(tmp_path / "b" / "raw", seed=5), name="other")
+    (root / "teamA").symlink_to(other, target_is_directory=True)
+    assert _file_bytes(other) > 0
+
+    listing = json.loads(_cli("ls", root, "--json").output)
+    assert listing["dataset"] == "ds"
+    assert "teamA" not in [v["folder"] for v in listing["versions"]]
+    assert {"folder": "teamA", "kind": "link", "bytes": 0, "target": str(other)} in listing["others"]
+    assert listing["disk_bytes"] == own
+    text = _cli("ls", root).output
+    assert f"also teamA: a symbolic link to {other}: not a folder a build of this dataset wrote" in text
+
+    plan = json.loads(_cli("gc", root, "--keep", "1", "--dry-run", "--json").output)
+    assert plan["linked"] == [{"folder": "teamA", "target": str(other)}]
+    assert "teamA" not in [v["folder"] for v in plan["keep"] + plan["remove"] + plan["broken"]]
+    assert _cli("gc", root, "--keep", "1").exit_code == 0
+    assert (root / "teamA").is_symlink() and (other / "manifest.json").is_file()
