@@ -25,7 +25,8 @@ it removes it.
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
 (``st_nlink``) is in the removed versions: those are freed; the others are kept because a kept
-version (or a link outside the dataset folder) still links them. With
+version, a folder gc leaves alone (a broken version's, say) or a link outside the dataset
+folder still links them, each counted as such. With
 copies there is nothing else to think of: each version's files are its own.
 
 How: each version folder is first renamed to ``.trash-<version>-<random>`` in the same folder
@@ -72,9 +73,12 @@ class GcPlan:
 
     ``freed_bytes``: the files whose every link is in ``remove`` (and in ``trash``); they go.
     ``shared_bytes``: files of the removed versions (and staging folders) a kept version still
-    links: kept. ``elsewhere_bytes``: files of the removed versions with links outside the
-    dataset folder: kept too. ``broken``: version folders whose manifest cannot be read, left
-    alone. ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
+    links: kept. ``left_alone_bytes``: files of the removed versions no kept version links but a
+    folder gc leaves alone does (a version whose manifest cannot be read, a folder that is no
+    version, an unguarded staging folder; named in ``left_alone_holders``): kept too.
+    ``elsewhere_bytes``: files of the removed versions with links outside the dataset folder
+    only: kept too. ``broken``: version folders whose manifest cannot be read, left alone.
+    ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
     version folders a build stopped while publishing (no manifest), removed next. ``staging``:
     ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
     symbolic links to folders (each with what it points to), left alone. ``unguarded_staging``:
@@ -99,6 +103,8 @@ class GcPlan:
     unguarded_staging: tuple[str, ...] = ()
     keep_newest: int = 1
     unreadable: tuple[tuple[str, str], ...] = ()
+    left_alone_bytes: int = 0
+    left_alone_holders: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -109,7 +115,8 @@ class GcPlan:
                 "unguarded_staging": list(self.unguarded_staging),
                 "unreadable": [{"folder": name, "problem": problem} for name, problem in self.unreadable],
                 "freed_bytes": self.freed_bytes,
-                "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes}
+                "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes,
+                "left_alone_bytes": self.left_alone_bytes, "left_alone_holders": list(self.left_alone_holders)}
 
 
 def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
@@ -147,7 +154,9 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     unguarded = () if not staging or folder_locks_work(listing.root) else staging
     staging = () if unguarded else staging  # no lock to hold: a running build's staging looks the same
     gone = {v.folder for v in removed} | set(trash) | set(incomplete) | set(staging)
-    freed = shared = elsewhere = 0
+    kept_folders = {v.folder for v in kept}
+    freed = shared = elsewhere = left_alone = 0
+    holders: set[str] = set()
     for links in listing.files.values():
         if not links.owners & gone:
             continue
@@ -155,11 +164,15 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
             freed += links.size
         elif links.owners <= gone:
             elsewhere += links.size
-        else:
+        elif links.owners & kept_folders:
             shared += links.size
+        else:  # linked by a folder gc leaves alone (a broken version, a folder not a version), no kept one
+            left_alone += links.size
+            holders |= links.owners - gone
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
+                  left_alone_bytes=left_alone, left_alone_holders=tuple(sorted(holders)),
                   incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep,
                   unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"))
 
@@ -296,6 +309,9 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
                      "publishing it: no manifest.json, not a dataset)")
     lines.append(f"  {'frees' if dry_run else 'freed'} {human_bytes(plan.freed_bytes)}; kept because a kept version "
                  f"still links them: {human_bytes(plan.shared_bytes)}"
+                 + (f"; kept because {', '.join(plan.left_alone_holders)}, which gc leaves alone, still "
+                    f"link{'s' if len(plan.left_alone_holders) == 1 else ''} them: "
+                    f"{human_bytes(plan.left_alone_bytes)}" if plan.left_alone_bytes else "")
                  + (f"; kept because linked outside {plan.root}: {human_bytes(plan.elsewhere_bytes)}"
                     if plan.elsewhere_bytes else ""))
     for v in plan.broken:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,48 @@ def test_ls_names_a_symlinked_version_as_a_link_and_counts_none_of_its_bytes(
     assert "teamA" not in [v["folder"] for v in plan["keep"] + plan["remove"] + plan["broken"]]
     assert _cli("gc", root, "--keep", "1").exit_code == 0
     assert (root / "teamA").is_symlink() and (other / "manifest.json").is_file()
+
+
+# -- gc: bytes a left-alone folder holds -----------------------------------------------------------------
+
+
+def _inodes(folder: Path) -> dict[tuple[int, int], int]:
+    """The size of each inode of a regular file under ``folder``, by ``os.stat``."""
+    return {(st.st_dev, st.st_ino): st.st_size for path in folder.rglob("*")
+            if path.is_file() and not path.is_symlink() for st in (path.lstat(),)}
+
+
+def test_gc_names_the_left_alone_version_that_holds_bytes_not_a_kept_one(tmp_path: Path) -> None:
+    """v2 hard-links most of v1's shards (an incremental build) and its manifest was edited (gc
+    leaves it alone: it fails its hash); v3, of another seed, shares nothing and is kept. gc's
+    plan said "kept because a kept version still links them" of the bytes v1 shares with v2 only:
+    no kept version links any. They are now counted as held by v2, which gc leaves alone."""
+    raw = _images(tmp_path / "raw")
+    v1 = _build(tmp_path, raw)
+    rng = np.random.default_rng(9)
+    for i in range(3):
+        write_photo(raw / f"E9/{i}.png", _noise(rng))
+    with (raw / "labels.csv").open("a") as table:
+        table.writelines(f"E9/{i}.png,a,E9,2023-02-0{i + 1}T00:00:00\n" for i in range(3))
+    time.sleep(1.1)  # created_at is to the second: each version strictly newer than the last
+    v2 = _build(tmp_path, raw)
+    time.sleep(1.1)
+    v3 = _build(tmp_path, raw, split={"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 7})
+    manifest = v2 / "manifest.json"
+    manifest.chmod(0o644)
+    manifest.write_text(manifest.read_text().replace('"samples": ', '"samples": 1', 1))
+    one, two, three = _inodes(v1), _inodes(v2), _inodes(v3)
+    held_by_v2 = sum(size for inode, size in one.items() if inode in two)
+    assert held_by_v2 > 0 and not set(one) & set(three)  # the premise: v1 shares with v2 only
+
+    plan = json.loads(_cli("gc", v1.parent, "--keep", "1", "--dry-run", "--json").output)
+    assert ([v["folder"] for v in plan["keep"]], [v["folder"] for v in plan["remove"]],
+            [v["folder"] for v in plan["broken"]]) == ([v3.name], [v1.name], [v2.name])
+    assert plan["shared_bytes"] == 0
+    assert plan["left_alone_bytes"] == held_by_v2 and plan["left_alone_holders"] == [v2.name]
+    assert plan["freed_bytes"] == sum(one.values()) - held_by_v2
+    text = _cli("gc", v1.parent, "--keep", "1", "--dry-run").output
+    assert "kept because a kept version still links them: 0 B" in text
+    assert f"kept because {v2.name}, which gc leaves alone, still links them: " in text
+    assert _cli("gc", v1.parent, "--keep", "1").exit_code == 0
+    assert not v1.exists() and _inodes(v2) == two  # v2's files, hard links to v1's included, untouched
