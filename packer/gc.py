@@ -1,26 +1,26 @@
 """``packer gc``: remove all but the newest versions of a dataset, and only the bytes no kept
 version needs.
 
-Which versions: the ``keep`` newest by their manifest's ``created_at`` (the version id breaks
-ties), never the newest one (``keep`` is at least 1). A failed build's version (its bad samples
-over ``max_bad_fraction``: exit 3, written for its report) is never counted among them: one newer
-than every kept version stays (the latest attempt and its report), an older one is removed. A
-folder whose manifest cannot be read is not counted as a version and is left alone, and so is a
-folder this user may not look into (a colleague's, of mode 700): gc keeps the newest readable
-versions and never learns what that one is. A build's
-``.staging-*`` folders are removed: gc runs only while no build of the dataset does (it holds the
-build lock), so each is what an interrupted build left, which no later build of an edited job
-would clear. A version whose build stopped while publishing it (its files moved in, no manifest
-yet: :func:`~packer.manifest.is_incomplete_version`) is removed, as a leftover ``.trash-*`` is: gc
-holds the build lock, so no build is publishing it, and nothing can read it without its
-manifest; it is never counted as a version. The plan :func:`run_gc` carries out is made under
-that lock (one made before it, as ``--dry-run`` prints, may have seen a version a build was
-publishing then). An entry of the dataset folder that is a symbolic
-link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version brought in without copying, or a link
-named ``.staging-*``) is no version of this folder: it is left alone and never counted, the link
-and what it points to. Removing only the link would be harmless to its target, but gc removes
-what builds of this folder wrote, and nothing else: the plan names the link so that whoever made
-it removes it.
+Which versions: the ``keep`` newest by their manifest's ``created_at`` (the version id breaks ties),
+never the newest one (``keep`` is at least 1). A failed build's version (its bad samples over
+``max_bad_fraction``: exit 3, written for its report) is never counted among them: one newer than
+every kept version stays (the latest attempt and its report), an older one is removed. A folder
+whose manifest cannot be read is not counted as a version and is left alone, and so is a folder this
+user may not look into (a colleague's, of mode 700): gc keeps the newest readable versions and never
+learns what that one is. A build's ``.staging-*`` folders are removed: gc runs only while no build
+of the dataset does (it holds the build lock), so each is what an interrupted build left, which no
+later build of an edited job would clear; so are the ``*.partial`` files of the dataset folder (a
+killed build's ``shared-probe-<hex>.partial``), for the same reason. A version whose build stopped
+while publishing it (its files moved in, no manifest yet:
+:func:`~packer.manifest.is_incomplete_version`) is removed, as a leftover ``.trash-*`` is: gc holds
+the build lock, so no build is publishing it, and nothing can read it without its manifest; it is
+never counted as a version. The plan :func:`run_gc` carries out is made under that lock (one made
+before it, as ``--dry-run`` prints, may have seen a version a build was publishing then). An entry
+of the dataset folder that is a symbolic link (``ln -s /shared/teamA/ds/<v> out/ds/<v>``, a version
+brought in without copying, or a link named ``.staging-*``) is no version of this folder: it is left
+alone and never counted, the link and what it points to. Removing only the link would be harmless to
+its target, but gc removes what builds of this folder wrote, and nothing else: the plan names the
+link so that whoever made it removes it.
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
@@ -64,6 +64,7 @@ from packer.versions import (
     list_versions,
     remove_staging,
     stale_staging,
+    stale_temporaries,
 )
 
 
@@ -80,10 +81,13 @@ class GcPlan:
     only: kept too. ``broken``: version folders whose manifest cannot be read, left alone.
     ``trash``: ``.trash-*`` folders an interrupted gc left, removed first. ``incomplete``:
     version folders a build stopped while publishing (no manifest), removed next. ``staging``:
-    ``.staging-*`` folders interrupted builds left, removed last. ``linked``: entries that are
+    ``.staging-*`` folders interrupted builds left, removed last, with ``temporaries``: the
+    ``*.partial`` files of the dataset folder (:func:`packer.versions.stale_temporaries`: a killed
+    build's shared-folder probe). ``linked``: entries that are
     symbolic links to folders (each with what it points to), left alone. ``unguarded_staging``:
     ``.staging-*`` folders on a file system without directory locks, left alone (a running
-    build's looks the same as an interrupted one's there). ``unreadable``: folders this user may
+    build's looks the same as an interrupted one's there), and ``unguarded_temporaries``, the
+    ``*.partial`` files there, for the same reason. ``unreadable``: folders this user may
     not look into (each with why: :func:`packer.versions.unreadable_folder`), left alone and never
     counted (a colleague's version of mode 700: only its owner can tell what it is). ``keep_newest``:
     the ``keep`` the plan was made for (:func:`run_gc` makes it again under the build lock).
@@ -105,6 +109,8 @@ class GcPlan:
     unreadable: tuple[tuple[str, str], ...] = ()
     left_alone_bytes: int = 0
     left_alone_holders: tuple[str, ...] = ()
+    temporaries: tuple[str, ...] = ()
+    unguarded_temporaries: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -112,7 +118,8 @@ class GcPlan:
                 "staging": list(self.staging), "trash": list(self.trash),
                 "incomplete": list(self.incomplete),
                 "linked": [{"folder": name, "target": target} for name, target in self.linked],
-                "unguarded_staging": list(self.unguarded_staging),
+                "unguarded_staging": list(self.unguarded_staging), "temporaries": list(self.temporaries),
+                "unguarded_temporaries": list(self.unguarded_temporaries),
                 "unreadable": [{"folder": name, "problem": problem} for name, problem in self.unreadable],
                 "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes,
@@ -151,8 +158,11 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     trash = tuple(o.folder for o in listing.others if o.kind == "trash")
     incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
     staging = tuple(o.folder for o in listing.others if o.kind == "staging")
-    unguarded = () if not staging or folder_locks_work(listing.root) else staging
-    staging = () if unguarded else staging  # no lock to hold: a running build's staging looks the same
+    temporaries = tuple(o.folder for o in listing.others if o.kind == "temporary")
+    guarded = not (staging or temporaries) or folder_locks_work(listing.root)
+    # no lock to hold: a running build's staging folder and temporaries look the same as an interrupted one's
+    unguarded, unguarded_temporaries = ((), ()) if guarded else (staging, temporaries)
+    staging, temporaries = (staging, temporaries) if guarded else ((), ())
     gone = {v.folder for v in removed} | set(trash) | set(incomplete) | set(staging)
     kept_folders = {v.folder for v in kept}
     freed = shared = elsewhere = left_alone = 0
@@ -172,7 +182,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     return GcPlan(root=listing.root, keep=kept, remove=removed,
                   broken=tuple(v for v in listing.versions if v.problem is not None),
                   staging=staging, trash=trash, freed_bytes=freed, shared_bytes=shared, elsewhere_bytes=elsewhere,
-                  left_alone_bytes=left_alone, left_alone_holders=tuple(sorted(holders)),
+                  left_alone_bytes=left_alone, left_alone_holders=tuple(sorted(holders)), temporaries=temporaries,
+                  unguarded_temporaries=unguarded_temporaries,
                   incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep,
                   unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"))
 
@@ -198,6 +209,7 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
         current = plan_gc(plan.root, keep=plan.keep_newest)
         _remove(current, on_removed)
         _remove_staging(current, on_removed)
+        _remove_temporaries(current, on_removed)
     return current
 
 
@@ -217,6 +229,17 @@ def _remove_staging(plan: GcPlan, on_removed: Callable[[str], None] | None) -> N
         if path.name in plan.staging:
             with _refused(path):
                 remove_staging(path)
+            if on_removed is not None:
+                on_removed(path.name)
+
+
+def _remove_temporaries(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
+    """Remove the plan's ``*.partial`` files of the dataset folder (a link never: only regular
+    files are listed). Called under the build lock, so no build writes them."""
+    for path in stale_temporaries(plan.root):
+        if path.name in plan.temporaries:
+            with _refused(path):
+                path.unlink(missing_ok=True)
             if on_removed is not None:
                 on_removed(path.name)
 
@@ -327,9 +350,17 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
     for name in plan.unguarded_staging:
         lines.append(f"  left alone: {name} (a staging folder; this file system takes no directory locks, so a "
                      "running build's cannot be told from an interrupted one's: remove it by hand once no build runs)")
+    for name in plan.unguarded_temporaries:
+        lines.append(f"  left alone: {name} (a build's temporary file; this file system takes no directory locks, "
+                     "so a running build's cannot be told from an interrupted one's: remove it by hand once no build "
+                     "runs)")
     for name in plan.staging:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a staging folder an interrupted build "
                      "left; while a build runs, gc refuses and removes nothing)")
+    for name in plan.temporaries:
+        lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a temporary file an interrupted build "
+                     "left: its shared-folder probe, or a table half written; while a build runs, gc refuses and "
+                     "removes nothing)")
     if dry_run:
         lines.append("  dry run: nothing removed (run without --dry-run to remove)")
     return "\n".join(lines)

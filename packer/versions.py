@@ -16,6 +16,7 @@ it frees.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -29,7 +30,7 @@ from typing import Any
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
-from packer.files import human_bytes
+from packer.files import TMP_SUFFIX, human_bytes
 from packer.manifest import MANIFEST_FILE, is_incomplete_version, read_manifest
 from packer.storage import is_url
 
@@ -98,9 +99,11 @@ class VersionUsage:
 
 @dataclass(frozen=True)
 class OtherFolder:
-    """A folder in the dataset folder that is not a readable version: ``kind`` is ``staging`` (a
-    build in progress or interrupted), ``incomplete`` (a version whose build stopped while
-    publishing it: :func:`is_incomplete_version`), ``trash`` (a version an interrupted ``packer
+    """An entry of the dataset folder that is not a readable version: ``kind`` is ``staging`` (a
+    build in progress or interrupted), ``temporary`` (a ``*.partial`` file a build writes there
+    while it runs, its shared-folder probe, a table half written: :func:`stale_temporaries`),
+    ``incomplete`` (a version whose build stopped while publishing it:
+    :func:`is_incomplete_version`), ``trash`` (a version an interrupted ``packer
     gc`` was removing), ``unreadable`` (a folder this user may not look into:
     :func:`unreadable_folder`; ``problem`` says why, ``bytes`` is 0, as nothing in it can be
     counted), ``link`` (a symbolic link to a folder, ``target`` what it points to: another team's
@@ -255,6 +258,20 @@ def stale_staging(root: Path, *, keep: str | None = None) -> list[Path]:
     return [Path(entry.path) for entry in entries if entry.name.startswith(STAGING_PREFIX) and entry.name != keep]
 
 
+def stale_temporaries(root: Path) -> list[Path]:
+    """The ``*.partial`` files of the dataset folder ``root`` itself (regular files, no link): a
+    build writes them there only while it runs (its shared-folder probe,
+    ``shared-probe-<hex>.partial``; a table half written), under the dataset folder's lock, so
+    whoever holds that lock (a build, ``packer gc``) knows them for what an interrupted build left;
+    the next build removes them too."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(entry.path) for entry in entries
+            if entry.name.endswith(TMP_SUFFIX) and entry.is_file(follow_symlinks=False)]
+
+
 def staging_bytes(path: Path) -> int:
     """The bytes removing the staging folder ``path`` frees: its files no other link holds (a shard
     hard-linked into a version stays on disk). A link named ``path`` frees nothing."""
@@ -314,6 +331,9 @@ def list_versions(folder: str | Path) -> DatasetVersions:
     unreadable = {name: why for name, path in subfolders.items() if (why := unreadable_folder(path)) is not None}
     others += [OtherFolder(folder=name, kind="unreadable", bytes=0, problem=why) for name, why in unreadable.items()]
     subfolders = {name: path for name, path in subfolders.items() if name not in unreadable}
+    for path in stale_temporaries(root):
+        with contextlib.suppress(FileNotFoundError):  # a build that runs removes its own when it ends
+            others.append(OtherFolder(folder=path.name, kind="temporary", bytes=path.lstat().st_size))
     files = scan_links(subfolders)
     by_folder: dict[str, list[FileLinks]] = defaultdict(list)
     for links in files.values():
@@ -366,6 +386,9 @@ def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
 
 _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of this dataset, whatever its "
                           "configuration, or `packer gc` removes it)",
+               "temporary": "a temporary file of a build in progress, or one interrupted (its shared-folder "
+                            "probe, a table half written: the next build of this dataset, or `packer gc`, removes "
+                            "it)",
                "trash": "a version an interrupted `packer gc` was removing (the next gc finishes it)",
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "

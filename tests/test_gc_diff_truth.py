@@ -9,7 +9,9 @@ Real builds of real image files; expected facts come from the inputs and from th
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -277,3 +279,55 @@ def test_gc_names_the_left_alone_version_that_holds_bytes_not_a_kept_one(tmp_pat
     assert f"kept because {v2.name}, which gc leaves alone, still links them: " in text
     assert _cli("gc", v1.parent, "--keep", "1").exit_code == 0
     assert not v1.exists() and _inodes(v2) == two  # v2's files, hard links to v1's included, untouched
+
+
+# -- gc: a killed build's temporaries in the dataset folder ---------------------------------------------
+
+
+def test_gc_removes_the_probe_a_killed_build_left_and_names_it(registered: Registered, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build writes shared-probe-<hex>.partial into the dataset folder while it runs (a worker
+    that sees it sees the client's output folder). kill -9 leaves it there: gc removed the killed
+    build's .staging-* folder but not the probe, and neither ls nor the plan named it. Both do
+    now, and gc removes it, as the staging folder: only under the dataset folder's lock, which a
+    running build holds (gc then refuses and removes nothing), and never where the file system
+    takes no directory locks (a running build's probe looks the same). A link so named is left alone."""
+    from packer.pipeline.build import _shared_probe
+
+    root = Path(shutil.copytree(registered.old.parent, tmp_path / "out" / "ds"))
+    killed = _shared_probe(root)
+    probe = killed.__enter__()  # never exited: what a build killed while it runs leaves behind
+    assert probe.parent == root and probe.name.startswith("shared-probe-") and probe.is_file()
+    outside = tmp_path / "keep.txt"
+    outside.write_text("not the build's")
+    (root / "mine.partial").symlink_to(outside)
+
+    listing = json.loads(_cli("ls", root, "--json").output)
+    assert {"folder": probe.name, "kind": "temporary", "bytes": 0} in listing["others"]
+    assert "mine.partial" not in [o["folder"] for o in listing["others"]]
+    assert f"also {probe.name} (0 B): a temporary file of a build in progress, or one interrupted" in _cli(
+        "ls", root).output
+    plan = json.loads(_cli("gc", root, "--keep", "2", "--dry-run", "--json").output)
+    assert plan["temporaries"] == [probe.name] and plan["remove"] == []
+    assert f"remove  {probe.name}  (a temporary file an interrupted build left" in _cli(
+        "gc", root, "--keep", "2", "--dry-run").output
+    assert probe.is_file()
+
+    with monkeypatch.context() as unlocked:  # a file system without directory locks (some network ones)
+        unlocked.setattr("packer.gc.folder_locks_work", lambda folder: False)
+        plan = json.loads(_cli("gc", root, "--keep", "2", "--json").output)
+        assert (plan["temporaries"], plan["unguarded_temporaries"]) == ([], [probe.name]) and probe.is_file()
+
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running `packer build` holds
+        assert _cli("gc", root, "--keep", "2").exit_code == 2
+        assert probe.is_file()
+    finally:
+        os.close(fd)
+    result = _cli("gc", root, "--keep", "2")
+    assert result.exit_code == 0, result.output
+    assert f"removed {probe.name}" in result.output
+    assert not probe.exists()
+    assert (root / "mine.partial").is_symlink() and outside.read_text() == "not the build's"
+    assert all((root / v.name / "manifest.json").is_file() for v in (registered.old, registered.new))
