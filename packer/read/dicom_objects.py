@@ -19,8 +19,9 @@ often shows the patient's name) is ``not_requested`` in every job, asked for by 
 (``ImageType: LABEL``); asked for, one whose Specimen Label in Image is YES is refused as
 burned-in text by the read's safety check. Series jobs leave localizers to the series rule
 (``transform.dicom.series.drop_localizers``); there, a projection or other 2-D image with no
-place in patient space (a CR, DX, MG or US file without Image Position (Patient), nor a Plane
-Position (Patient) in its functional groups, :data:`PROJECTION_MODALITIES`) is ``not_requested``
+place in patient space (a CR, DX, MG or US file, or an NM one but a SPECT reconstruction: planar
+scintigraphy and SPECT projections, without Image Position (Patient), nor a Plane Position
+(Patient) in its functional groups, :data:`PROJECTION_MODALITIES`) is ``not_requested``
 instead (``Modality`` asks for it, and then the series rule refuses it as ``series_no_position``),
 since it is no broken slice.
 
@@ -85,14 +86,19 @@ SLIDE_AUXILIARY = ("LABEL", "OVERVIEW", "THUMBNAIL")
 #: In a series job one that has no place in patient space is left out, not refused as a broken series.
 PROJECTION_MODALITIES = frozenset({"CR", "DX", "MG", "IO", "PX", "RG", "XA", "RF", "US", "IVUS", "ES", "XC", "OP",
                                    "SM", "GM", "DG"})
-#: Nuclear medicine is planar (a gamma camera's STATIC, DYNAMIC, GATED or WHOLE BODY image) unless
-#: its Image Type (value 3, PS3.3 C.8.4.7.1.1) says TOMO: those are 2-D images as radiographs are.
-_NM_TOMO = "TOMO"
+#: Image Type value 3 of an NM object whose frames are reconstructed slices (PS3.3 C.8.4.7.1.1):
+#: a SPECT reconstruction. Every other NM object is 2-D as a radiograph is: a gamma camera's
+#: STATIC, DYNAMIC, GATED or WHOLE BODY image, and the projections of a SPECT acquisition (TOMO,
+#: GATED TOMO: one frame per detector angle, the raw data a reconstruction is made from).
+NM_RECONSTRUCTED = frozenset({"RECON TOMO", "RECON GATED TOMO"})
+
+
 def _planar(ds: Dataset, modality: str) -> bool:
     """Whether a ``modality`` image is projection or other 2-D imaging (:data:`PROJECTION_MODALITIES`,
-    and NM whose Image Type is no TOMO)."""
+    and NM but a reconstruction: Image Type value 3 in :data:`NM_RECONSTRUCTED`, or a Slice Vector)."""
     if modality == "NM":
-        return not any(_NM_TOMO in value.upper() for value in header_values(ds, "ImageType"))
+        image_type = {value.strip().upper() for value in header_values(ds, "ImageType")}
+        return not (image_type & NM_RECONSTRUCTED or "SliceVector" in ds)
     return modality in PROJECTION_MODALITIES
 
 

@@ -30,6 +30,7 @@ from packer.read.dicom_attrs import (
     sequence_items,
     sop_class_name,
 )
+from packer.read.dicom_objects import NM_RECONSTRUCTED
 
 
 @dataclass(frozen=True)
@@ -199,13 +200,10 @@ def _stacked_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | N
     modality = str(element(ds, "Modality") or "").strip().upper()
     image_type = [str(v).strip().upper() for v in (element(ds, "ImageType") or ())]
     # a reconstruction's frames are slices; a TOMO object's are projections, which no position orders
-    if element(ds, "SliceVector") is not None or (modality == "NM" and _RECONSTRUCTED & set(image_type)):
+    if element(ds, "SliceVector") is not None or (modality == "NM" and NM_RECONSTRUCTED & set(image_type)):
         return _tomo_frames(ds, frames, orientation)
     return none, ""
 
-
-#: Image Type value 3 of an NM object whose frames are reconstructed slices (PS3.3 C.8.4.7.1)
-_RECONSTRUCTED = frozenset({"RECON TOMO", "RECON GATED TOMO"})
 
 
 def _dose_frames(ds: Dataset, frames: int, orientation: tuple[float, ...] | None

@@ -1,0 +1,99 @@
+"""PET and nuclear medicine exports as a scanner writes them, packed by real builds.
+
+A PET series stores counts per slice with its own Rescale Slope (PS3.3 C.8.9.4: Bq/ml or SUV
+after the slope, Units (0054,1001) saying which); a SPECT export holds planar images, the
+projections of the acquisition (Image Type TOMO) and the reconstruction (RECON TOMO), of
+which only the last has a place in patient space. The files here are written with pydicom
+with the attributes those modules require, and packed by ``build``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import generate_uid
+
+from packer.badsamples import read_bad_samples
+from packer.loader import ShardDataset
+from tests.dicom_files import image_dataset, save
+from tests.test_targets import _build, _job
+
+PET_STORAGE = "1.2.840.10008.5.1.4.1.1.128"
+NM_STORAGE = "1.2.840.10008.5.1.4.1.1.20"
+
+
+def pet_series(root: Path, patient: str, slopes: Sequence[float | None], *, units: str = "BQML",
+               intercepts: Sequence[float] | None = None, seed: int = 0) -> list[tuple[Path, np.ndarray]]:
+    """A PET series of ``len(slopes)`` 8×8 axial slices 3 mm apart, slice i with Rescale Slope
+    ``slopes[i]`` (None: neither Rescale Slope nor Rescale Intercept), Units ``units``. Returns
+    each slice's path and stored values, in position order."""
+    rng = np.random.default_rng(seed)
+    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    out = []
+    for i, slope in enumerate(slopes):
+        stored = rng.integers(0, 20000, (8, 8)).astype(np.uint16)
+        ds = image_dataset(stored, modality="PT", sop_class=PET_STORAGE, PatientID=patient, PatientName=patient,
+                           StudyInstanceUID=study, SeriesInstanceUID=series, FrameOfReferenceUID=frame,
+                           ImageType=["ORIGINAL", "PRIMARY"], InstanceNumber=i + 1, Units=units,
+                           ImagePositionPatient=[-12.0, -12.0, 3.0 * i], ImageOrientationPatient=[1, 0, 0, 0, 1, 0],
+                           PixelSpacing=[3.0, 3.0], SliceThickness=3.0, SeriesType=["WHOLE BODY", "IMAGE"],
+                           CorrectedImage=["DECY", "ATTN"], DecayCorrection="START", CountsSource="EMISSION")
+        if slope is not None:
+            ds.RescaleSlope, ds.RescaleIntercept = f"{slope:.6g}", f"{(intercepts or [0.0] * len(slopes))[i]:.6g}"
+        out.append((save(ds, root / f"IM{i:03d}.dcm"), stored))
+    return out
+
+
+def _nm(path: Path, image_type: str, frames: int, *, recon: bool = False) -> Path:
+    """An NM object of ``frames`` 8×8 frames, Image Type value 3 ``image_type``; ``recon``: a
+    reconstruction placed by its Detector Information item, Slice Vector and slice spacing."""
+    detector = Dataset()
+    attrs: dict[str, Any] = {"ImageType": ["ORIGINAL", "PRIMARY", image_type, "EMISSION"], "PixelSpacing": [4.0, 4.0]}
+    if recon:
+        detector.ImagePositionPatient, detector.ImageOrientationPatient = [-16, -16, -20], [1, 0, 0, 0, 1, 0]
+        attrs.update(FrameIncrementPointer=[0x00540080], SliceVector=list(range(1, frames + 1)),
+                     NumberOfSlices=frames, SpacingBetweenSlices=4.0, SliceThickness=4.0,
+                     FrameOfReferenceUID=generate_uid())
+    else:  # projections: one frame per detector and angle (PS3.3 C.8.4.8)
+        attrs.update(FrameIncrementPointer=[0x00540010, 0x00540020, 0x00540090],
+                     EnergyWindowVector=[1] * frames, DetectorVector=[1, 2] * (frames // 2),
+                     AngularViewVector=[1 + k // 2 for k in range(frames)])
+    stored = np.random.default_rng(frames).integers(0, 3000, (frames, 8, 8)).astype(np.uint16)
+    return save(image_dataset(stored, modality="NM", sop_class=NM_STORAGE, force_frames=True,
+                              DetectorInformationSequence=DicomSequence([detector]), **attrs), path)
+
+
+def _excluded(result: Any) -> dict[str, dict[str, Any]]:
+    path = result.version_dir / "excluded.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {Path(r["path"]).name: r for r in map(json.loads, lines)}
+
+
+@pytest.mark.parametrize("sample", ["volume", {"neighbors": 1}], ids=["volume", "neighbors"])
+def test_spect_projections_are_left_out_of_a_series_job_as_planar_nm_is(tmp_path: Path, sample: Any) -> None:
+    """A SPECT export holds the acquisition's projections (NM Image Type TOMO or GATED TOMO: one
+    2-D frame per detector angle, no Image Position (Patient)) beside its reconstruction (RECON
+    TOMO). The projections were read as cross-sectional and refused as series_no_position bad
+    samples, failing a normal export's build; like planar NM they are not_requested, and the
+    reconstruction packs."""
+    raw = tmp_path / "raw"
+    _nm(raw / "static.dcm", "STATIC", 2)
+    _nm(raw / "tomo.dcm", "TOMO", 6)
+    _nm(raw / "gated.dcm", "GATED TOMO", 4)
+    _nm(raw / "recon.dcm", "RECON TOMO", 6, recon=True)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                         transform={"dicom": {"output": "float16", "sample": sample}}))
+    assert read_bad_samples(result.version_dir / "bad_samples.jsonl") == []
+    left_out = _excluded(result)
+    assert {name: r["why"] for name, r in left_out.items()} == {
+        "static.dcm": "not_requested", "tomo.dcm": "not_requested", "gated.dcm": "not_requested"}
+    assert "no place in patient space" in left_out["tomo.dcm"]["detail"]
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
+    assert len(items) == (1 if sample == "volume" else 6)
