@@ -2141,14 +2141,46 @@ def _check_targets(sources: tuple[SourceConfig, ...], split: SplitConfig, labels
         _check_label_names(labels, "labels")
 
 
+#: The Defined Terms of Modality (0008,0060), PS3.3 C.7.3.1.1.1, with the retired ones files still
+#: carry (AS, CD, CF, CP, CS, DD, DF, DM, DS, EC, FA, FS, LP, MA, MS, OPR, ST, VF).
+DICOM_MODALITIES = frozenset({
+    "ANN", "AR", "ASMT", "AU", "BDUS", "BI", "BMD", "CFM", "CR", "CT", "CTPROTOCOL", "DG", "DMS", "DOC", "DX", "ECG",
+    "EEG", "EMG", "EOG", "EPS", "ES", "FID", "GM", "HC", "HD", "IO", "IOL", "IVOCT", "IVUS", "KER", "KO", "LEN", "LS",
+    "M3D", "MG", "MR", "NM", "OAM", "OCT", "OP", "OPM", "OPT", "OPTBSV", "OPTENF", "OPV", "OSS", "OT", "PA", "PLAN",
+    "POS", "PR", "PT", "PX", "REG", "RESP", "RF", "RG", "RTDOSE", "RTIMAGE", "RTINTENT", "RTPLAN", "RTRAD",
+    "RTRECORD", "RTSEGANN", "RTSTRUCT", "RWV", "SEG", "SM", "SMR", "SR", "SRF", "STAIN", "TEXTUREMAP", "TG", "US",
+    "VA", "XA", "XAPROTOCOL", "XC",
+    "AS", "CD", "CF", "CP", "CS", "DD", "DF", "DM", "DS", "EC", "FA", "FS", "LP", "MA", "MS", "OPR", "ST", "VF",
+})
+#: Names people write for a modality whose code is another (``PET`` is ``PT``).
+_MODALITY_NAMES = {"PET": "PT", "MRI": "MR", "SPECT": "NM", "CAT": "CT", "XRAY": "DX", "X-RAY": "DX",
+                   "ULTRASOUND": "US", "MAMMO": "MG", "MAMMOGRAPHY": "MG", "DXA": "BMD", "DEXA": "BMD",
+                   "ANGIO": "XA", "FLUORO": "RF", "DOSE": "RTDOSE", "RTSS": "RTSTRUCT"}
+
+
+def check_modality_code(key: str, where: str) -> str:
+    """``key`` as the Modality (0008,0060) code it must be, upper case; a ConfigError naming the
+    code meant (``PET``: PT) for a key that is none of :data:`DICOM_MODALITIES`, as no file's
+    Modality would ever match it."""
+    name = key.strip().upper()
+    if name in DICOM_MODALITIES:
+        return name
+    meant = _MODALITY_NAMES.get(name) or next(iter(difflib.get_close_matches(name, sorted(DICOM_MODALITIES), n=1,
+                                                                             cutoff=0.6)), None)
+    hint = f"; did you mean {meant}?" if meant else ""
+    raise ConfigError(f"{where}: {key!r} is no DICOM Modality (0008,0060) code (PS3.3 C.7.3.1.1.1: e.g. CT, MR, PT, "
+                      f"NM, CR, DX, MG, US, XA, RF, OT), so no file would get these windows{hint}")
+
+
 def parse_modality_windows(raw: Mapping[str, Any], section: str = "dicom"
                            ) -> tuple[tuple[str, tuple[WindowSpec, ...]], ...]:
     """``transform.<section>.modality_windows`` as sorted (MODALITY, windows) pairs; keys are
-    compared upper case, so ``cr`` and ``CR`` may not both appear."""
+    compared upper case, so ``cr`` and ``CR`` may not both appear, and must be Modality codes
+    (:func:`check_modality_code`)."""
     out: dict[str, tuple[WindowSpec, ...]] = {}
     for key, windows in raw.items():
-        name = str(key).strip().upper()
         where = f"transform.{section}.modality_windows.{key}"
+        name = check_modality_code(str(key), where)
         if name in out:
             raise ConfigError(f"{where}: modality {name} is given twice (keys are not case-sensitive); keep one")
         out[name] = tuple(parse_window(w, f"{where}[{i}]") for i, w in enumerate(windows))

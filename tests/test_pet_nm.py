@@ -97,3 +97,24 @@ def test_spect_projections_are_left_out_of_a_series_job_as_planar_nm_is(tmp_path
     assert "no place in patient space" in left_out["tomo.dcm"]["detail"]
     items = list(ShardDataset(result.manifest_path, "train", shuffle=False))
     assert len(items) == (1 if sample == "volume" else 6)
+
+
+@pytest.mark.parametrize(("key", "meant"), [("PET", "PT"), ("MRI", "MR"), ("SPECT", "NM"), ("ctt", "CT")])
+def test_a_modality_windows_key_that_is_no_modality_code_is_a_config_error_naming_the_code(
+        tmp_path: Path, key: str, meant: str) -> None:
+    """modality_windows is keyed by Modality (0008,0060), whose code for PET is PT: a key PET
+    matched no file, so every PT slice got the CT windows (nearly all white), silently. A key
+    that is none of the standard's Defined Terms (retired ones included) is a config error
+    naming the code meant."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    job = _job(tmp_path, [{"kind": "dicom", "root": str(tmp_path), "label": "none"}],
+               transform={"dicom": {"windows": ["mediastinum"], "modality_windows": {key: [{"percentiles": [1, 99]}]}}})
+    with pytest.raises(ConfigError, match=f"modality_windows.{key}: '{key}' is no DICOM Modality.*did you mean "
+                                          f"{meant}"):
+        load_job(job)
+    for code in ("pt", "NM", "OT", "ST"):  # any case; a retired code (ST: SPECT, before NM) still names files
+        job = _job(tmp_path / code, [{"kind": "dicom", "root": str(tmp_path), "label": "none"}],
+                   transform={"dicom": {"windows": ["mediastinum"], "modality_windows": {code: ["file"]}}})
+        assert [name for name, _ in load_job(job).dicom.modality_windows] == [code.upper()]
