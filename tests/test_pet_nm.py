@@ -118,3 +118,60 @@ def test_a_modality_windows_key_that_is_no_modality_code_is_a_config_error_namin
         job = _job(tmp_path / code, [{"kind": "dicom", "root": str(tmp_path), "label": "none"}],
                    transform={"dicom": {"windows": ["mediastinum"], "modality_windows": {code: ["file"]}}})
         assert [name for name, _ in load_job(job).dicom.modality_windows] == [code.upper()]
+
+
+def _records(result: Any) -> list[dict[str, Any]]:
+    return [item["record"]["metadata"] for item in ShardDataset(result.manifest_path, "train", shuffle=False,
+                                                                records=True)]
+
+
+@pytest.mark.parametrize("output", ["uint16", "float16"])
+def test_a_volume_of_slices_with_their_own_rescale_records_every_slices_slope_and_intercept(
+        tmp_path: Path, output: str) -> None:
+    """Each slice of a PET series has its own Rescale Slope (counts × slope = Bq/ml). A volume's
+    record held its first slice's slope as if it held for the whole volume, so mapping levels
+    back by it got every other slice wrong; it now records every slice's [slope, intercept] in
+    series order (``volume.slice_rescale``) and no one pair. A series of one slope keeps it."""
+    slopes = [0.2, 0.5, 0.8, 1.1]
+    pet_series(tmp_path / "raw" / "a", "P1", slopes, intercepts=[0.0, 0.0, 1.0, 0.0])
+    pet_series(tmp_path / "raw" / "b", "P2", [0.3] * 4, seed=1)
+    windows = {} if output == "float16" else {"windows": [{"center": 20000, "width": 40000}]}
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+                         transform={"dicom": {"output": output, "sample": "volume", **windows}}))
+    records = _records(result)
+    (varied,) = [m for m in records if "slice_rescale" in m["volume"]]
+    (uniform,) = [m for m in records if "slice_rescale" not in m["volume"]]
+    assert varied["volume"]["slice_rescale"] == [[0.2, 0.0], [0.5, 0.0], [0.8, 1.0], [1.1, 0.0]]
+    assert (varied["rescale_slope"], varied["rescale_intercept"]) == (None, None)
+    assert (uniform["rescale_slope"], uniform["rescale_intercept"]) == (0.3, 0.0)
+
+
+def test_a_neighbour_stack_records_its_slices_rescale_in_the_stacks_order(tmp_path: Path) -> None:
+    """A neighbour stack's channels are its slices -k..+k, each with its own slope: the record
+    says each (``neighbors.rescale``, in the stack's order, the end slice repeated at an edge)."""
+    pet_series(tmp_path / "raw", "P1", [0.2, 0.5, 0.8])
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+                         transform={"dicom": {"output": "float16", "sample": {"neighbors": 1}}}))
+    records = sorted(_records(result), key=lambda m: m["neighbors"]["slice"])
+    assert [m["neighbors"]["rescale"] for m in records] == [
+        [[0.2, 0.0], [0.2, 0.0], [0.5, 0.0]], [[0.2, 0.0], [0.5, 0.0], [0.8, 0.0]],
+        [[0.5, 0.0], [0.8, 0.0], [0.8, 0.0]]]
+    assert all(m["rescale_slope"] is None for m in records)
+
+
+def test_a_stack_of_frames_with_their_own_rescale_records_no_one_pair(tmp_path: Path) -> None:
+    """frames: stack recorded every frame's pair (``frame_rescale``) beside frame 0's as the
+    sample's own; where the frames differ, no one pair is the sample's."""
+    from tests.dicom_files import enhanced_ct_dataset
+
+    frames = np.random.default_rng(0).integers(0, 3000, (3, 8, 8)).astype(np.int16)
+    save(enhanced_ct_dataset(frames, rescales=[(1.0, -1024.0), (2.0, -2048.0), None], windows=[None] * 3,
+                             shared_rescale=(1.0, -1024.0)), tmp_path / "raw" / "varied.dcm")
+    save(enhanced_ct_dataset(frames[::-1], rescales=[None] * 3, windows=[None] * 3, shared_rescale=(1.0, -1024.0)),
+         tmp_path / "raw" / "uniform.dcm")
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+                         transform={"dicom": {"output": "float16", "frames": "stack"}}))
+    by_pairs = {len({tuple(p) for p in m["frame_rescale"]}): m for m in _records(result)}
+    assert by_pairs[2]["frame_rescale"] == [[1.0, -1024.0], [2.0, -2048.0], [1.0, -1024.0]]
+    assert (by_pairs[2]["rescale_slope"], by_pairs[2]["rescale_intercept"]) == (None, None)
+    assert (by_pairs[1]["rescale_slope"], by_pairs[1]["rescale_intercept"]) == (1.0, -1024.0)

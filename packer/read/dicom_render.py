@@ -33,7 +33,7 @@ from packer.read.dicom_attrs import (
     slice_thickness,
     text_value,
 )
-from packer.read.series import SPACING_TOLERANCE, constant_slice_note
+from packer.read.series import NO_ONE_RESCALE, SPACING_TOLERANCE, constant_slice_note
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.dicom import (
     UNROUNDED,
@@ -633,6 +633,8 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
         meta["windows"] = [{**w, "frame": i} for i, (_, m) in enumerate(outputs) for w in m["windows"]]
         if frames > 1:
             meta["frame_rescale"] = [[m["rescale_slope"], m["rescale_intercept"]] for _, m in outputs]
+            if any(pair != meta["frame_rescale"][0] for pair in meta["frame_rescale"][1:]):
+                meta.update(NO_ONE_RESCALE)  # frame 0's pair holds for frame 0 only
         return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta, stored_digest=stored(pixels),
                        instance=instance)]
     if frames == 1:

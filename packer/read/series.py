@@ -676,7 +676,10 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     stats = slice_statistics(slices)
     if stats is not None:  # each slice normalised, or windowed by its file, on its own: every slice's, in order
         about["slice_windows"] = stats
-    metadata = {**first.metadata, "volume": about}
+    rescales = slice_rescale(slices)
+    if rescales is not None:
+        about["slice_rescale"] = rescales
+    metadata = {**first.metadata, "volume": about, **({} if rescales is None else NO_ONE_RESCALE)}
     warnings = [w for w in metadata.pop("warnings", ()) if not is_constant_note(str(w))]
     if series.depth_assumed:
         axis = canonical_order(series.affine()).index(0)  # the output axis the stack's D became
@@ -766,6 +769,22 @@ def slice_statistics(slices: Sequence[Sample]) -> list[Any] | None:
     return windows if normalised or any(w != windows[0] for w in windows[1:]) else None
 
 
+#: What a sample's own ``rescale_slope`` and ``rescale_intercept`` say where its slices (a volume's,
+#: a neighbour stack's, a stacked file's frames) have different ones: no one value holds for all,
+#: so none is recorded there, only each slice's (:func:`slice_rescale`)
+NO_ONE_RESCALE: dict[str, Any] = {"rescale_slope": None, "rescale_intercept": None}
+
+
+def slice_rescale(slices: Sequence[Sample]) -> list[list[float | None]] | None:
+    """Each slice's ``[Rescale Slope, Rescale Intercept]`` (PS3.3 C.11.1: stored value × slope +
+    intercept is the modality value; ``[null, null]`` for a slice read through a Modality LUT or
+    without a modality transform) where the slices do not all share one: a PET series, whose
+    every slice has its own slope, so that levels or float16 values can be mapped back slice by
+    slice. None where one pair holds for every slice: the sample's own record says it."""
+    pairs = [[s.metadata.get("rescale_slope"), s.metadata.get("rescale_intercept")] for s in slices]
+    return pairs if any(p != pairs[0] for p in pairs[1:]) else None
+
+
 def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, edge: str) -> list[Sample]:
     """Each of ``slices`` (one series, or one volume's slices, in order) as a sample whose
     channels are its slices ``-k .. +k``, each with its windows; ``edge``: ``replicate`` repeats
@@ -785,5 +804,9 @@ def stack_neighbors(slices: Sequence[Sample], steps: Sequence[float], k: int, ed
         stats = slice_statistics([slices[j] for j in chosen])
         if stats is not None:  # each slice of the stack normalised or windowed on its own: every slice's
             neighbours["windows"] = stats
-        out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours}))
+        rescales = slice_rescale([slices[j] for j in chosen])
+        if rescales is not None:  # the stack's slices of different slopes (PET): every slice's, in the stack's order
+            neighbours["rescale"] = rescales
+        out.append(replace(centre, image=image, metadata={**centre.metadata, "neighbors": neighbours,
+                                                          **({} if rescales is None else NO_ONE_RESCALE)}))
     return out
