@@ -175,3 +175,27 @@ def test_a_stack_of_frames_with_their_own_rescale_records_no_one_pair(tmp_path: 
     assert by_pairs[2]["frame_rescale"] == [[1.0, -1024.0], [2.0, -2048.0], [1.0, -1024.0]]
     assert (by_pairs[2]["rescale_slope"], by_pairs[2]["rescale_intercept"]) == (None, None)
     assert (by_pairs[1]["rescale_slope"], by_pairs[1]["rescale_intercept"]) == (1.0, -1024.0)
+
+
+def test_each_pet_sample_records_its_unit_and_a_job_mixing_units_is_warned_of(tmp_path: Path) -> None:
+    """Units (0054,1001) says what a PET value is: Bq/ml (BQML) or an SUV the scanner wrote
+    (GML, 10⁴ smaller). It was recorded nowhere, and a job packing both trained on a silent mix.
+    Each PT sample records it (metadata.pet_units, as an RT Dose records dose_units), and the
+    build warns, with the code ``readers``, where one job packs PT values of two units; one unit
+    is no warning, and no reader's warning counts it."""
+    from packer.buildwarnings import read_warnings
+
+    pet_series(tmp_path / "raw" / "bq", "P1", [0.5, 0.6, 0.7])
+    pet_series(tmp_path / "raw" / "suv", "P2", [1e-4] * 3, units="GML", seed=1)
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+                         transform={"dicom": {"output": "float16", "sample": "volume"}}))
+    assert sorted(m["pet_units"] for m in _records(result)) == ["BQML", "GML"]
+    (warning,) = [w for w in read_warnings(result.version_dir / "warnings.jsonl") if "units" in w.message]
+    assert warning.code == "readers"
+    assert "PT values in 2 units: BQML (3 file(s)" in warning.message and "GML (3 file(s)" in warning.message
+    assert "metadata.pet_units" in warning.message and "where: {Units: BQML}" in warning.message
+
+    one = _build(_job(tmp_path / "one", [{"kind": "dicom", "root": str(tmp_path / "raw" / "bq"), "label": "none"}],
+                      transform={"dicom": {"output": "float16"}}))
+    assert {m["pet_units"] for m in _records(one)} == {"BQML"}
+    assert not (one.version_dir / "warnings.jsonl").exists()

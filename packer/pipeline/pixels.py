@@ -48,6 +48,7 @@ from packer.pipeline.split import HeldFiles
 from packer.progress import Progress
 from packer.read import read_sample
 from packer.read.kinds import Grouping, series_incomplete, source_kind, source_libraries, with_channels
+from packer.read.series import units_note
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef, SpilledSample
 from packer.shards.encode import pixels_digest
 from packer.shards.tar import npy_bytes
@@ -307,10 +308,14 @@ def _group_samples(task: ChunkTask, listed: Mapping[str, RawObject], clock: Stag
 
 
 def _note_warnings(samples: Iterable[Sample], notes: dict[tuple[str, str], None]) -> None:
-    """Each sample's ``metadata.warnings`` into ``notes``, once per file and text, in order."""
+    """Each sample's ``metadata.warnings`` into ``notes``, once per file and text, in order, and
+    the unit of its values where its modality has several (:func:`~packer.read.series.units_note`)."""
     for sample in samples:
         for warning in sample.metadata.get("warnings", ()):
             notes[(sample.ref.sample_id, str(warning))] = None
+        unit = units_note(sample.metadata)
+        if unit is not None:
+            notes[(sample.ref.sample_id, unit)] = None
 
 
 def _headers_only(task: ChunkTask) -> ChunkResult:

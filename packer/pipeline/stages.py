@@ -78,7 +78,7 @@ from packer.read.dicom_masks import annotation_notes_warning, note_count, possib
 from packer.read.dicom_objects import NOT_IMAGE_MODALITIES
 from packer.read.kinds import source_kind, source_libraries
 from packer.read.nifti import is_filled_note
-from packer.read.series import is_constant_note
+from packer.read.series import UNITS_NOTE, is_constant_note, is_units_note
 from packer.records import Excluded, Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import is_url, work_dir
@@ -226,6 +226,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if readers is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {readers}", file=sys.stderr, flush=True)
             warned.append(("readers", readers))
+        units = mixed_units_warning(job, [note for chunk in chunks for note in chunk.notes])
+        if units is not None:  # a warning, not progress: printed under --quiet too
+            print(f"packer: warning: {job.name}: {units}", file=sys.stderr, flush=True)
+            warned.append(("readers", units))
         samples = table.sorted_by_key(release=True)
         del table
         if entity_hints:
@@ -606,6 +610,7 @@ def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | N
     """One line for the files packed with a reader's warning (a NIfTI file whose sform and qform
     disagree), or None: how many, the first one's id and text (ids, never paths: build logs are
     shared; ``packer locate`` names the file)."""
+    notes = [(file_id, text) for file_id, text in notes if not is_units_note(text)]  # a unit is no warning
     if not notes:
         return None
     files = sorted({file_id for file_id, _ in notes})
@@ -615,6 +620,31 @@ def readers_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | N
             "of such a file record it in metadata.warnings (a volume keeps one slice's metadata: it counts its "
             f"constant slices in metadata.volume.constant_slices), and `packer locate {job.job_path} {first_id}` "
             "names the file")
+
+
+def mixed_units_warning(job: JobConfig, notes: Sequence[tuple[str, str]]) -> str | None:
+    """One line where the packed samples of one modality hold values in different units (PET
+    slices in Bq/ml, Units BQML, beside slices the scanner wrote as SUVbw, GML: values 10⁴ apart),
+    from the readers' unit notes (:func:`packer.read.series.units_note`), or None: each unit, how
+    many files and the first one's id (ids, never paths), and where each sample records its unit."""
+    by_unit: dict[tuple[str, str], set[str]] = {}
+    for file_id, text in notes:
+        if is_units_note(text):
+            modality, _, unit = text[len(UNITS_NOTE):].partition(" ")
+            by_unit.setdefault((modality, unit), set()).add(file_id)
+    modalities = sorted({modality for modality, _ in by_unit})
+    mixed = [m for m in modalities if sum(modality == m for modality, _ in by_unit) > 1]
+    if not mixed:
+        return None
+    said = []
+    for modality in mixed:
+        units = sorted((unit, sorted(ids)) for (m, unit), ids in by_unit.items() if m == modality)
+        listed = ", ".join(f"{unit} ({len(ids)} file(s), e.g. file {ids[0]})" for unit, ids in units)
+        said.append(f"{modality} values in {len(units)} units: {listed}")
+    return (f"{'; '.join(said)}; one dataset then holds values of different meaning (Bq/ml beside SUV, say), "
+            "which no window or model tells apart; each sample records its unit (metadata.pet_units, Units "
+            "(0054,1001)): pack one unit per job (the source's where: {Units: BQML}), or convert upstream, and "
+            f"`packer locate {job.job_path} FILE_ID` names a file")
 
 
 def constant_slices(notes: Sequence[tuple[str, str]]) -> int:

@@ -260,6 +260,8 @@ def _frame_metadata(ds: Dataset, frame: int, modality: ModalityTransform | None,
         if modality.dose_grid_scaling is not None:
             meta["dose_grid_scaling"] = modality.dose_grid_scaling
             meta["dose_units"] = str(ds.get("DoseUnits", "") or "") or None
+    if text_value(ds, "Modality") == "PT":  # Bq/ml, counts, SUV...: its values mean nothing without it
+        meta["pet_units"] = (text_value(ds, "Units") or "").upper() or None
     return meta
 
 

@@ -647,6 +647,24 @@ def is_constant_note(warning: str) -> bool:
     return warning.startswith(CONSTANT_SLICE + ":")
 
 
+#: How a sample's unit of values reaches the build as a note (file id, text), as its readers'
+#: warnings do (:func:`units_note`); not a warning of its own
+UNITS_NOTE = "values in units: "
+
+
+def units_note(metadata: dict[str, Any]) -> str | None:
+    """The note of a sample whose values are in one of several units its modality may have (a PET
+    slice's Units (0054,1001), ``metadata.pet_units``: BQML, GML for SUVbw, CNTS, ...), from
+    which the build warns of a job that packs values of two units together; None for any other."""
+    unit = metadata.get("pet_units")
+    return f"{UNITS_NOTE}PT {unit}" if unit else None
+
+
+def is_units_note(text: str) -> bool:
+    """True for a :func:`units_note`."""
+    return text.startswith(UNITS_NOTE)
+
+
 def is_constant_slice(sample: Sample) -> bool:
     """True for a series' slice whose every pixel is equal (its :func:`constant_slice_note`)."""
     return any(is_constant_note(str(w)) for w in sample.metadata.get("warnings", ()))
