@@ -62,6 +62,8 @@ class WindowSpec:
     (a normalisation from the image's own values, for MR and other uncalibrated modalities:
     :mod:`packer.transform.intensity`).
 
+    ``values`` (NIfTI's ``windows: []``, float16 only) is no mapping: the voxels' own values.
+
     ``file`` windows take the file's own window (DICOM Window Center/Width, NIfTI
     ``cal_min``/``cal_max``): ``selector`` is the index of the pair (default 0) or its Window
     Center & Width Explanation text. ``percentiles``: ``low`` and ``high`` (0-100) become 0 and
@@ -91,6 +93,8 @@ class WindowSpec:
             return {"percentiles": [self.low, self.high], "over": self.over}
         if self.kind == "zscore":
             return {"zscore": {"over": self.over}}
+        if self.kind == "values":
+            return {"values": True}
         return {"name": self.name, "center": self.center, "width": self.width, "function": self.function}
 
 

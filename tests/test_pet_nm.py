@@ -199,3 +199,55 @@ def test_each_pet_sample_records_its_unit_and_a_job_mixing_units_is_warned_of(tm
                       transform={"dicom": {"output": "float16"}}))
     assert {m["pet_units"] for m in _records(one)} == {"BQML"}
     assert not (one.version_dir / "warnings.jsonl").exists()
+
+
+def _suv_cases(root: Path) -> dict[str, np.ndarray]:
+    """Two SUV volumes (float32 NIfTI, as computed upstream from a PET series), a lesion of SUV 12 and 15."""
+    import nibabel as nib
+
+    root.mkdir(parents=True)
+    out = {}
+    for k, peak in enumerate((12.0, 15.0)):
+        suv = np.random.default_rng(k).gamma(2.0, 1.5, size=(12, 12, 6)).astype(np.float32)
+        suv[5:7, 5:7, 2:4] = peak
+        affine = np.diag([-4.0, -4.0, 3.0, 1.0])
+        nib.save(nib.Nifti1Image(suv, affine), root / f"c{k}.nii.gz")
+        out[f"c{k}"] = suv
+    (root / "cases.csv").write_text("path,entity\n" + "".join(f"c{k}.nii.gz,c{k}\n" for k in range(2)))
+    return out
+
+
+@pytest.mark.parametrize("sample", ["volume", {"volume": {"size": [8, 16, 16]}}, "slice"],
+                         ids=["volume", "padded", "slice"])
+def test_nifti_windows_empty_keeps_the_suv_values_under_float16(tmp_path: Path, sample: Any) -> None:
+    """README's PET advice: compute SUV upstream, pack a float NIfTI. NIfTI's default window (the
+    0.5-99.5 percentiles) scaled each volume into [0, 1], and windows: [] was refused, so no SUV
+    reached the shards. windows: [] under output: float16 packs the values as read, one channel
+    per input channel (padding with the channel's smallest value); under uint8 it is a config
+    error."""
+    from packer.config import load_job
+    from packer.errors import ConfigError
+
+    truth = _suv_cases(tmp_path / "raw")
+    source = [{"kind": "nifti", "root": str(tmp_path / "raw"), "table": str(tmp_path / "raw" / "cases.csv"),
+               "label": "none"}]
+    result = _build(_job(tmp_path, source, transform={"nifti": {"output": "float16", "sample": sample,
+                                                                "windows": []}}))
+    items = list(ShardDataset(result.manifest_path, "train", shuffle=False, records=True))
+    for entity, suv in truth.items():
+        mine = [it for it in items if it["record"]["entity_id"] == entity]
+        packed = np.concatenate([it["image"].float().numpy().reshape(-1) for it in mine])
+        assert packed.max() == pytest.approx(float(suv.max()), rel=1e-3)  # the lesion's SUV, float16-rounded
+        (window,) = mine[0]["record"]["metadata"]["windows"]
+        assert window["source"] == "values" and window["high"] == pytest.approx(float(suv.max()))
+        if sample != "slice":
+            (it,) = mine
+            if isinstance(sample, dict):  # 6 slices padded to 8 with the volume's smallest SUV, not 0
+                assert it["image"].shape == (1, 8, 16, 16)
+                assert it["image"][0, 0].float().min() == pytest.approx(float(suv.min()), rel=1e-3)
+            else:
+                assert sorted(it["image"].float().numpy().reshape(-1)) == pytest.approx(
+                    sorted(suv.astype(np.float16).astype(np.float32).reshape(-1)))
+    with pytest.raises(ConfigError, match=r"transform.nifti.windows: \[\] packs the voxels' own values.*output: "
+                                          "float16"):
+        load_job(_job(tmp_path / "u8", source, transform={"nifti": {"output": "uint8", "windows": []}}))

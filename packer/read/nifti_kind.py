@@ -53,7 +53,15 @@ from packer.read.nifti import (
     slice_count,
     stored_grid,
 )
-from packer.read.nifti_samples import Case, FlatWindow, MissingWindow, Slicing, slice_samples, volume_sample
+from packer.read.nifti_samples import (
+    STORED_VALUES,
+    Case,
+    FlatWindow,
+    MissingWindow,
+    Slicing,
+    slice_samples,
+    volume_sample,
+)
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.channels import check_channels
 from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
@@ -107,7 +115,8 @@ class NiftiTransformConfig:
 
     ``windows``: one output channel per input channel and window (HU presets, ``{center,
     width}``, ``file`` = the file's ``cal_min``/``cal_max``, ``{percentiles: [low, high]}``,
-    ``zscore``); ``sample``: ``slice``, ``neighbors`` (``neighbors``, ``edge``) or ``volume``
+    ``zscore``; ``windows: []``, :data:`~packer.read.nifti_samples.STORED_VALUES`: the values);
+    ``sample``: ``slice``, ``neighbors`` (``neighbors``, ``edge``) or ``volume``
     (``volume_spacing`` (z, y, x mm), ``volume_size`` (D, H, W)); ``axis``: the slices' axis;
     ``spacing`` (row, column mm), ``size``, ``resize``: each slice's, as a DICOM frame's;
     ``output``: uint8, uint16 or float16 (z-scores need float16); ``channels_from``:
@@ -182,8 +191,9 @@ class NiftiKind(SourceKind):
         return UNSUPPORTED_VOLUME_FORMATS.get(suffix)
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> NiftiTransformConfig:
+        # windows: [] keeps the voxels' values (SUV, Bq/ml computed upstream), one channel per input channel
         windows = tuple(parse_window(w, f"transform.nifti.windows[{i}]")
-                        for i, w in enumerate(raw.get("windows", DEFAULT_WINDOWS)))
+                        for i, w in enumerate(raw.get("windows", DEFAULT_WINDOWS))) or (STORED_VALUES,)
         sampling = parse_sampling(raw, "nifti")
         sampling.pop("series", None)  # a NIfTI file is one grid: there is no series to check
         if sampling.get("sample") == "volume" and "axis" in raw:
@@ -221,6 +231,10 @@ class NiftiKind(SourceKind):
             raise ConfigError(f"transform.nifti.output: a z-score is not in [0, 1] and cannot be {cfg.output}; set "
                               "output: float16 (z-scores of MR, as nnU-Net trains on them), or use {percentiles: "
                               "[0.5, 99.5]} to scale into [0, 1]")
+        if STORED_VALUES in cfg.windows and cfg.output != "float16":
+            raise ConfigError(f"transform.nifti.windows: [] packs the voxels' own values (stored × scl_slope + "
+                              f"scl_inter: SUV, Bq/ml, HU), which are not in [0, 1] and cannot be {cfg.output}; set "
+                              "output: float16, or give a window or a normalisation")
         if cfg.channels is not None and cfg.channels_from is None:
             stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
             for source in sources:

@@ -107,6 +107,11 @@ class FlatWindow(Exception):
     (``constant_image``, as a DICOM file's own window that renders a frame flat)."""
 
 
+#: The one channel per input channel of ``transform.nifti.windows: []``: the voxels' values as
+#: read (stored × scl_slope + scl_inter: SUV, Bq/ml, HU), no window nor normalisation; float16 only.
+STORED_VALUES = WindowSpec(kind="values", name="values")
+
+
 def _stats(values: np.ndarray, spec: WindowSpec) -> Stats | None:
     if spec.kind == "percentiles":
         return percentile_stats(values, float(spec.low or 0.0), float(spec.high or 100.0), spec.over or "all")
@@ -127,6 +132,8 @@ class _Channel:
     width: float | None
     function: str
     record: dict[str, Any]
+    #: The channel's smallest value (:data:`STORED_VALUES`: its black); None for any other
+    lowest: float | None = None
 
     def render(self, values: np.ndarray, dtype: type[np.floating] = np.float32) -> np.ndarray:
         """``values`` (any shape, float32) → ``dtype`` (:func:`~packer.transform.dicom.display_dtype`:
@@ -136,13 +143,19 @@ class _Channel:
             return apply_percentiles(values, self.stats, dtype)
         if self.spec.kind == "zscore" and self.stats is not None:
             return apply_zscore(values, self.stats)
+        if self.spec.kind == "values":
+            return values.astype(np.float32, copy=False)
         return apply_window(values, float(self.center or 0.0), float(self.width or 1.0), self.function, dtype)
 
     @property
     def black(self) -> float:
         """The value that displays black, which ``fit``'s border takes: 0 for a window and
         percentiles; a z-score's :func:`~packer.transform.intensity.zscore_black` (over all
-        voxels, the volume's lowest z-score: 0 is its mean)."""
+        voxels, the volume's lowest z-score: 0 is its mean); for :data:`STORED_VALUES` the
+        channel's smallest value, as DICOM's float16 modality values are padded (never 0 Bq/ml or
+        0 HU painted in as if measured)."""
+        if self.lowest is not None:
+            return self.lowest
         return zscore_black(self.stats) if self.spec.kind == "zscore" and self.stats is not None else 0.0
 
 
@@ -175,11 +188,16 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
             label = spec.name if spec.kind != "file" else "cal"
             record: dict[str, Any] = {"name": f"{name} {label}" if several else label, "source": spec.kind,
                                       "channel": name}
-            if stats is not None:
+            lowest = None
+            if spec.kind == "values":
+                # non-finite voxels are filled or refused by now: the extremes are numbers
+                lowest = float(case.values[index].min())
+                record.update(low=lowest, high=float(case.values[index].max()))
+            elif stats is not None:
                 record.update(stats.to_json())
             else:
                 record.update(center=center, width=width, function=function)
-            out.append(_Channel(index, spec, stats, center, width, function, record))
+            out.append(_Channel(index, spec, stats, center, width, function, record, lowest))
     return out
 
 
