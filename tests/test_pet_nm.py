@@ -251,3 +251,32 @@ def test_nifti_windows_empty_keeps_the_suv_values_under_float16(tmp_path: Path, 
     with pytest.raises(ConfigError, match=r"transform.nifti.windows: \[\] packs the voxels' own values.*output: "
                                           "float16"):
         load_job(_job(tmp_path / "u8", source, transform={"nifti": {"output": "uint8", "windows": []}}))
+
+
+def test_a_pet_slice_without_rescale_slope_and_intercept_is_unreadable_naming_them(tmp_path: Path) -> None:
+    """Rescale Slope and Intercept are Type 1 in a PET image (PS3.3 C.8.9.4) and each slice has
+    its own slope (~0.01 here): a slice without them was packed at slope 1, a hundredfold hotter
+    than its neighbours, with no record. It is an unreadable bad sample naming both and the fix
+    (its series, a volume, is then incomplete); a CT slice without them is read as stored, as
+    before."""
+    from tests.dicom_files import ct_dataset
+
+    raw = tmp_path / "raw"
+    files = pet_series(raw / "pet", "P1", [0.01, 0.011, None, 0.013])
+    ct = ct_dataset(PatientID="P2")
+    del ct.RescaleSlope, ct.RescaleIntercept
+    save(ct, raw / "ct" / "slice.dcm")
+    for sample in ("slice", "volume"):
+        result = _build(_job(tmp_path / sample, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                             transform={"dicom": {"output": "float16", "sample": sample}},
+                             validate={"max_bad_fraction": 1.0}))
+        bad = {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+        missing = bad[files[2][0].name]
+        assert missing["reason"] == "unreadable"
+        assert "(0028,1053) Rescale Slope and (0028,1052) Rescale Intercept are absent" in missing["message"]
+        assert "PS3.3 C.8.9.4" in missing["message"] and "export the series again" in missing["message"]
+        if sample == "slice":
+            assert set(bad) == {files[2][0].name}  # the other PET slices and the CT slice pack
+            assert len(_records(result)) == 4
+        else:
+            assert {bad[path.name]["reason"] for path, _ in files if path != files[2][0]} == {"series_incomplete"}

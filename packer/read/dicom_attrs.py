@@ -380,6 +380,19 @@ def _rescale(source: Dataset, keyword: str, partner: str) -> float | None:
     return value
 
 
+#: Why a PET image without Rescale Slope and Intercept is refused. Both are Type 1 in the PET
+#: Image module (PS3.3 C.8.9.4; in an Enhanced PET's Pixel Value Transformation, C.7.6.16.2.9):
+#: a scanner scales each slice's counts by its own slope, so the default slope 1 would pack this
+#: slice's stored values beside its series' Bq/ml, a hundredfold off, with nothing to show it.
+#: A CT or MR file without them is common (the stored values are the modality values) and is read so.
+_PET_WITHOUT_RESCALE = (
+    "(0028,1053) Rescale Slope and (0028,1052) Rescale Intercept are absent (or empty) in a PET (Modality PT) "
+    "image, where both are required (PS3.3 C.8.9.4): each PET slice has its own slope, and taking slope 1 would "
+    "pack its stored counts as Bq/ml or SUV, far off its series' other slices; export the series again with them "
+    "from the scanner or PACS (an anonymiser or converter may have dropped them), or leave the file out with the "
+    "source's where:")
+
+
 def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     """Stored → modality parameters for ``frame`` (PS3.3 C.11.1; C.7.6.16.2.9 for Enhanced).
 
@@ -399,6 +412,8 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
         lut = read_lut(modality_luts[0], signed_input=signed, little_endian=little)
     slope = _rescale(source, "RescaleSlope", "RescaleIntercept")
     intercept = _rescale(source, "RescaleIntercept", "RescaleSlope")
+    if lut is None and slope is None and intercept is None and str(ds.get("Modality", "")).strip().upper() == "PT":
+        raise MalformedValue(_PET_WITHOUT_RESCALE)
     dose = None
     # Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a stray one in a CT halved its HU
     if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or str(ds.get("Modality", "")).strip().upper() == "RTDOSE":
