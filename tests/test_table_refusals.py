@@ -96,10 +96,14 @@ def test_a_dicom_source_s_labels_given_as_xml_are_refused_as_xml(tmp_path: Path)
     assert "reads.xml: an XML document (its first element <LidcReadMessage>), not a text table" in message, message
 
 
-def test_a_csv_whose_header_cells_are_in_angle_brackets_is_still_a_csv(tmp_path: Path) -> None:
-    """No tag closes in it: a header row, not an element."""
+@pytest.mark.parametrize("text", ["<path>,<label>\na.png,cat\nb.png,dog\n",
+                                  "<path>,<label>,<note>\na.png,cat,<b>fuzzy</b>\nb.png,dog,ok<br/>fine\n"],
+                         ids=["plain cells", "cells holding markup"])
+def test_a_csv_whose_header_cells_are_in_angle_brackets_is_still_a_csv(tmp_path: Path, text: str) -> None:
+    """Its first element is followed by a comma, and no end tag of its own closes it: a header
+    row, not an element, whatever markup a free-text column's cells hold."""
     _images(tmp_path / "img", ["a.png", "b.png"])
-    (tmp_path / "t.csv").write_text("<path>,<label>\na.png,cat\nb.png,dog\n")
+    (tmp_path / "t.csv").write_text(text)
     found = discover(load_job(_job(tmp_path, {"table": {"file": "t.csv", "path": "<path>"},
                                               "label": {"column": "<label>"}, "entity": "<path>"})))
     assert sorted((r.relpath, r.label) for r in found.refs) == [("a.png", "cat"), ("b.png", "dog")]

@@ -192,8 +192,11 @@ def _markup(head: bytes) -> tuple[str, str | None] | None:
     """("XML" or "HTML", the first element's name) where ``head``, the first bytes of a table,
     opens a markup document after an optional BOM and blank space: an XML declaration, a
     doctype, a comment or an element (a Pascal VOC or LIDC annotation file, a page saved from a
-    browser); None otherwise. An element that no tag closes in ``head`` (a header row written in
-    angle brackets, ``<path>,<label>``) is a CSV's."""
+    browser); None otherwise. A document that opens with an element opens a tree: the element
+    closes at once (``<a/>``), or holds another (``<annotation>`` then ``<folder>``), or holds text
+    that its own end tag closes (``<note>hi</note>``). A header row written in angle brackets
+    (``<path>,<label>``) does none of these, whatever markup its cells hold (``<b>fuzzy</b>``):
+    it is a CSV's."""
     bom, codec = next(((len(b), c) for b, c in _BOMS if head.startswith(b)), (0, "utf-8"))
     text = head[bom:].decode(codec, errors="ignore").lstrip()  # (a character cut at the end: dropped)
     opened = _MARKUP.match(text)
@@ -203,10 +206,24 @@ def _markup(head: bytes) -> tuple[str, str | None] | None:
     name = first.group(1) if first else None
     html = ((opened["doctype"] or "").lower() == "html" or (name or "").lower() in _HTML_ELEMENTS
             or re.search(r"<html[\s>]", text, re.IGNORECASE) is not None)
-    if opened["element"] and not html and "</" not in text and "/>" not in text:
-        return None  # no tag closes: a header row in angle brackets (<path>,<label>)
+    if opened["element"] and not html and not _opens_a_tree(text, opened):
+        return None  # a header row in angle brackets (<path>,<label>)
     return ("HTML" if html else "XML"), name
 
+
+
+def _opens_a_tree(text: str, opened: re.Match[str]) -> bool:
+    """Whether ``text``, which starts with the element ``opened`` matched, is an XML tree's start
+    (:func:`_markup`): the element's tag is self-closing, or what follows the tag is another
+    element, or its own end tag closes it."""
+    name = opened["element"]
+    end = text.find(">", opened.end() - 1)
+    if end < 0:
+        return False
+    if text[end - 1] == "/":
+        return True
+    after = text[end + 1:].lstrip()
+    return (after.startswith("<") and not after.startswith("</")) or f"</{name}>" in text
 
 #: Members only a workbook's zip holds: an Office Open XML file's and an OpenDocument file's
 _WORKBOOK_MEMBERS = frozenset({"[Content_Types].xml", "mimetype"})
