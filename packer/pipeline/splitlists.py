@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from packer.config import MATCHES, SPLITS, SplitConfig, SplitList
+from packer.config import MATCHES, SPLITS, SplitConfig, SplitList, redacted_path
 from packer.errors import ConfigError
 from packer.pipeline.sampletable import SampleTable
 from packer.records import Issue
@@ -79,15 +79,26 @@ def item_of(text: str, match: str) -> str:
     return posixpath.normpath(text) if match == "path" else text
 
 
-def read_split_list(entry: SplitList) -> list[tuple[int, str]]:
+def shown_list(entry: SplitList, hidden: bool, *, resolved: bool = False) -> str:
+    """A split list's file as a message names it: as the job writes it (``resolved``: the path it
+    was read from), or, ``hidden`` under PHI, as the manifest records it (:func:`packer.config.redacted_path`:
+    a folder ``Doe^John_19600101/`` shown as ``<id>``), since warnings and errors reach CI logs,
+    ``warnings.jsonl``, the report and the JUnit file."""
+    if hidden:
+        return redacted_path(entry.spec)
+    return str(entry.path) if resolved else entry.spec
+
+
+def read_split_list(entry: SplitList, hidden: bool = False) -> list[tuple[int, str]]:
     """(line number, item) of every item of one split list, in file order: plain text (blank
     lines and lines starting with ``#`` skipped, spaces around an item dropped) or, with
     ``column``, that CSV column's non-empty cells (line 1 is the header).
 
     Raises ConfigError when the file cannot be read, is not UTF-8, lacks the column, or changed
-    since the job was loaded (its sha256 is the dataset's identity).
+    since the job was loaded (its sha256 is the dataset's identity). ``hidden`` (under PHI): the
+    messages name the file as the manifest records it (:func:`shown_list`).
     """
-    where = f"split.lists.{entry.split} ({entry.path})"
+    where = f"split.lists.{entry.split} ({shown_list(entry, hidden, resolved=True)})"
     try:
         data = entry.path.read_bytes()
     except OSError as err:
@@ -136,10 +147,10 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
     or a path, name or stem that may name the patient), or when a list names nothing."""
     items: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
     for entry in cfg.lists:
-        lines = read_split_list(entry)
+        lines = read_split_list(entry, hidden)
         if not lines:
-            raise ConfigError(f"split.lists.{entry.split} ({entry.path}): the list names no sample; give it "
-                              "one item a line, or remove the list")
+            raise ConfigError(f"split.lists.{entry.split} ({shown_list(entry, hidden, resolved=True)}): the list "
+                              "names no sample; give it one item a line, or remove the list")
         for number, text in lines:
             name = item_of(text, cfg.match)
             name = entity_name(name) if cfg.match == "entity" else name
@@ -148,8 +159,9 @@ def _read_items(cfg: SplitConfig, entity_name: Callable[[str], str],
             if other is not None:
                 first = next(e for e in cfg.lists if e.split == other[0])
                 item = ("an entity" if cfg.match == "entity" else f"a {cfg.match}") if hidden else repr(text)
-                raise ConfigError(f"{item} is listed in two splits: split.lists.{other[0]} ({first.spec}) line "
-                                  f"{other[1]} and split.lists.{entry.split} ({entry.spec}) line {number}; a sample "
+                raise ConfigError(f"{item} is listed in two splits: split.lists.{other[0]} "
+                                  f"({shown_list(first, hidden)}) line {other[1]} and split.lists.{entry.split} "
+                                  f"({shown_list(entry, hidden)}) line {number}; a sample "
                                   "goes to one split: remove one of the lines")
             seen.append((entry.split, number, text))
     return items
@@ -213,6 +225,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     split = [items[n][0][0] if n in items else None for n in names]
     warnings: list[str] = []
     for entry in cfg.lists:
+        named = shown_list(entry, hidden)
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
         missing = sorted((line, text, name) for line, text, name in listed if name not in present)
         # a listed file that is there but was refused (a truncated PNG) is no unknown item: the
@@ -230,7 +243,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
                             "written as one code point or as a letter and a combining accent; it is not taken for "
                             f"the item because another {cfg.match} or item reads the same once normalised: write "
                             "the item as it is spelled there)")
-            said = (f"split.lists.{entry.split} ({entry.spec}): {len(unknown):,} of its {len(listed):,} items name "
+            said = (f"split.lists.{entry.split} ({named}): {len(unknown):,} of its {len(listed):,} items name "
                     f"no sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
             if len(unknown) == len(listed):
                 raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
@@ -240,7 +253,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
             line, text, name = refused[0]
             reasons = ", ".join(f"{reason} {count:,}" for reason, count in
                                 sorted(Counter(bad[item[2]] for item in refused).items()))
-            warnings.append(f"split.lists.{entry.split} ({entry.spec}): {len(refused):,} of its {len(listed):,} "
+            warnings.append(f"split.lists.{entry.split} ({named}): {len(refused):,} of its {len(listed):,} "
                             f"items name a file refused as a bad sample ({reasons}), e.g. line "
                             f"{line}{'' if hidden else f': {text!r}'}; not packed: the bad-sample report "
                             "(bad_samples.jsonl) lists each with its reason and fix")

@@ -1,0 +1,126 @@
+"""Under ``phi: pseudonymize`` the messages about a job's given split name no patient.
+
+A split list kept in a folder named after a patient (``Doe^John_19600101/train.txt``) is recorded
+in the manifest as ``<id>/train.txt``; its warnings and errors (stderr, ``warnings.jsonl``, the
+report, ``packer validate --json`` and the ``--junit`` file CI publishes) name it the same way.
+A ``split: {by: column}`` naming a column of patient names hides its values as ``where:`` and
+join-key messages do, with the count and the fix still said. A source named after its root
+folder is refused where the folder holds a calendar date, however the date is spelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import yaml
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.errors import ConfigError
+from tests.helpers import write_job
+
+KEY = "5f" * 32
+PATIENT = "Doe^John_19600101"
+
+
+def write_photos(folder: Path, count: int, *, columns: dict[str, list[str]] | None = None) -> Path:
+    """``count`` PNGs ``raw/p<i>/im.png`` (entity P<i>) and a table path,label,entity (plus
+    ``columns``: name → one cell per file); returns the raw root."""
+    raw = folder / "raw"
+    extra = sorted(columns or {})
+    lines = [",".join(["path", "label", "entity", *extra])]
+    for i in range(count):
+        rel = f"p{i}/im.png"
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        pixels = np.random.default_rng(i).integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+        assert cv2.imwrite(str(raw / rel), cv2.resize(pixels, (48, 36), interpolation=cv2.INTER_CUBIC))
+        lines.append(",".join([rel, "ab"[i % 2], f"P{i}", *((columns or {})[c][i] for c in extra)]))
+    (raw / "labels.csv").write_text("\n".join(lines) + "\n")
+    return raw
+
+
+def photo_job(folder: Path, split: dict[str, Any], mode: str = "pseudonymize") -> Path:
+    (folder / "phi.key").write_text(KEY + "\n")
+    doc = {"name": "official", "sources": [{"name": "photos", "kind": "image", "root": "raw",
+                                            "table": "raw/labels.csv"}],
+           "split": split, "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": "out", "validate": {"max_bad_fraction": 0.5}, "phi": {"mode": mode, "key_file": "phi.key"}}
+    return write_job(folder, doc)
+
+
+def run(folder: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [*args, "--scheduler", "sync", "-q"],
+                                env={"PACKER_WORK_DIR": str(folder / "work")})
+    return result.exit_code, result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# split lists in a folder named after a patient
+
+
+def lists_in_patient_folder(folder: Path) -> Path:
+    """Eight photos, one truncated (a bad sample), train and test lists under ``Doe^John_19600101/``,
+    the train list naming a file that is not there; returns the job."""
+    raw = write_photos(folder, 8)
+    broken = raw / "p1/im.png"
+    broken.write_bytes(broken.read_bytes()[:60])
+    lists = folder / PATIENT
+    lists.mkdir()
+    (lists / "train.txt").write_text("".join(f"p{i}/im.png\n" for i in range(6)) + "p99/im.png\n")
+    (lists / "test.txt").write_text("p6/im.png\np7/im.png\n")
+    return photo_job(folder, {"by": "list", "accept_leaks": True,
+                              "lists": {"train": f"{PATIENT}/train.txt", "test": f"{PATIENT}/test.txt"}})
+
+
+def test_a_split_lists_path_is_shown_as_the_manifest_records_it_in_every_warning(tmp_path: Path) -> None:
+    """The manifest recorded the list as `<id>/train.txt`, while its warnings (an item naming no
+    sample, an item naming a bad sample) quoted the folder as written: on stderr (CI logs), in
+    warnings.jsonl, report.html, validate --json and the JUnit file CI publishes."""
+    job = lists_in_patient_folder(tmp_path)
+    code, output = run(tmp_path, "build", str(job))
+    assert code == 0, output
+    assert "split.lists.train (<id>/train.txt): 1 of its 7 items name no sample (by path), e.g. line 7 " in output
+    assert "split.lists.train (<id>/train.txt): 1 of its 7 items name a file refused as a bad sample" in output
+    (version,) = (tmp_path / "out" / "official").iterdir()
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["config"]["split"]["lists"]["train"]["file"] == "<id>/train.txt"
+    for name in ("warnings.jsonl", "report.html", "manifest.json"):
+        text = (version / name).read_text()
+        assert "Doe" not in text and "19600101" not in text, name
+    assert "<id>/train.txt" in (version / "warnings.jsonl").read_text()
+    assert "Doe" not in output
+    code, output = run(tmp_path, "validate", str(job), "--json", str(tmp_path / "v.json"),
+                       "--junit", str(tmp_path / "j.xml"))
+    assert code == 0, output
+    warnings = json.loads((tmp_path / "v.json").read_text())["warnings"]
+    assert sum("split.lists.train (<id>/train.txt)" in w["message"] for w in warnings) == 2, warnings
+    for text in (output, json.dumps(warnings), (tmp_path / "j.xml").read_text()):
+        assert "Doe" not in text and "19600101" not in text
+
+
+def test_a_split_lists_errors_show_its_path_as_the_manifest_records_it(tmp_path: Path) -> None:
+    """The errors a list stops the job with (an item in two lists, a list naming nothing, a list
+    that is no UTF-8 text) go to CI logs too."""
+    job = lists_in_patient_folder(tmp_path)
+    lists = tmp_path / PATIENT
+    (lists / "test.txt").write_text("p6/im.png\np0/im.png\n")
+    code, output = run(tmp_path, "validate", str(job))
+    assert code == ConfigError.exit_code, output
+    assert ("a path is listed in two splits: split.lists.train (<id>/train.txt) line 1 and split.lists.test "
+            "(<id>/test.txt) line 2") in output, output
+    for text, said in (("# nothing\n", "split.lists.test (<id>/test.txt): the list names no sample"),
+                       (b"p6/im.png\n\xff\n", "split.lists.test (<id>/test.txt): not UTF-8 text"),
+                       ("p98/im.png\n", "split.lists.test (<id>/test.txt): 1 of its 1 items name no sample")):
+        (lists / "test.txt").write_bytes(text.encode() if isinstance(text, str) else text)
+        code, output = run(tmp_path, "validate", str(job))
+        assert code == ConfigError.exit_code, output
+        assert said in output and "Doe" not in output, output
+    doc = yaml.safe_load(job.read_text())
+    doc["phi"]["mode"] = "keep"  # kept in clear on purpose: the job's word
+    write_job(tmp_path, doc)
+    code, output = run(tmp_path, "validate", str(job))
+    assert code == ConfigError.exit_code and f"split.lists.test ({PATIENT}/test.txt): 1 of its 1" in output, output
