@@ -124,3 +124,45 @@ def test_a_split_lists_errors_show_its_path_as_the_manifest_records_it(tmp_path:
     write_job(tmp_path, doc)
     code, output = run(tmp_path, "validate", str(job))
     assert code == ConfigError.exit_code and f"split.lists.test ({PATIENT}/test.txt): 1 of its 1" in output, output
+
+
+# ---------------------------------------------------------------------------------------------
+# split: {by: column} naming a column of patient names
+
+
+NAMES = ["DOE^JOHN", "ROE^JANE", "SMITH^ALICE", "JONES^BOB"]
+
+
+def test_a_split_column_of_names_is_refused_without_quoting_its_cells_under_pseudonymize(tmp_path: Path) -> None:
+    """`split: {by: column, column: patient_name}` (the wrong column) listed every distinct cell,
+    and a map: spelling them out, in a config error printed to CI logs; under pseudonymize the
+    values are counted, not quoted (as a where: filter's or a join key's), and the fix still said."""
+    write_photos(tmp_path, 8, columns={"patient_name": [NAMES[i // 2] for i in range(8)]})
+    job = photo_job(tmp_path, {"by": "column", "column": "patient_name"})
+    code, output = run(tmp_path, "validate", str(job), "--quick")
+    assert code == ConfigError.exit_code, output
+    assert ("split.column 'patient_name': values that are no split (train, valid, test): 4 distinct values "
+            "(8 file(s), e.g. sample photos-") in output, output
+    assert "not shown under phi: pseudonymize: a table cell may hold a name" in output
+    assert ("rename them with split.map, e.g. map: {<value>: <split>}, or name the column that holds each file's "
+            "split (train, valid, test) in split.column") in output
+    assert not [name for name in NAMES if name in output or name.split("^")[0] in output], output
+    # kept in clear on purpose (phi: keep): each value, its files and a map naming it, as before
+    job = photo_job(tmp_path, {"by": "column", "column": "patient_name"}, mode="keep")
+    code, output = run(tmp_path, "validate", str(job), "--quick")
+    assert code == ConfigError.exit_code, output
+    assert "'DOE^JOHN' (2 file(s), e.g. " in output and "map: {DOE^JOHN: <split>, JONES^BOB: <split>" in output
+
+
+def test_a_split_columns_split_words_are_still_quoted_beside_hidden_values_under_pseudonymize(tmp_path: Path) -> None:
+    """A value that is a word datasets spell a split with (MIMIC-CXR's `validate`, `VAL`) names
+    nobody: it is quoted with its closest split; a name beside it is counted only."""
+    cells = ["train", "validate", "validate", "VAL", "test", "DOE^JOHN", "DOE^JOHN", "ROE^JANE"]
+    write_photos(tmp_path, 8, columns={"split": cells})
+    code, output = run(tmp_path, "validate", str(photo_job(tmp_path, {"by": "column", "column": "split"})), "--quick")
+    assert code == ConfigError.exit_code, output
+    assert "'VAL' (1 file(s), e.g. sample photos-" in output and "'validate' (2 file(s), e.g. sample " in output
+    assert "did you mean valid?" in output
+    assert "2 other distinct values (3 file(s), e.g. sample photos-" in output, output
+    assert "map: {VAL: valid, validate: valid, <value>: <split>}" in output, output
+    assert "DOE" not in output and "ROE" not in output

@@ -298,20 +298,49 @@ def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = F
                           "columns the job reads as each file's path, label, entity and time, its rows carry "
                           f"{', '.join(has) or 'no other column'}); add the column, or fix split.column")
     if wrong:
-        parts, fixes = [], []
-        for value, count in sorted(wrong.items()):
-            close = difflib.get_close_matches(value, SPLITS, n=1, cutoff=0.5)
-            parts.append(f"{value!r} ({count:,} file(s), e.g. {'sample ' if hide_paths else ''}{example[value]}"
-                         + (f"; did you mean {close[0]}?" if close else "") + ")")
-            fixes.append(f"{value}: {close[0] if close else '<split>'}")
-        fix = ", ".join(fixes)
-        raise ConfigError(f"split.column {column!r}: values that are no split ({', '.join(SPLITS)}): "
-                          f"{'; '.join(parts)}; rename them with split.map, e.g. map: {{{fix}}}")
+        raise _no_split_values(column, wrong, example, hide_paths)
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: its table row's {column!r} cell is empty; give its split ({', '.join(SPLITS)})"))
     warnings = (f"{len(unlisted):,} file(s) have an empty {column!r} cell, e.g. {_example(unlisted[0], hide_paths)}: "
                 "each is a not_in_split bad sample",) if unlisted else ()
     return GivenSplit(split=split, unlisted=unlisted, warnings=warnings)
+
+
+#: Words datasets spell their splits with (MIMIC-CXR's ``validate``, a ``val/`` folder, ``dev``):
+#: a split column's value that is one of them (in any case) names nobody, and is quoted under
+#: PHI as well, with the split it may mean; any other value may be a name (a wrong column).
+_SPLIT_WORDS = frozenset(("train", "training", "trn", "valid", "validate", "validation", "val", "dev", "development",
+                         "tune", "tuning", "test", "testing", "tst", "holdout", "hold-out", "heldout", "eval",
+                         "evaluation"))
+
+
+def _no_split_values(column: str, wrong: Counter[str], example: Mapping[str, str], hidden: bool) -> ConfigError:
+    """The error for a split column's values that are no split (after the map): each value with
+    how many files have it, an example file and the closest split, and a ``map:`` renaming them.
+    ``hidden`` (under PHI): a value that is no word of :data:`_SPLIT_WORDS` is not quoted (a
+    column of patient names or ids, named by mistake), as a ``where:`` filter's or a join key's
+    value is not; they are counted, with an example file by sample key, and the fix still said."""
+    parts, fixes = [], []
+    secret: Counter[str] = Counter()
+    for value, count in sorted(wrong.items()):
+        if hidden and value.lower() not in _SPLIT_WORDS:
+            secret[value] = count
+            continue
+        close = difflib.get_close_matches(value.lower(), SPLITS, n=1, cutoff=0.5)  # VAL, Validate: valid
+        parts.append(f"{value!r} ({count:,} file(s), e.g. {'sample ' if hidden else ''}{example[value]}"
+                     + (f"; did you mean {close[0]}?" if close else "") + ")")
+        fixes.append(f"{value}: {close[0] if close else '<split>'}")
+    if secret:
+        first = min(secret, key=lambda value: example[value])
+        parts.append(f"{len(secret):,} {'other ' if parts else ''}distinct value{'' if len(secret) == 1 else 's'} "
+                     f"({sum(secret.values()):,} file(s), e.g. sample "
+                     f"{example[first]}; not shown under phi: pseudonymize: a table cell may hold a name)")
+        fixes.append("<value>: <split>")
+    fix = ", ".join(fixes)
+    wrong_column = (f", or name the column that holds each file's split ({', '.join(SPLITS)}) in split.column"
+                    if secret else "")
+    return ConfigError(f"split.column {column!r}: values that are no split ({', '.join(SPLITS)}): "
+                       f"{'; '.join(parts)}; rename them with split.map, e.g. map: {{{fix}}}{wrong_column}")
 
 
 def _example(issue: Issue, hide_paths: bool) -> str:
