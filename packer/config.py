@@ -908,17 +908,24 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
 #: YYYYMMDD starting a longer run of digits as a DICOM DT writes it (``20230504101112``), or
 #: year, month and day with one separator (``-``, ``_``, ``.``, space) year first, or day or month
 #: first (``1960-01-01``, ``01.01.1960``, ``1960_01_01``, ``12-31-1960``), or with the month
-#: spelled in English, whole or cut short, in any case, with or without separators (``31-Dec-1960``,
-#: ``1960_dec_31``, ``31Dec1960``, ``December 31, 1960``), the day then ordinal or not
-#: (``4th_May_2023``, ``May 4th, 2023``). Eight digits whose last four are no
-#: 19xx/20xx year and whose first four no month and day (``12345678``), or a year alone
-#: (``ISIC_2019``, ``CT_1960-01``), are not dates.
+#: spelled in English, whole or cut short (``Sept`` too), in any case, with or without separators,
+#: a separator being any run of ``-``, ``_``, ``.``, ``,`` and spaces, so that an abbreviation's
+#: period and a comma count (``31-Dec-1960``, ``1960_dec_31``, ``31Dec1960``, ``December 31, 1960``,
+#: ``Dec. 31, 1960``, ``31_Dec._1960``, ``Sept._4_1960``, ``31 December, 1960``), the day then
+#: ordinal or not (``4th_May_2023``, ``May 4th, 2023``), the year of four digits, or of two where it
+#: comes last: after the month (``31-Dec-60``, ``31Dec60``), or after the day and a separator
+#: (``Dec 31, 60``; ``Mar_2018``, ``June2023`` stay a month and a year). Eight digits whose last
+#: four are no 19xx/20xx year and whose first four no month and day (``12345678``), a year alone
+#: (``ISIC_2019``, ``CT_1960-01``), a month and a year (``Decathlon_Mar_2018``), a month and a day
+#: without a year (``may_2_runs``) or a month's letters inside a word (``decoder_v2``,
+#: ``Dec_model``) are not dates.
 _DAY, _MONTH, _YEAR = r"(?:0?[1-9]|[12]\d|3[01])", r"(?:0?[1-9]|1[0-2])", r"(?:19|20)\d{2}"
 _DD, _MM = r"(?:0[1-9]|[12]\d|3[01])", r"(?:0[1-9]|1[0-2])"
 _MONTH_NAME = (r"(?i:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
                r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
 _DAY_TH = rf"{_DAY}(?i:st|nd|rd|th)?"  # a day next to a spelled month may be ordinal (``4th May 2023``)
-_SPELLED_SEP = r"(?:,? ?|[-_.])"  # none, one of - _ . or space, or a comma (``Dec 31, 1960``)
+#: between a spelled month and its day or year: none, or any run of - _ . , and spaces (``Dec. 31, 1960``)
+_SPELLED_SEP = r"[-_., ]*"
 _PERSONAL_NAME = re.compile(
     r"\^|(?<!\d)(?:"
     rf"{_YEAR}{_MM}{_DD}"  # more digits may follow: a DT's time (``20230504101112``) is a date all the same
@@ -927,8 +934,9 @@ _PERSONAL_NAME = re.compile(
     rf"|{_DAY}([-_. ]){_MONTH}\2{_YEAR}"
     rf"|{_MONTH}([-_. ]){_DAY}\3{_YEAR}"
     rf"|{_YEAR}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}"
-    rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
-    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}{_SPELLED_SEP}{_YEAR}"
+    rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}(?:{_YEAR}|\d{{2}})"
+    # a two-digit year after the day only past a separator: ``Mar_2018`` is no March 20, '18
+    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}(?:{_SPELLED_SEP}{_YEAR}|[-_., ]+\d{{2}})"
     r")(?!\d))")
 
 

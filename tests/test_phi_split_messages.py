@@ -16,10 +16,12 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from packer.cli import main
+from packer.config import load_job, redacted_path
 from packer.errors import ConfigError
 from tests.helpers import write_job
 
@@ -166,3 +168,62 @@ def test_a_split_columns_split_words_are_still_quoted_beside_hidden_values_under
     assert "2 other distinct values (3 file(s), e.g. sample photos-" in output, output
     assert "map: {VAL: valid, validate: valid, <value>: <split>}" in output, output
     assert "DOE" not in output and "ROE" not in output
+
+
+# ---------------------------------------------------------------------------------------------
+# a root folder holding a date, however it is spelled
+
+
+DATED = [
+    # an abbreviation's period, a comma after the day or the month, a run of separators
+    "Smith Jane Dec. 31, 1960", "Smith_Jane_31_Dec._1960", "Smith_Jane_Sept._4_1960", "Smith_Jane_31_December,_1960",
+    "Doe_John_31-dec.-1960", "Doe_John_Jan.5.2023", "Doe_John_jan__05__2023", "Doe John 1960, Dec. 31",
+    "Doe_John_1960_Sept._4th", "Doe John Mar. 3rd, 2018", "Doe_John_4 Sept. 1960", "Doe_John_sept4_1960",
+    "Doe_John_DEC_31_1960", "Doe_John_31 december 1960",
+    # a two-digit year, last: after the month, or after the day and a separator
+    "Doe_John_31-Dec-60", "Doe_John_31Dec60", "Doe John Dec 31, 60", "Doe John Dec. 31st, 60", "scan 1 Feb., 99",
+]
+UNDATED = [
+    # a month's letters in a word, a month and a day without a year, a month and a year
+    "decoder_v2", "Dec_model", "may_2_runs", "mayo_2_2019", "octree_12", "Sept_4", "Decathlon_Mar_2018", "Mar_2018",
+    "June2023", "jun_2023", "dec_2024", "may_2023_v2", "Task_1st_round",
+]
+
+
+def dated_root_job(tmp_path: Path, folder: str) -> Path:
+    raw = tmp_path / folder
+    raw.mkdir()
+    assert cv2.imwrite(str(raw / "im.png"), np.zeros((8, 8, 3), dtype=np.uint8))
+    (tmp_path / "phi.key").write_text(KEY + "\n")
+    return write_job(tmp_path, {"name": "dated", "sources": [{"kind": "image", "root": folder, "label": "none"}],
+                                "split": {"by": "entity", "ratios": {"train": 0.5, "test": 0.5}},
+                                "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+                                "output": "out", "phi": {"mode": "pseudonymize", "key_file": "phi.key"}})
+
+
+@pytest.mark.parametrize("folder", DATED)
+def test_a_root_folder_holding_a_date_spelled_with_periods_or_commas_needs_a_name(tmp_path: Path, folder: str) -> None:
+    """A source without name: is named after its root folder, in clear in every sample id; the
+    README promises a date with its month spelled, whole or cut short, with or without separators,
+    is refused: `Dec. 31, 1960`, `31_Dec._1960`, `Sept._4_1960` and `31_December,_1960` were not
+    (one separator character only: the period after `Dec` or the comma after the day broke it)."""
+    job = dated_root_job(tmp_path, folder)
+    with pytest.raises(ConfigError, match=r"its name defaults to its root folder's name, which may identify a "
+                                          r"patient .* give the source a name of its own") as err:
+        load_job(job)
+    assert folder not in str(err.value)
+    # the same pattern hides the folder wherever the manifest records a job path
+    assert redacted_path(f"../{folder}/train.txt") == "../<id>/train.txt"
+    doc = yaml.safe_load(job.read_text())
+    doc["sources"][0]["name"] = "ct"
+    write_job(tmp_path, doc)
+    assert load_job(job).sources[0].name == "ct"
+
+
+@pytest.mark.parametrize("folder", UNDATED)
+def test_a_root_folder_with_a_months_letters_but_no_date_keeps_its_name(tmp_path: Path, folder: str) -> None:
+    """Not every month's letters make a date: `decoder`, `Dec_model`, `may_2_runs` (no year), a
+    month and a year (`Mar_2018`, `June2023`: no day; a two-digit year needs a separator after
+    the day, so `2018` is not read as day 20 of '18)."""
+    assert load_job(dated_root_job(tmp_path, folder)).sources[0].name == folder.replace(".", "_")
+    assert redacted_path(f"../{folder}/train.txt") == f"../{folder}/train.txt"
