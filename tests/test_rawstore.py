@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -357,12 +358,23 @@ def test_a_full_temporary_folder_stops_the_run_instead_of_blaming_the_objects(
 # -- http(s):// roots: fsspec's HTTPFileSystem over a folder served by http.server ------------------
 class _Served(http.server.SimpleHTTPRequestHandler):
     """http.server on a folder; ``faults`` (by file name) make a GET answer ``500``, send half the
-    body (``cut``) or half the body and then nothing for 3 s (``stall``)."""
+    body (``cut``) or half the body and then nothing for 3 s (``stall``), answer without a
+    Content-Length, the body ending where the connection closes (``unsized``), or with another
+    ETag each time, as backends behind a load balancer do (``retagged``)."""
 
     faults: dict[str, str] = {}
+    answers = itertools.count()
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def send_header(self, keyword: str, value: str) -> None:
+        fault = self.faults.get(self.path.rsplit("/", 1)[-1])
+        if fault == "unsized" and keyword.lower() == "content-length":
+            return
+        if fault == "retagged" and keyword.lower() == "last-modified":
+            super().send_header("ETag", f'"backend{next(self.answers)}"')
+        super().send_header(keyword, value)
 
     def do_GET(self) -> None:
         fault = self.faults.get(self.path.rsplit("/", 1)[-1])
@@ -412,6 +424,23 @@ def photo_folder(folder: Path, names: dict[str, int]) -> Path:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(png_bytes(seed))
     return folder
+
+
+def test_an_http_file_without_a_content_length_or_with_a_tag_per_answer_is_decoded_not_called_changed(
+        tmp_path: Path) -> None:
+    """The fetch checks a copy against the listing, but on an http(s) server by size only, and
+    only where the server gave one: a response without Content-Length lists as 0 bytes, and a
+    tag that differs on every answer names a backend's copy, not the bytes. Each such file was
+    a missing_file record ('the object changed after discovery listed it')."""
+    raw = photo_folder(tmp_path / "raw", {"cat/plain.png": 1, "cat/unsized.png": 2, "dog/retagged.png": 3})
+    with serving(raw, {"unsized.png": "unsized", "retagged.png": "retagged"}) as url:
+        job = http_job(tmp_path, url)
+        found = discover(job)
+        assert {f.relpath: found.listed[f.path].size for f in found.refs}["cat/unsized.png"] == 0
+        result = process_chunk(ChunkTask(key="http", refs=tuple(found.refs), job=job, cache_dir=None,
+                                         listed=remote_listing(found.refs, found.listed)))
+    assert result.issues == ()
+    assert sorted(s.ref.relpath for s in result.samples) == ["cat/plain.png", "cat/unsized.png", "dog/retagged.png"]
 
 
 def test_an_http_file_that_answers_500_is_cut_short_or_stalls_is_an_unreadable_bad_sample(tmp_path: Path) -> None:

@@ -221,11 +221,12 @@ def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
     size limit (``limits.max_decoded_bytes``, as the readers apply it) is checked before any
     byte is fetched, and a copy for decoding (not ``headers_only``) is checked against ``listed``
     after: its size, and the object's version tag as the store gives it now, one ``info``
-    request (:func:`_changed_since_listing`). So a copy is only ever decoded as the listed
-    object, and a size limit applies to the bytes decoded. Issues (:class:`FetchIssue`, but
-    ``too_large``): ``too_large``; ``missing_file`` (the object is gone, or was replaced since
-    the listing: the listed version is gone); ``unreadable`` (access denied, no credentials,
-    store unreachable: the message says what to fix). Raises
+    request (:func:`_changed_since_listing`; on an http(s) server, the size alone, where it gave
+    one). So a copy is only ever decoded as the listed object, and a size limit applies to the
+    bytes decoded. Issues (:class:`FetchIssue`, but ``too_large``): ``too_large``;
+    ``missing_file`` (the object is gone, or was replaced since the listing: the listed version
+    is gone); ``unreadable`` (access denied, no credentials, store unreachable: the message says
+    what to fix). Raises
     ``ConfigError`` when this machine cannot open the URL's protocol at all (a defect of the
     run, not of the file). The copy lives in a fresh temporary folder (``$TMPDIR``) on the
     machine that runs the task.
@@ -256,7 +257,8 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
         if not ranged:
             fs.get_file(path, str(local))
             # the header pass keeps nothing: its copy is probed as it is, the decoding fetch checks
-            changed = "" if headers_only else _changed_since_listing(fs, path, listed, local.stat().st_size)
+            changed = "" if headers_only else _changed_since_listing(fs, path, listed, local.stat().st_size,
+                                                                     web=_encoded(url))
             if changed:
                 return FetchIssue.of(ref, stage="read", reason="missing_file", message=(
                     f"{url}: the object changed after discovery listed it ({changed}): the listed version is "
@@ -277,7 +279,7 @@ def _fetch(ref: SampleRef, listed: RawObject | None, folder: Path, limits: Limit
     return replace(ref, path=str(local))
 
 
-def _changed_since_listing(fs: Any, path: str, listed: RawObject, fetched_size: int) -> str:
+def _changed_since_listing(fs: Any, path: str, listed: RawObject, fetched_size: int, *, web: bool = False) -> str:
     """How the object at ``path``, just fetched whole as ``fetched_size`` bytes, differs from
     ``listed`` (``"size: listed 10 bytes, fetched 12"``), or ``""`` when it does not.
 
@@ -286,10 +288,15 @@ def _changed_since_listing(fs: Any, path: str, listed: RawObject, fetched_size: 
     came from (an ETag with an ETag): the fetch came between the listing and that answer, so
     an object replaced before the fetch is told, unless it was put back before the answer. A
     store whose answer lacks that key (or a listing without a tag) is checked by size alone.
+
+    ``web``: an http(s) server, checked by size alone, and only where it gave one: a response
+    without Content-Length (chunked, compressed on the fly) lists as 0 bytes, and a tag names
+    one server's copy, not the content (behind a load balancer each backend's ETag or
+    Last-Modified differs for the same bytes), so neither tells a changed file.
     Raises what the store raises."""
-    if fetched_size != listed.size:
+    if fetched_size != listed.size and not (web and listed.size == 0):
         return f"size: listed {listed.size} bytes, fetched {fetched_size}"
-    if not listed.version:
+    if not listed.version or web:
         return ""
     fs.invalidate_cache(path)  # the listing's own entry may be cached in this process
     key, _, value = listed.version.partition(":")
