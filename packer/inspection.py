@@ -637,15 +637,16 @@ def _records_target_masks(manifest: Manifest) -> bool | None:
 
 def _checked_table(manifest: Manifest, entry: dict[str, Any], needed: str) -> Path | None:
     """The local table a manifest ``entry`` (``index``, ``splits_table``) names, None where it is
-    absent from a registry copy (:attr:`Manifest.registry_copy`: none of the version's files
-    beside it); IntegrityError where it is absent from a version folder (damaged, as ``packer
+    absent from a registry copy or a manifest alone (:attr:`Manifest.detached`: none of the
+    version's files beside it); IntegrityError where it is absent from a version folder (damaged, as ``packer
     verify`` says; ``needed``: what diff reads it for) or does not hold the size and sha256 recorded."""
     path = Path(manifest.locate(entry["file"]))
     if not path.is_file():
-        if manifest.registry_copy:
+        if manifest.detached:
             return None
         raise IntegrityError(f"{path}: not found, though the manifest lists it and this is a version folder, not a "
-                             f"registry copy: the version is damaged and diff reads {needed} from it; restore the "
+                             f"registry copy (other files of the version are beside it): the version is damaged and "
+                             f"diff reads {needed} from it; restore the "
                              f"file from a good copy or rebuild the version with `packer build` (`packer verify "
                              f"{manifest.folder}` names every problem)")
     if file_sha256(path) != (entry["bytes"], entry["sha256"]):
@@ -726,8 +727,9 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
     the resolved config, and the packer/library/decoder versions.
 
     Raises IntegrityError when a manifest, index or splits table fails its hash, or when a
-    version folder lacks its index or splits table (damaged). A registry copy (none of the
-    version's files beside it) has neither: the sample comparison is skipped, with a note.
+    version folder lacks its index or splits table (damaged). A registry copy or a manifest
+    alone (none of the version's files beside it) has neither: the sample comparison is
+    skipped, with a note.
     """
     old_manifest, new_manifest = read_manifest(Path(old_path)), read_manifest(Path(new_path))
     old, new = old_manifest.data, new_manifest.data
@@ -745,8 +747,8 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                      "under uncertain: ignore are not compared, only those held; rebuild it to compare them")
     old_rows, new_rows = (read_sample_index(m, target_masks=None not in masks) for m in (old_manifest, new_manifest))
     for rows, manifest in ((old_rows, old_manifest), (new_rows, new_manifest)):
-        missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy): samples "
-                   "not compared; pass the version folders")
+        missing = (f"{manifest.locate(manifest.data['index']['file'])} not found (a registry copy, or a manifest "
+                   "alone: none of its version's files is beside it): samples not compared; pass the version folders")
         if rows is None and missing not in notes:  # two registry copies of one folder: one note, not two
             notes.append(missing)
     content = same_format = old["format"] == new["format"]

@@ -399,6 +399,14 @@ class Manifest:
         return self.path is not None and detached_manifest_error(
             str(self.path), self.path, self.data, "", copies_only=True) is not None
 
+    @property
+    def detached(self) -> bool:
+        """Whether none of the version's files is beside this manifest: a registry copy
+        (:attr:`registry_copy`), or a ``manifest.json`` fetched or copied on its own. Such a
+        manifest still says what the version holds (its config, counts, libraries); a version
+        folder with some of its files missing is no such manifest but a damaged version."""
+        return self.path is not None and detached_manifest_error(str(self.path), self.path, self.data, "") is not None
+
     def locate(self, file: str) -> Path | str:
         """A file of the version folder (a shard, the index): a local path or a URL."""
         folder = self.folder

@@ -163,14 +163,29 @@ def test_a_version_folder_that_lost_a_table_is_damaged_not_a_registry_copy(
     assert result.exit_code == 5, result.output
     message = " ".join(result.output.split())
     assert f"{damaged / lost}: not found" in message
-    assert "not a registry copy: the version is damaged" in message
+    assert "not a registry copy (other files of the version are beside it): the version is damaged" in message
     assert "restore the file from a good copy or rebuild the version with `packer build`" in message
     assert "pass the version folders" not in message
 
     # a registry copy, with none of the version's files beside it, is still compared by its manifest only
     copy = _cli("diff", registered.copy, registered.new)
     assert copy.exit_code == 0, copy.output
-    assert "_index.parquet not found (a registry copy): samples not compared; pass the version folders" in copy.output
+    assert ("_index.parquet not found (a registry copy, or a manifest alone: none of its version's files is beside "
+            "it): samples not compared; pass the version folders") in " ".join(copy.output.split())
+
+
+def test_a_manifest_json_alone_is_compared_by_its_manifest_as_a_registry_copy_is(
+        registered: Registered, tmp_path: Path) -> None:
+    """A version's manifest.json fetched on its own (aws s3 cp .../<version>/manifest.json) holds
+    what the version is, as a registry copy does, and none of its files is beside it: diff
+    compares its config and versions with a note (it said "damaged", exit 5, as if a version
+    folder had lost its tables)."""
+    alone = tmp_path / "fetched"
+    alone.mkdir()
+    shutil.copy(registered.old / "manifest.json", alone / "manifest.json")
+    result = _cli("diff", alone / "manifest.json", registered.new)
+    assert result.exit_code == 0, result.output
+    assert "samples not compared; pass the version folders" in " ".join(result.output.split())
 
 
 def test_diff_check_refuses_a_registry_copy_as_verify_does(registered: Registered) -> None:
