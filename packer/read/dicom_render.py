@@ -44,6 +44,7 @@ from packer.transform.dicom import (
     finish_image,
     finish_stored,
     keeps_geometry,
+    output_content,
     output_spacing,
     quantise,
     render_color,
@@ -576,6 +577,7 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         if too_big is not None:
             return too_big
     outputs: list[tuple[np.ndarray, dict[str, Any]]] = []
+    boxes: list[tuple[int, int, int, int] | None] = []  # where each frame lies in its output (fit's padding aside)
     spacing0 = pixel_spacing(ds, 0)
     if stack and spacing0 is not None:  # channels of one grid: a frame of another scale would cover another area
         for frame in range(1, frames):
@@ -612,7 +614,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         if grid is not None:
             meta["output_spacing"] = grid
         outputs.append((array, meta))
-    samples = _samples(ref, ds, pixels, cfg, outputs, base_metadata, blank, stack)
+        boxes.append(output_content(*pixels.shape[1:3], pixel_spacing=spacing, spacing=cfg.spacing, size=cfg.size,
+                                    policy=cfg.resize))
+    samples = _samples(ref, ds, pixels, cfg, outputs, base_metadata, blank, stack, boxes)
     if luma:  # what with_channels records where it maps the channels itself
         return [replace(s, metadata={**s.metadata, "channels": {"from": 3, "rule": "luma"}}) for s in samples]
     return samples
@@ -620,8 +624,10 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
 
 def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig,
              outputs: list[tuple[np.ndarray, dict[str, Any]]], base_metadata: dict[str, Any], blank: dict[int, str],
-             stack: bool) -> list[Sample]:
-    """The samples of a file's rendered frames (``outputs``): one per frame, or one stack."""
+             stack: bool, boxes: list[tuple[int, int, int, int] | None]) -> list[Sample]:
+    """The samples of a file's rendered frames (``outputs``): one per frame, or one stack. ``boxes``:
+    where each frame lies in its output (:func:`~packer.transform.dicom.output_content`; a stack's
+    frames share frame 0's grid, and so its box), each sample's ``content``."""
     frames = pixels.shape[0]
 
     def stored(part: np.ndarray) -> str:  # a slice of a series is one part of a stack or volume: none
@@ -638,14 +644,14 @@ def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransfor
             if any(pair != meta["frame_rescale"][0] for pair in meta["frame_rescale"][1:]):
                 meta.update(NO_ONE_RESCALE)  # frame 0's pair holds for frame 0 only
         return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=meta, stored_digest=stored(pixels),
-                       instance=instance)]
+                       instance=instance, content=boxes[0])]
     if frames == 1:
         return [Sample(key=ref.sample_id, ref=ref, image=outputs[0][0], metadata={**base_metadata, **outputs[0][1]},
-                       stored_digest=stored(pixels[0]), instance=instance)]
+                       stored_digest=stored(pixels[0]), instance=instance, content=boxes[0])]
     return [Sample(key=frame_key(ref.sample_id, i, frames), ref=ref, image=array,
                    metadata={**base_metadata, **meta, "frame": i,
                              **({"warnings": [*base_metadata.get("warnings", ()), blank[i]]} if i in blank else {})},
-                   stored_digest=stored(pixels[i]), instance=instance)
+                   stored_digest=stored(pixels[i]), instance=instance, content=boxes[i])
             for i, (array, meta) in enumerate(outputs)]
 
 

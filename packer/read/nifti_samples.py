@@ -47,7 +47,14 @@ from packer.config import WindowSpec
 from packer.keys import frame_key
 from packer.read.series import stack_neighbors
 from packer.records import Sample, SampleRef
-from packer.transform.dicom import display_dtype, finish_image, keeps_geometry, output_spacing, quantise
+from packer.transform.dicom import (
+    display_dtype,
+    finish_image,
+    keeps_geometry,
+    output_content,
+    output_spacing,
+    quantise,
+)
 from packer.transform.intensity import (
     Stats,
     apply_percentiles,
@@ -272,7 +279,10 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
                                         pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
                                         policy=plan.resize, pad_value=plan.pad)
         key = frame_key(ref.sample_id, index, count)
-        out.append(Sample(key=key, ref=ref, image=image, metadata=metadata, mask=mask))
+        # where the slice lies in its output: near-copy evidence is drawn from it, not fit's padding
+        content = output_content(*values.shape[1:], pixel_spacing=spacing, spacing=plan.spacing, size=plan.size,
+                                 policy=plan.resize)
+        out.append(Sample(key=key, ref=ref, image=image, metadata=metadata, mask=mask, content=content))
     if plan.sample != "neighbors":
         return out
     step = float(np.linalg.norm(case.affine[:3, AXES[plan.axis] - 1]))

@@ -9,7 +9,8 @@ PS3.4 N.2.1.1):
                   ─ per channel: window (C.11.2.1.2/3) or VOI LUT (C.11.2.1.1) → [0, 1]
                   ─ MONOCHROME1: 1 - y (C.7.6.3.1.2)
                   ─ padding pixels → 0 (black, also after inversion)
-                  ─ optional resample to a pixel spacing, then resize (packer.transform.resize)
+                  ─ optional resample to a pixel spacing, then resize (packer.transform.resize;
+                    where ``fit`` puts the frame: :func:`output_content`)
                   ─ quantise: uint8 round(y·255), uint16 round(y·65535), half to even
 
 uint16 output that keeps the frame's pixel grid computes the display values y in float64 from
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from packer.transform.channels import luminance
-from packer.transform.resize import resize_image, resize_plan
+from packer.transform.resize import content_box, resize_image, resize_plan
 from packer.transform.window import (
     apply_modality,
     apply_modality_lut,
@@ -337,6 +338,22 @@ def output_spacing(height: int, width: int, *, pixel_spacing: tuple[float, float
     if size is not None:
         grid = resize_plan(grid, size, policy)[0]
     return [round(pixel_spacing[0] * height / grid[0], 6), round(pixel_spacing[1] * width / grid[1], 6)]
+
+
+def output_content(height: int, width: int, *, pixel_spacing: tuple[float, float] | None,
+                   spacing: tuple[float, float] | None, size: tuple[int, int] | None,
+                   policy: str) -> tuple[int, int, int, int] | None:
+    """Where an H×W frame lies in :func:`finish_image`'s output, as (top, left, height, width):
+    under ``fit`` the box of its scaled grid (after any resample to ``spacing``), the rest being
+    padding; ``None`` where it fills the output (no ``size``, ``stretch``, ``crop``). The sample's
+    :attr:`packer.records.Sample.content`, from which near-copy evidence is drawn: the padding is
+    none (:func:`packer.pipeline.nearcopy.packed_signature`)."""
+    if size is None:
+        return None
+    grid = (height, width)
+    if spacing is not None and pixel_spacing is not None:
+        grid = spacing_size(height, width, pixel_spacing, spacing)
+    return content_box(grid, size, policy)
 
 
 def quantise(image: np.ndarray, output: str) -> np.ndarray:
