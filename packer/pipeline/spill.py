@@ -176,7 +176,10 @@ class CachedChunk:
 #: 55: MONOCHROME2 under Presentation LUT Shape INVERSE renders inverted; Float Pixel Data's own padding
 #: value masks it; a palette whose LUT Data miscounts its entries is named; a series job's left-out
 #: localizer and end-slice records carry Modality and SOP class; a table's time: list is a fallback.
-CACHE_FORMAT = 55
+#: 56: near-copy signatures of fit outputs and padded volumes come from the content box; a multi-frame
+#: file whose every frame is flat is constant_image; PT records Units and each slice's rescale where they
+#: differ, and a PT file without rescale is unreadable; SPECT projections are not_requested in series jobs.
+CACHE_FORMAT = 56
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
