@@ -68,7 +68,7 @@ from packer.read.series import (
 )
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
-from packer.transform.channels import check_channels
+from packer.transform.channels import check_channels, sharing_channels, stack_fixes
 from packer.transform.mask import transform_mask_dicom
 from packer.where import Condition
 
@@ -198,16 +198,26 @@ class DicomKind(SourceKind):
         if names and cfg.channels is not None and cfg.output != "float16" and cfg.frames != "stack":
             # a neighbour stack's channels: each of its 2k + 1 slices' windows
             stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
-            fix = windows_fix(cfg.channels, "") if stacked == 1 else (
-                f"list windows that, times the stack's {stacked} slices, make {cfg.channels} channels, or set "
-                f"{cfg.channels_key} to {stacked} times the windows")
+            counts = [len(cfg.windows), *(len(windows) for _, windows in cfg.modality_windows)]
+            shared = sharing_channels(job, sources, cfg.channels_key)
+
+            def fix(windows: int, where: str) -> str:
+                # only the changes that can work: 3 channels is no multiple of a 5-slice stack, and
+                # transform.channels: 5 is refused for the RGB photos that share it
+                if stacked == 1:
+                    return windows_fix(cfg.channels or 1, where)
+                return ", or ".join(stack_fixes(cfg.channels or 1, windows, stacked, every_slice=counts,
+                                                slice_fix=lambda n: f"list {n} window(s){where}",
+                                                sample_key="transform.dicom.sample", key=cfg.channels_key,
+                                                shared=shared))
+
             check_channels(cfg.channels, len(cfg.windows) * stacked, where="transform.dicom.windows", sources=names,
-                           fix=fix, key=cfg.channels_key)
+                           fix=fix(len(cfg.windows), ""), key=cfg.channels_key)
             for modality, windows in cfg.modality_windows:
                 check_channels(cfg.channels, len(windows) * stacked,
                                where=f"transform.dicom.modality_windows.{modality}",
                                sources=[f"{name} (Modality {modality})" for name in names],
-                               fix=windows_fix(cfg.channels, f" for {modality}"), key=cfg.channels_key)
+                               fix=fix(len(windows), f" for {modality}"), key=cfg.channels_key)
         if cfg.by_series and not sources:
             made = "a volume" if cfg.sample == "volume" else "neighbour stacks"
             raise ConfigError(f"transform.dicom.sample: {cfg.sample} makes {made} of DICOM series, but this job has "

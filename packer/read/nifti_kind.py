@@ -17,6 +17,7 @@ A volume of another format under the root (NRRD, MetaImage, MGH, MINC, an Analyz
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ from packer.read.nifti_samples import (
     volume_sample,
 )
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.channels import check_channels
+from packer.transform.channels import check_channels, sharing_channels, stack_fixes
 from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
 
 #: The name of a row's own file among a case's channels (the others are named by their columns).
@@ -237,15 +238,19 @@ class NiftiKind(SourceKind):
                               "output: float16, or give a window or a normalisation")
         if cfg.channels is not None and cfg.channels_from is None:
             stacked = 2 * cfg.neighbors + 1 if cfg.sample == "neighbors" else 1
-            for source in sources:
-                per_slice = (1 + len(source.companions)) * len(cfg.windows)
+            counts = [(1 + len(source.companions)) * len(cfg.windows) for source in sources]
+            shared = sharing_channels(job, sources, cfg.channels_key)
+            for source, per_slice in zip(sources, counts, strict=True):
                 natural = per_slice * stacked
+                # only the changes that can work: a count no multiple of the stack takes no channels a
+                # slice, and a transform.channels the photos beside it share cannot be the stack's
+                fixes = stack_fixes(cfg.channels, per_slice, stacked, every_slice=counts, key=cfg.channels_key,
+                                    slice_fix=functools.partial(_slice_channels, source.name),
+                                    sample_key="transform.nifti.sample", shared=shared)
                 fix = (f"give {source.name!r} windows and channel_files that make {cfg.channels} channels"
                        if stacked == 1 else
                        f"the stack's {stacked} slices (sample: {{neighbors: {cfg.neighbors}}}) times {per_slice} "
-                       f"channel(s) a slice make {natural}: set {cfg.channels_key} to {natural}"
-                       + (f", or give {source.name!r} {cfg.channels // stacked} channel(s) a slice (windows and "
-                          "channel_files)" if cfg.channels % stacked == 0 else ""))
+                       f"channel(s) a slice make {natural}: {', or '.join(fixes)}" if fixes else "")
                 check_channels(cfg.channels, natural, sources=[source.name], fix=fix, key=cfg.channels_key,
                                where="transform.nifti.windows" if stacked == 1 else "transform.nifti.sample")
 
@@ -293,6 +298,11 @@ class NiftiKind(SourceKind):
 
     def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
         return samples  # the reader cut each sample's mask from the case's label map, on the sample's grid
+
+
+def _slice_channels(source: str, channels: int) -> str:
+    """The fix that gives ``source``'s slices ``channels`` channels each."""
+    return f"give {source!r} {channels} channel(s) a slice (windows and channel_files)"
 
 
 def _parse_non_finite(raw: Any) -> float | str | None:

@@ -19,11 +19,16 @@ config error naming the source and the fix (:func:`check_channels`); where only 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from packer.config import JobConfig, SourceConfig
 
 #: BT.601 luma weights for R, G, B.
 LUMA = (0.299, 0.587, 0.114)
@@ -94,8 +99,41 @@ def check_channels(target: int, natural: int, *, where: str, sources: list[str],
         return
     mappable = ("only a sample of exactly 1 channel, or of 3 colour channels of a colour DICOM (their luminance), "
                 "can be mapped" if target == 1 else f"only 1 channel (replicated) or exactly {target} can be mapped")
+    alone = f"drop {key} and load each source on its own (ShardDataset(manifest, split, sources=[...]))"
     raise ConfigError(
         f"{where}: gives {natural} channel(s) for source(s) {', '.join(sources)}, and {key} is "
         f"{target}: {mappable}, never a silent reshape. "
-        f"Fix: {fix}; or drop {key} and load each source on its own "
-        "(ShardDataset(manifest, split, sources=[...]))")
+        f"Fix: {f'{fix}; or {alone}' if fix else alone}")
+
+
+def sharing_channels(job: JobConfig, sources: Sequence[SourceConfig], key: str) -> list[str]:
+    """The job's sources beside ``sources`` whose channel count ``key`` sets too: those of the
+    kinds that take the shared ``transform.channels`` (none where ``key`` is a kind's own). A
+    fix that sets ``key`` to this kind's count is no fix where one of them cannot give it."""
+    if key != "transform.channels":
+        return []
+    return [s.name for s in job.sources if s not in sources
+            and getattr(job.settings(s.kind), "channels_key", None) == key]
+
+
+def stack_fixes(target: int, per_slice: int, stacked: int, *, every_slice: Sequence[int],
+                slice_fix: Callable[[int], str], sample_key: str, key: str, shared: Sequence[str]) -> list[str]:
+    """The changes that make a stack of ``stacked`` (2k + 1) slices of ``per_slice`` channels each
+    give ``target`` channels, and only those that can (a stack is never replicated, so it must
+    give ``target`` exactly): ``key`` set to the stack's count, where every stack of the kind
+    (``every_slice``: each per-slice count one stack size serves) gives one count and no other
+    source's count is ``key`` too (``shared``: RGB photos beside it are refused any other count);
+    ``slice_fix(n)``, slices of ``n`` channels, where ``target`` is a multiple of the stack; and
+    the stack's size, ``sample_key: {neighbors: k}``, where 2k + 1 slices of every per-slice
+    count make ``target``."""
+    counts = {per_slice, *every_slice}
+    fixes = []
+    if len(counts) == 1 and not shared:
+        fixes.append(f"set {key} to {per_slice * stacked}")
+    if target % stacked == 0:
+        fixes.append(f"{slice_fix(target // stacked)} that, times the stack's {stacked} slices, make {target} channels")
+    slices, rest = divmod(target, per_slice)
+    if len(counts) == 1 and not rest and slices % 2 == 1 and slices > 1:
+        fixes.append(f"set {sample_key}: {{neighbors: {slices // 2}}} ({slices} slices × {per_slice} channel(s) a "
+                     f"slice make {target})")
+    return fixes
