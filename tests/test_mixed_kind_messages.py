@@ -11,7 +11,45 @@ import pytest
 
 from packer.config import load_job
 from packer.errors import ConfigError
+from packer.pipeline.sampletable import several_shapes
 from tests.helpers import write_job
+
+
+def _schema(shapes: dict[str, list[list[int]]], dtypes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """A manifest's sample_schema of ``shapes`` (and ``dtypes``, each source's) per source."""
+    found = {d for listed in (dtypes or {}).values() for d in listed}
+    return {"shape": None, "shapes": shapes, "dtype": None if len(found) > 1 else "uint8",
+            **({"dtypes": dtypes} if len(found) > 1 else {})}
+
+
+# -- several_shapes: every fix the shapes need -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shapes", [
+    {"nii": [[1, 24, 24]], "photo": [[3, 32, 32]]},
+    {"ct": [[2, 64, 64]], "nii": [[1, 24, 24]], "photo": [[3, 32, 32]]},
+])
+def test_sources_differing_in_channels_and_size_are_told_both_fixes(shapes: dict[str, list[list[int]]]) -> None:
+    # one channel count alone leaves 3×24×24 beside 3×32×32, which no batch stacks either
+    (warning,) = several_shapes(_schema(shapes))
+    assert "make them one channel count with transform.channels" in warning, warning
+    assert "give every source one size" in warning, warning
+
+
+def test_a_source_of_several_channel_counts_and_sizes_is_told_both_fixes() -> None:
+    (warning,) = several_shapes(_schema({"mixed": [[1, 24, 24], [3, 32, 32]]}))
+    assert warning.startswith("source mixed packs samples of 2 shapes (1×24×24, 3×32×32), which no batch can stack: "
+                              "make them one channel count with transform.channels"), warning
+    assert "give the kind a size (transform.<kind>.size)" in warning, warning
+
+
+def test_pad_is_offered_only_where_it_pads_one_channel_count() -> None:
+    # collate="pad" pads height and width only: it refuses a batch of several channel counts
+    (mixed,) = several_shapes(_schema({"nii": [[1, 24, 24]], "photo": [[3, 32, 32]]}))
+    assert 'collate="list"' in mixed and 'collate="pad"' not in mixed, mixed
+    (sizes,) = several_shapes(_schema({"a": [[3, 24, 24]], "b": [[3, 32, 32]]}))
+    assert 'collate="list") or collate="pad"' in sizes, sizes
+
 
 # -- a neighbour stack's channel count: only fixes that give it --------------------------------------------------
 

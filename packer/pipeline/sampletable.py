@@ -857,40 +857,60 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
     """Warnings for a dataset whose samples have several shapes (the manifest's
     ``sample_schema``): a batch stacks one shape, and torch's default collate, the README's
     first loader, fails on them with a message that names no sample. One warning per source of
-    several shapes, with the setting that makes them one; where each source has one shape but
-    they differ, one warning naming each source's. Empty for a dataset of one shape."""
+    several shapes, with every setting that makes them one (a channel count, a size, or both:
+    the loader's own message names each); where each source has one shape but they differ, one
+    warning naming each source's. A collate is offered only where it can load them: ``pad``
+    pads the height and width of images of one channel count. Empty for a dataset of one shape."""
     shapes: Mapping[str, list[list[int]]] = schema.get("shapes") or {}
     if schema.get("shape") is not None or len({tuple(s) for listed in shapes.values() for s in listed}) <= 1:
         return []
-    # a volume (C×D×H×W) takes its size from sample: {volume: {size}} (transform.<kind>.size is refused
-    # there), and collate="pad" pads only C×H×W images
-    volumes = any(len(s) == 4 for listed in shapes.values() for s in listed)
-    loaders = ('or batch them with make_loader(..., collate="list")' if volumes
-               else 'or batch them with make_loader(..., collate="list") or collate="pad"')
     out = []
     for source, listed in sorted(shapes.items()):
         if len(listed) < 2:
             continue
-        if len({len(s) for s in listed}) > 1 or len({s[0] for s in listed}) > 1:
-            fix = ("make them one channel count with transform.channels (or the kind's own channels setting: a "
-                   "file whose count cannot be made so becomes a bad_shape sample)")
-        elif volumes:
-            fix = ("give the volumes one size with sample: {volume: {size: [D, H, W]}} (under transform.<kind>) so "
-                   "every volume is cropped or padded to it")
-        else:
-            fix = "give the kind a size (transform.<kind>.size) so every sample is resized to it"
+        fixes = _shape_fixes(listed, "make them one channel count with transform.channels (or the kind's own "
+                                     "channels setting: a file whose count cannot be made so becomes a bad_shape "
+                                     "sample)", "give the kind a size (transform.<kind>.size) so every sample is "
+                                                "resized to it")
+        loaders = _collates([s for listed in shapes.values() for s in listed])  # a collate loads the whole split
         out.append(f"source {source} packs samples of {len(listed)} shapes ({_shapes_text(listed)}), which no batch "
-                   f"can stack: {fix}, {loaders}")
+                   f"can stack: {_either([*fixes, *loaders]) or 'no setting makes them one shape'}")
     if not out:
         each = ", ".join(f"{source} {_shapes_text(listed)}" for source, listed in sorted(shapes.items()))
         every = [s for listed in shapes.values() for s in listed]
-        # the fix that can make them one: a channel count where those differ (replicated from 1),
-        # a size where sizes do; volumes beside 2-D samples are never one shape
-        fix = ("make them one channel count with transform.channels, " if len({s[0] for s in every}) > 1
-               else "give every source one size, " if len({len(s) for s in every}) == 1 else "")
-        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: load one source "
-                   f"at a time (ShardDataset(..., sources=[...])), {fix}{loaders}")
+        fixes = _shape_fixes(every, "make them one channel count with transform.channels", "give every source one size")
+        loaders = _collates(every)
+        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: "
+                   f"{_either(['load one source at a time (ShardDataset(..., sources=[...]))', *fixes, *loaders])}")
     return out
+
+
+def _shape_fixes(shapes: Sequence[Sequence[int]], channels: str, size: str) -> list[str]:
+    """The settings that make ``shapes`` one: ``channels`` where their channel counts differ and
+    a size where their sizes do, both where both do (one alone leaves them unstackable); a
+    volume's size is ``sample: {volume: {size}}`` (``transform.<kind>.size`` is refused there).
+    None where volumes meet 2-D samples: no setting makes those one shape."""
+    if len({len(s) for s in shapes}) > 1:
+        return []
+    fixes = [channels] if len({s[0] for s in shapes}) > 1 else []
+    if len({tuple(s[1:]) for s in shapes}) > 1:
+        fixes.append("give the volumes one size with sample: {volume: {size: [D, H, W]}} (under transform.<kind>) "
+                     "so every volume is cropped or padded to it" if len(shapes[0]) == 4 else size)
+    return fixes
+
+
+def _collates(shapes: Sequence[Sequence[int]]) -> list[str]:
+    """The collates that load samples of ``shapes`` together: ``list`` always, ``pad`` only for
+    C×H×W images of one channel count (it pads height and width alone)."""
+    if len({tuple(s) for s in shapes}) < 2:
+        return []
+    pad = all(len(s) == 3 for s in shapes) and len({s[0] for s in shapes}) == 1
+    return ['batch them with make_loader(..., collate="list")' + (' or collate="pad"' if pad else "")]
+
+
+def _either(fixes: Sequence[str]) -> str:
+    """``a, b, or c``: the ways out, the last after ``or``."""
+    return ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + (fixes[-1] if fixes else "")
 
 
 def _shapes_text(shapes: Sequence[Sequence[int]], most: int = 4) -> str:
