@@ -4,13 +4,19 @@ source is refused."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
+import cv2
+import nibabel as nib
+import numpy as np
 import pytest
 
 from packer.config import load_job
 from packer.errors import ConfigError
+from packer.loader import ShardDataset, make_loader
+from packer.pipeline.build import BuildOptions, build, dataset_warnings
 from packer.pipeline.sampletable import several_shapes
 from tests.helpers import write_job
 
@@ -49,6 +55,69 @@ def test_pad_is_offered_only_where_it_pads_one_channel_count() -> None:
     assert 'collate="list"' in mixed and 'collate="pad"' not in mixed, mixed
     (sizes,) = several_shapes(_schema({"a": [[3, 24, 24]], "b": [[3, 32, 32]]}))
     assert 'collate="list") or collate="pad"' in sizes, sizes
+
+
+# -- several_shapes beside several dtypes: no collate the loader refuses --------------------------------------
+
+
+def test_shapes_and_dtypes_that_differ_are_told_only_one_dtype_views() -> None:
+    (warning,) = several_shapes(_schema({"nii": [[1, 24, 24]], "photo": [[3, 32, 32]]},
+                                        {"nii": ["float16"], "photo": ["uint8"]}))
+    assert "collate" not in warning.split("no batch can stack")[1].replace("no collate loads", ""), warning
+    assert "dtypes differ too (nii float16, photo uint8), so no collate loads the whole split" in warning, warning
+    assert "load one source at a time (ShardDataset(..., sources=[...]))" in warning, warning
+
+
+def test_a_one_dtype_view_of_several_shapes_is_offered_its_collates() -> None:
+    (warning,) = several_shapes(_schema({"nii": [[1, 24, 24]], "a": [[3, 32, 32]], "b": [[3, 48, 48]]},
+                                        {"nii": ["float16"], "a": ["uint8"], "b": ["uint8"]}))
+    assert ("batch a view of one dtype (ShardDataset(..., sources=['a', 'b'])) with make_loader(..., "
+            'collate="list") or collate="pad"') in warning, warning
+    (own,) = several_shapes(_schema({"nii": [[1, 24, 24]], "photo": [[3, 32, 32], [3, 48, 48]]},
+                                    {"nii": ["float16"], "photo": ["uint8"]}))
+    assert own.startswith("source photo packs samples of 2 shapes"), own
+    assert "batch a view of one dtype (ShardDataset(..., sources=['photo']))" in own, own
+
+
+def _nifti_and_photos(tmp_path: Path) -> Path:
+    """6 NIfTI cases z-scored to float16 slices (1×24×24) beside 6 RGB photos (3×32×32)."""
+    (tmp_path / "nii").mkdir()
+    (tmp_path / "img").mkdir()
+    nii, img = [], []
+    for i in range(6):
+        voxels = np.random.default_rng(i).normal(0, 200, (24, 24, 3)).astype(np.float32)
+        nib.save(nib.Nifti1Image(voxels, np.eye(4)), str(tmp_path / "nii" / f"c{i}.nii.gz"))
+        nii.append([f"c{i}.nii.gz", f"P{i}", "a"])
+        photo = np.random.default_rng(100 + i).integers(0, 255, (40, 40, 3), np.uint8)
+        cv2.imwrite(str(tmp_path / "img" / f"p{i}.png"), photo)
+        img.append([f"p{i}.png", f"Q{i}", "b"])
+    for folder, rows in (("nii", nii), ("img", img)):
+        with open(tmp_path / folder / "t.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["path", "entity", "label"])
+            writer.writerows(rows)
+    return write_job(tmp_path, {
+        "name": "mixed", "output": str(tmp_path / "out"), "pack": {"format": "webdataset"},
+        "sources": [{"kind": "nifti", "name": "nii", "root": str(tmp_path / "nii"),
+                     "table": str(tmp_path / "nii/t.csv")},
+                    {"kind": "image", "name": "photo", "root": str(tmp_path / "img"),
+                     "table": str(tmp_path / "img/t.csv")}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
+                  "balance": {"accept": True}},
+        "transform": {"nifti": {"windows": ["zscore"], "output": "float16", "sample": "slice", "size": [24, 24]},
+                      "image": {"size": [32, 32], "color": "rgb"}}})
+
+
+def test_a_built_dataset_of_two_dtypes_is_warned_of_no_collate_the_loader_refuses(tmp_path: Path) -> None:
+    result = build(load_job(_nifti_and_photos(tmp_path)), BuildOptions(scheduler="sync", quiet=True,
+                                                                       html_report=False))
+    (shapes,) = [message for code, message in dataset_warnings(result.manifest) if code == "several_shapes"]
+    with pytest.raises(ConfigError, match="different dtypes"):  # the whole split, whichever collate
+        next(iter(make_loader(ShardDataset(result.manifest_path, "train"), batch_size=4, collate="list")))
+    assert 'collate="list"' not in shapes and 'collate="pad"' not in shapes, shapes
+    assert "give every source one size" in shapes and "transform.channels" in shapes, shapes
+    view = ShardDataset(result.manifest_path, "train", sources=["photo"])  # what it advises does load
+    assert len(list(view)) > 0
 
 
 # -- a neighbour stack's channel count: only fixes that give it --------------------------------------------------

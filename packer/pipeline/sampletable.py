@@ -860,10 +860,13 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
     several shapes, with every setting that makes them one (a channel count, a size, or both:
     the loader's own message names each); where each source has one shape but they differ, one
     warning naming each source's. A collate is offered only where it can load them: ``pad``
-    pads the height and width of images of one channel count. Empty for a dataset of one shape."""
+    pads the height and width of images of one channel count, and where the dtypes differ too
+    (``sample_schema.dtypes``) the loader reads only a source view of one dtype, under any
+    collate (:func:`several_dtypes`). Empty for a dataset of one shape."""
     shapes: Mapping[str, list[list[int]]] = schema.get("shapes") or {}
     if schema.get("shape") is not None or len({tuple(s) for listed in shapes.values() for s in listed}) <= 1:
         return []
+    dtypes: Mapping[str, list[str]] = (schema.get("dtypes") or {}) if schema.get("dtype") is None else {}
     out = []
     for source, listed in sorted(shapes.items()):
         if len(listed) < 2:
@@ -872,15 +875,23 @@ def several_shapes(schema: Mapping[str, Any]) -> list[str]:
                                      "channels setting: a file whose count cannot be made so becomes a bad_shape "
                                      "sample)", "give the kind a size (transform.<kind>.size) so every sample is "
                                                 "resized to it")
-        loaders = _collates([s for listed in shapes.values() for s in listed])  # a collate loads the whole split
+        # a collate loads the whole split, or where the dtypes differ, only a view of this source
+        names = [source] if dtypes else sorted(shapes)
+        loaders = _collates([s for name in names for s in shapes[name]], names, dtypes)
         out.append(f"source {source} packs samples of {len(listed)} shapes ({_shapes_text(listed)}), which no batch "
                    f"can stack: {_either([*fixes, *loaders]) or 'no setting makes them one shape'}")
     if not out:
         each = ", ".join(f"{source} {_shapes_text(listed)}" for source, listed in sorted(shapes.items()))
         every = [s for listed in shapes.values() for s in listed]
         fixes = _shape_fixes(every, "make them one channel count with transform.channels", "give every source one size")
-        loaders = _collates(every)
-        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack: "
+        # mixed dtypes: the whole split loads under no collate, so a collate is offered only for a view
+        # of one dtype whose sources still differ in shape
+        views = ([sorted(src for src in shapes if dtypes.get(src) == [dtype])
+                  for dtype in sorted({d for found in dtypes.values() for d in found})] if dtypes else [sorted(shapes)])
+        loaders = [fix for names in views for fix in _collates([s for n in names for s in shapes[n]], names, dtypes)]
+        of_dtype = ", ".join(f"{source} {'/'.join(found)}" for source, found in sorted(dtypes.items()))
+        dtyped = f", and their dtypes differ too ({of_dtype}), so no collate loads the whole split" if of_dtype else ""
+        out.append(f"the sources' samples have different shapes ({each}), which no batch can stack{dtyped}: "
                    f"{_either(['load one source at a time (ShardDataset(..., sources=[...]))', *fixes, *loaders])}")
     return out
 
@@ -899,13 +910,20 @@ def _shape_fixes(shapes: Sequence[Sequence[int]], channels: str, size: str) -> l
     return fixes
 
 
-def _collates(shapes: Sequence[Sequence[int]]) -> list[str]:
-    """The collates that load samples of ``shapes`` together: ``list`` always, ``pad`` only for
-    C×H×W images of one channel count (it pads height and width alone)."""
+def _collates(shapes: Sequence[Sequence[int]], sources: Sequence[str], dtypes: Mapping[str, list[str]]) -> list[str]:
+    """The collates that load samples of ``shapes`` from ``sources`` together: ``list`` always,
+    ``pad`` only for C×H×W images of one channel count (it pads height and width alone); where
+    the dataset's dtypes differ (``dtypes``, each source's), only through a view of these
+    sources, and none where they are not of one dtype (the loader refuses them under any)."""
     if len({tuple(s) for s in shapes}) < 2:
         return []
+    chosen = {dtype for source in sources for dtype in dtypes.get(source, ())}
+    if dtypes and len(chosen) != 1:
+        return []
+    view = ("" if not dtypes else
+            f" a view of one dtype (ShardDataset(..., sources=[{', '.join(repr(s) for s in sources)}]))")
     pad = all(len(s) == 3 for s in shapes) and len({s[0] for s in shapes}) == 1
-    return ['batch them with make_loader(..., collate="list")' + (' or collate="pad"' if pad else "")]
+    return [f'batch{view or " them"} with make_loader(..., collate="list")' + (' or collate="pad"' if pad else "")]
 
 
 def _either(fixes: Sequence[str]) -> str:
