@@ -4,9 +4,7 @@ Every DICOM frame (a file's, each of a ``frames: split`` file's, a ``frames: sta
 stack's) and every NIfTI slice records the box it lies in (``Sample.content``), as an image does
 (tests/test_nearcopy_letterbox.py), so its near-copy signature is drawn from that box, not from
 fit's padding: different slices of one unusual aspect (4:1, 6:1) under different patients are not
-linked, and the same slice under another patient still is. A volume padded to its
-``sample.volume.size`` records the box its voxels fill in the middle slice its signature is drawn from,
-the same letterbox under no resize policy."""
+linked, and the same slice under another patient still is."""
 
 from __future__ import annotations
 
@@ -25,10 +23,9 @@ from packer.pipeline import nearcopy
 from packer.pipeline.cluster import open_executor
 from packer.pipeline.stages import run_stages
 from packer.read.dicom import read_dicom
-from packer.read.nifti_samples import Case, Slicing, slice_samples, volume_sample
+from packer.read.nifti_samples import Case, Slicing, slice_samples
 from packer.records import Sample, SampleRef
 from packer.transform.dicom import output_content
-from packer.transform.volume import padded_content
 
 
 def noise(seed: int, rows: int, cols: int) -> np.ndarray:
@@ -233,46 +230,4 @@ def test_distinct_wide_nifti_slices_of_several_patients_are_linked_only_to_their
     found = near_links(tmp_path / "build", {"kind": "nifti", "root": str(tmp_path / "raw"),
                                             "table": str(tmp_path / "raw" / "cases.csv"), "label": "none"},
                        {"nifti": {"windows": [{"center": -24, "width": 2000}], "size": [64, 64], "resize": resize}})
-    assert found == [(copy, source)]
-
-
-# ---------------------------------------------------------------- volumes padded to their size
-
-
-def test_a_volume_padded_to_its_size_records_where_its_voxels_lie_in_the_middle_slice() -> None:
-    assert padded_content((3, 80, 480), (3, 480, 480)) == (200, 0, 80, 480)
-    assert padded_content((3, 480, 80), (5, 400, 400)) == (0, 160, 400, 80)  # cropped rows, padded columns
-    assert padded_content((9, 64, 64), (3, 48, 64)) is None  # cropped only: every voxel is the volume's
-    assert padded_content((2, 64, 64), (8, 64, 64)) is None  # padded along D, its middle slice one of the voxels'
-    assert padded_content((1, 64, 64), (8, 64, 64)) == (0, 0, 0, 0)  # one slice at D 3 of 8: the middle is padding
-
-
-def test_a_nifti_volume_padded_to_its_size_records_the_box() -> None:
-    values = np.random.default_rng(3).uniform(0, 100, (1, 3, 20, 80)).astype(np.float32)
-    case = Case(values=values, affine=np.eye(4), names=("ct",), cal=(None,))
-    ref = SampleRef(sample_id="c", source="s", kind="nifti", path="/raw/c.nii.gz", relpath="c.nii.gz")
-    plan = Slicing(windows=(parse_window({"percentiles": [0, 100]}, "w"),), sample="volume", axis="axial",
-                   neighbors=1, edge="replicate", spacing=None, size=None, resize="stretch", output="uint8",
-                   volume_spacing=None, volume_size=(3, 80, 80))
-    sample, = volume_sample(ref, case, plan, {})
-    assert sample.image.shape == (1, 3, 80, 80) and sample.content == (30, 0, 20, 80)
-    assert not sample.image[0, 1, :30].any() and not sample.image[0, 1, 50:].any()
-
-
-@pytest.mark.parametrize("padded", [False, True], ids=["own-size", "padded"])
-def test_distinct_wide_ct_volumes_are_linked_only_to_their_true_copy(tmp_path: Path, padded: bool) -> None:
-    write_dicom_tree(tmp_path / "raw", slices=3)
-    volume: dict[str, Any] = {"size": [3, 480, 480]} if padded else {}
-    found = near_links(tmp_path / "build", {"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"},
-                       {"dicom": {"windows": [{"center": 0, "width": 2000}], "sample": {"volume": volume}}})
-    assert found == [("COPY/s0/z0.dcm", "P0/s2/z0.dcm")]  # a volume is keyed by its first file
-
-
-@pytest.mark.parametrize("padded", [False, True], ids=["own-size", "padded"])
-def test_distinct_wide_nifti_volumes_are_linked_only_to_their_true_copy(tmp_path: Path, padded: bool) -> None:
-    copy, source = write_nifti_tree(tmp_path / "raw")
-    volume: dict[str, Any] = {"size": [3, 480, 480]} if padded else {}
-    found = near_links(tmp_path / "build", {"kind": "nifti", "root": str(tmp_path / "raw"),
-                                            "table": str(tmp_path / "raw" / "cases.csv"), "label": "none"},
-                       {"nifti": {"windows": [{"center": -24, "width": 2000}], "sample": {"volume": volume}}})
     assert found == [(copy, source)]

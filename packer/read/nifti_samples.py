@@ -64,7 +64,7 @@ from packer.transform.intensity import (
     zscore_stats,
 )
 from packer.transform.mask import transform_mask_dicom
-from packer.transform.volume import Volume, crop_or_pad, padded_content, resample_linear, resample_nearest
+from packer.transform.volume import Volume, crop_or_pad, resample_linear, resample_nearest
 from packer.transform.window import apply_window
 
 #: The axes a slice may be taken along: the canonical axis it indexes (1 = D, 2 = H, 3 = W).
@@ -310,9 +310,7 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
             quantised[c, d] = quantise(rendered, plan.output)
     finished = Volume(quantised, volume.affine)
     del volume, quantised
-    content = None  # where the voxels lie in the middle slice: its padding is no near-copy evidence
     if plan.volume_size is not None:
-        content = padded_content(finished.array.shape[1:], plan.volume_size)
         finished = crop_or_pad(finished, plan.volume_size, [channel.black for channel in channels])
     image = np.ascontiguousarray(finished.array)
     metadata = {**base, "windows": [c.record for c in channels], "volume": {
@@ -326,4 +324,4 @@ def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
         if plan.volume_size is not None:
             labels = crop_or_pad(labels, plan.volume_size, fill=plan.pad)
         mask = np.ascontiguousarray(labels.array[0])
-    return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=metadata, mask=mask, content=content)]
+    return [Sample(key=ref.sample_id, ref=ref, image=image, metadata=metadata, mask=mask)]

@@ -43,14 +43,7 @@ import numpy as np
 from packer.config import DicomTransformConfig, SeriesConfig
 from packer.read.dicom_series import FRAME_IDENTITY, IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.volume import (
-    build_volume,
-    canonical_order,
-    crop_or_pad,
-    padded_content,
-    resampled_shape,
-    stack_affine,
-)
+from packer.transform.volume import build_volume, canonical_order, resampled_shape, stack_affine
 
 #: Two orientations agree when every cosine differs by at most this (DS values are rounded
 #: to 16 characters; dcm2niix uses 1e-4).
@@ -687,14 +680,10 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     stacked = np.stack([s.image for s in slices], axis=1)
     irregular = off_grid(series)
     # a resampled volume's slices come unrounded (float32, :func:`volume_resamples`): quantised once, resampled
-    fill = volume_blacks(stacked, slices[0].metadata, cfg.output)
-    volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=None,
-                          positions=None if irregular is None else irregular[0], fill=fill,
+    volume = build_volume(stacked, series.affine(), spacing=cfg.volume_spacing, size=cfg.volume_size,
+                          positions=None if irregular is None else irregular[0],
+                          fill=volume_blacks(stacked, slices[0].metadata, cfg.output),
                           output=cfg.output if stacked.dtype == np.float32 else None)
-    content = None  # where the voxels lie in the middle slice: its padding is no near-copy evidence
-    if cfg.volume_size is not None:  # build_volume's last step, taken here to know what it pads
-        content = padded_content(volume.array.shape[1:], cfg.volume_size)
-        volume = crop_or_pad(volume, cfg.volume_size, fill)
     first = slices[0]
     about: dict[str, object] = {
         "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
@@ -719,7 +708,7 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
         metadata["warnings"] = warnings
     metadata.pop("frame", None)
     return [replace(first, key=series.refs[0].sample_id, ref=series.refs[0], image=volume.array,
-                    metadata=metadata, content=content)]
+                    metadata=metadata)]
 
 
 #: A volume's slices are taken to lie on the uniform grid between its first and last slice

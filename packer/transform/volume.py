@@ -312,22 +312,6 @@ def crop_or_pad(volume: Volume, size: tuple[int, int, int], fill: float | Sequen
     return Volume(np.ascontiguousarray(array), affine)
 
 
-def padded_content(shape: Sequence[int], size: tuple[int, int, int]) -> tuple[int, int, int, int] | None:
-    """Where a D×H×W volume's voxels lie in the middle slice (D index ``size[0] // 2``, the one a
-    near-copy signature is drawn from: :func:`packer.pipeline.nearcopy.packed_signature`) of
-    :func:`crop_or_pad` to ``size``, as (top, left, height, width) in its H×W; ``None`` where that
-    slice is all voxels, (0, 0, 0, 0) where it is all padding. The padding is no evidence that two
-    volumes are copies (:attr:`packer.records.Sample.content`)."""
-    box = []
-    for n, want in zip(shape, size, strict=True):
-        before = (want - n) // 2 if n < want else 0
-        box.append((before, min(n, want)))
-    (d_before, d_count), (top, height), (left, width) = box
-    if not d_before <= size[0] // 2 < d_before + d_count:
-        return 0, 0, 0, 0
-    return None if (height, width) == tuple(size[1:]) else (top, left, height, width)
-
-
 def depth_grid(affine: np.ndarray, n: int, spacing: tuple[float, float, float] | None
                ) -> tuple[np.ndarray, np.ndarray]:
     """Where an ``n``-slice stack with ``affine`` (D along the slice normal, a uniform step) is
