@@ -912,13 +912,13 @@ def _location(base: Path, spec: str, where: str) -> Path | str:
 #: a separator being any run of ``-``, ``_``, ``.``, ``,`` and spaces, so that an abbreviation's
 #: period and a comma count (``31-Dec-1960``, ``1960_dec_31``, ``31Dec1960``, ``December 31, 1960``,
 #: ``Dec. 31, 1960``, ``31_Dec._1960``, ``Sept._4_1960``, ``31 December, 1960``), the day then
-#: ordinal or not (``4th_May_2023``, ``May 4th, 2023``), the year of four digits, or of two where it
-#: comes last: after the month (``31-Dec-60``, ``31Dec60``), or after the day and a separator
-#: (``Dec 31, 60``; ``Mar_2018``, ``June2023`` stay a month and a year). Eight digits whose last
-#: four are no 19xx/20xx year and whose first four no month and day (``12345678``), a year alone
-#: (``ISIC_2019``, ``CT_1960-01``), a month and a year (``Decathlon_Mar_2018``), a month and a day
-#: without a year (``may_2_runs``) or a month's letters inside a word (``decoder_v2``,
-#: ``Dec_model``) are not dates.
+#: ordinal or not (``4th_May_2023``, ``May 4th, 2023``), the year of four digits. Eight digits whose
+#: last four are no 19xx/20xx year and whose first four no month and day (``12345678``), a year
+#: alone (``ISIC_2019``, ``CT_1960-01``), a month and a year (``Decathlon_Mar_2018``), a month and a
+#: day without a year (``may_2_runs``), a month's letters inside a word (``decoder_v2``,
+#: ``Dec_model``) and a month between two short numbers (``nnUNet_v2_Dec_23``, ``fold_4_Dec_19``,
+#: ``llama3_june_24``: a two-digit year is no year here, as run and model names are spelled so) are
+#: not dates.
 _DAY, _MONTH, _YEAR = r"(?:0?[1-9]|[12]\d|3[01])", r"(?:0?[1-9]|1[0-2])", r"(?:19|20)\d{2}"
 _DD, _MM = r"(?:0[1-9]|[12]\d|3[01])", r"(?:0[1-9]|1[0-2])"
 _MONTH_NAME = (r"(?i:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
@@ -934,9 +934,8 @@ _PERSONAL_NAME = re.compile(
     rf"|{_DAY}([-_. ]){_MONTH}\2{_YEAR}"
     rf"|{_MONTH}([-_. ]){_DAY}\3{_YEAR}"
     rf"|{_YEAR}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}"
-    rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}(?:{_YEAR}|\d{{2}})"
-    # a two-digit year after the day only past a separator: ``Mar_2018`` is no March 20, '18
-    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}(?:{_SPELLED_SEP}{_YEAR}|[-_., ]+\d{{2}})"
+    rf"|{_DAY_TH}{_SPELLED_SEP}{_MONTH_NAME}{_SPELLED_SEP}{_YEAR}"
+    rf"|(?<![A-Za-z]){_MONTH_NAME}{_SPELLED_SEP}{_DAY_TH}{_SPELLED_SEP}{_YEAR}"
     r")(?!\d))")
 
 

@@ -180,13 +180,13 @@ DATED = [
     "Doe_John_31-dec.-1960", "Doe_John_Jan.5.2023", "Doe_John_jan__05__2023", "Doe John 1960, Dec. 31",
     "Doe_John_1960_Sept._4th", "Doe John Mar. 3rd, 2018", "Doe_John_4 Sept. 1960", "Doe_John_sept4_1960",
     "Doe_John_DEC_31_1960", "Doe_John_31 december 1960",
-    # a two-digit year, last: after the month, or after the day and a separator
-    "Doe_John_31-Dec-60", "Doe_John_31Dec60", "Doe John Dec 31, 60", "Doe John Dec. 31st, 60", "scan 1 Feb., 99",
 ]
 UNDATED = [
     # a month's letters in a word, a month and a day without a year, a month and a year
     "decoder_v2", "Dec_model", "may_2_runs", "mayo_2_2019", "octree_12", "Sept_4", "Decathlon_Mar_2018", "Mar_2018",
     "June2023", "jun_2023", "dec_2024", "may_2023_v2", "Task_1st_round",
+    # a month between short numbers, as model, run and fold names are spelled: a two-digit year is no year
+    "nnUNet_v2_Dec_23", "llama3_june_24", "fold_4_Dec_19", "run1_jan_22", "v1.mar.10", "may_5_10mm", "stage2_feb_28",
 ]
 
 
