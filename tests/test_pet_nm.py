@@ -280,3 +280,22 @@ def test_a_pet_slice_without_rescale_slope_and_intercept_is_unreadable_naming_th
             assert len(_records(result)) == 4
         else:
             assert {bad[path.name]["reason"] for path, _ in files if path != files[2][0]} == {"series_incomplete"}
+
+
+def test_a_secondary_capture_of_modality_pt_without_rescale_packs_as_its_display_levels(tmp_path: Path) -> None:
+    """Only a PET image's rescale is Type 1 (PS3.3 C.8.9.4): a workstation's MIP saved as a
+    secondary capture with Modality PT holds 8-bit display levels and no Rescale Slope or
+    Intercept, as its module allows. It packs as before, not as an unreadable PET slice."""
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 16)).astype(np.uint8)
+    mip = image_dataset(pixels, modality="PT", sop_class="1.2.840.10008.5.1.4.1.1.7", PatientID="P1",
+                        BurnedInAnnotation="NO", WindowCenter="128", WindowWidth="256",
+                        ImageType=["DERIVED", "SECONDARY", "MIP"], ConversionType="WSD")
+    for keyword in ("RescaleSlope", "RescaleIntercept"):
+        if keyword in mip:
+            delattr(mip, keyword)
+    save(mip, tmp_path / "raw" / "mip.dcm")
+    result = _build(_job(tmp_path / "job", [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none",
+                                             "where": {"SOPClassUID": {"match": "Secondary Capture"}}}],
+                         validate={"max_bad_fraction": 1.0}))
+    assert list(read_bad_samples(result.version_dir / "bad_samples.jsonl")) == []
+    assert len(_records(result)) == 1

@@ -385,9 +385,15 @@ def _rescale(source: Dataset, keyword: str, partner: str) -> float | None:
 #: a scanner scales each slice's counts by its own slope, so the default slope 1 would pack this
 #: slice's stored values beside its series' Bq/ml, a hundredfold off, with nothing to show it.
 #: A CT or MR file without them is common (the stored values are the modality values) and is read so.
+#: The storage classes of PET images, whose Rescale Slope and Intercept are Type 1 (PS3.3 C.8.9.4;
+#: in the Pixel Value Transformation group of the enhanced ones): PET Image, Enhanced PET Image and
+#: Legacy Converted Enhanced PET Image. A secondary capture of Modality PT (a workstation's MIP in
+#: display levels) is none: its module asks for no rescale.
+PET_IMAGE_CLASSES = frozenset({"1.2.840.10008.5.1.4.1.1.128", "1.2.840.10008.5.1.4.1.1.130",
+                               "1.2.840.10008.5.1.4.1.1.128.1"})
 _PET_WITHOUT_RESCALE = (
-    "(0028,1053) Rescale Slope and (0028,1052) Rescale Intercept are absent (or empty) in a PET (Modality PT) "
-    "image, where both are required (PS3.3 C.8.9.4): each PET slice has its own slope, and taking slope 1 would "
+    "(0028,1053) Rescale Slope and (0028,1052) Rescale Intercept are absent (or empty) in a PET image (PET Image "
+    "Storage), where both are required (PS3.3 C.8.9.4): each PET slice has its own slope, and taking slope 1 would "
     "pack its stored counts as Bq/ml or SUV, far off its series' other slices; export the series again with them "
     "from the scanner or PACS (an anonymiser or converter may have dropped them), or leave the file out with the "
     "source's where:")
@@ -412,7 +418,7 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
         lut = read_lut(modality_luts[0], signed_input=signed, little_endian=little)
     slope = _rescale(source, "RescaleSlope", "RescaleIntercept")
     intercept = _rescale(source, "RescaleIntercept", "RescaleSlope")
-    if lut is None and slope is None and intercept is None and str(ds.get("Modality", "")).strip().upper() == "PT":
+    if lut is None and slope is None and intercept is None and str(ds.get("SOPClassUID", "")) in PET_IMAGE_CLASSES:
         raise MalformedValue(_PET_WITHOUT_RESCALE)
     dose = None
     # Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a stray one in a CT halved its HU
