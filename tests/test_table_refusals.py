@@ -97,8 +97,9 @@ def test_a_dicom_source_s_labels_given_as_xml_are_refused_as_xml(tmp_path: Path)
 
 
 @pytest.mark.parametrize("text", ["<path>,<label>\na.png,cat\nb.png,dog\n",
-                                  "<path>,<label>,<note>\na.png,cat,<b>fuzzy</b>\nb.png,dog,ok<br/>fine\n"],
-                         ids=["plain cells", "cells holding markup"])
+                                  "<path>,<label>,<note>\na.png,cat,<b>fuzzy</b>\nb.png,dog,ok<br/>fine\n",
+                                  "<path>\t<label>\na.png\tcat\nb.png\tdog\n"],
+                         ids=["plain cells", "cells holding markup", "tab-separated"])
 def test_a_csv_whose_header_cells_are_in_angle_brackets_is_still_a_csv(tmp_path: Path, text: str) -> None:
     """Its first element is followed by a comma, and no end tag of its own closes it: a header
     row, not an element, whatever markup a free-text column's cells hold."""

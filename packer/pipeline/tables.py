@@ -214,16 +214,21 @@ def _markup(head: bytes) -> tuple[str, str | None] | None:
 
 def _opens_a_tree(text: str, opened: re.Match[str]) -> bool:
     """Whether ``text``, which starts with the element ``opened`` matched, is an XML tree's start
-    (:func:`_markup`): the element's tag is self-closing, or what follows the tag is another
-    element, or its own end tag closes it."""
+    (:func:`_markup`): the element's tag is self-closing, or another element follows the tag at
+    once or on a new line, or its own end tag closes it."""
     name = opened["element"]
     end = text.find(">", opened.end() - 1)
     if end < 0:
         return False
     if text[end - 1] == "/":
         return True
-    after = text[end + 1:].lstrip()
-    return (after.startswith("<") and not after.startswith("</")) or f"</{name}>" in text
+    rest = text[end + 1:]
+    after = rest.lstrip()
+    gap = rest[:len(rest) - len(after)]
+    # a child element follows at once or on a new line: a tab or a space between two tags on one line
+    # is a TSV's or a space-separated table's header (<path>\t<label>)
+    child = after.startswith("<") and not after.startswith("</") and (not gap or "\n" in gap or "\r" in gap)
+    return child or f"</{name}>" in text
 
 #: Members only a workbook's zip holds: an Office Open XML file's and an OpenDocument file's
 _WORKBOOK_MEMBERS = frozenset({"[Content_Types].xml", "mimetype"})
