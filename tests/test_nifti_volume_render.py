@@ -1,6 +1,7 @@
-"""A NIfTI volume sample is windowed and quantised a slice at a time: its bytes are those of
-windowing the whole resampled volume (display values in float64 for uint16, float32 otherwise),
-cropping or padding it, then quantising it."""
+"""A NIfTI volume sample is windowed and quantised a slice at a time: its bytes are those of the
+whole-volume path: a fixed window applied to the whole resampled volume (display values in float64
+for uint16, float32 otherwise), a normalisation (z-score, percentiles) applied to the volume as
+stored and its float32 output resampled; then cropped or padded, then quantised."""
 
 from __future__ import annotations
 
@@ -42,11 +43,16 @@ def test_a_volume_sample_has_the_bytes_of_the_whole_volume_path(
     channels = plan_channels(case, plan.windows)
     volume = resample_linear(Volume(values, affine), (1.5, 1.5, 1.5))
     dtype = display_dtype(output)  # float64 for uint16 (exact levels), float32 otherwise
-    whole = np.stack([channel.render(volume.array[channel.index], dtype) for channel in channels])
+    normalised = resample_linear(Volume(np.stack([channel.render(values[channel.index]) for channel in channels]),
+                                        affine), (1.5, 1.5, 1.5))
+    # each channel quantised from its own dtype (a normalisation's resampled output is float32)
+    whole = np.stack([quantise(normalised.array[c] if channel.stats is not None else
+                               channel.render(volume.array[channel.index], dtype), output)
+                      for c, channel in enumerate(channels)])
     finished = Volume(whole, volume.affine)
     if size is not None:
         finished = crop_or_pad(finished, size)
-    expected = quantise(finished.array, output)
+    expected = finished.array
     assert sample.image.dtype == np.dtype(output) and sample.image.flags.c_contiguous
     assert sample.image.shape == expected.shape == (len(channels), *(size or volume.array.shape[1:]))
     assert sample.image.tobytes() == expected.tobytes()

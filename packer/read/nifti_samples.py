@@ -14,8 +14,9 @@ stored (before any resampling), once per case, and each sample records them per 
 Quantising is DICOM's (:func:`packer.transform.dicom.quantise`): ``uint16`` display values are
 float64 (:func:`~packer.transform.dicom.display_dtype`), so its levels are the window's or the
 percentile scaling's exact value rounded half to even, for a slice on its own grid, its 2.5D
-stacks and a volume (resampled on its values, before windowing); a slice resized or resampled
-is rendered and interpolated in float32, as ``uint8`` always is (its bytes those of before).
+stacks, a volume on its own grid and a fixed window's resampled volume (resampled on its values,
+before windowing); a slice resized or resampled, and a normalisation's resampled volume, are
+rendered and interpolated in float32, as ``uint8`` always is.
 
 Sampling (``transform.nifti.sample``):
 
@@ -27,8 +28,12 @@ Sampling (``transform.nifti.sample``):
   Orientation: the direction of increasing column, then of increasing row);
 - ``{neighbors: k}``: each slice with its ``k`` neighbours on either side as channels
   (:func:`packer.read.series.stack_neighbors`);
-- ``volume``: one C×D×H×W sample, resampled (linear, on the values before windowing) to
-  ``spacing`` and centre-cropped or zero-padded to ``size``, its affine in ``metadata.volume``.
+- ``volume``: one C×D×H×W sample, resampled (linear) to ``spacing`` and centre-cropped or
+  zero-padded to ``size``, its affine in ``metadata.volume``. A fixed window (and
+  :data:`STORED_VALUES`) takes the values resampled, then windowed; a normalisation (z-score,
+  percentiles) is applied to the voxels as stored, whose statistics and foreground it took, and
+  its output resampled, as a slice's is (and nnU-Net's): resampled first, the voxels between a
+  background of 0 and the tissue were blends of both, z-scored as tissue.
 
 A label map follows its image exactly: sliced the same way and resampled by nearest neighbour
 (:func:`packer.transform.mask.transform_mask_dicom` per slice, :func:`~packer.transform.volume.resample_nearest`
@@ -64,7 +69,13 @@ from packer.transform.intensity import (
     zscore_stats,
 )
 from packer.transform.mask import transform_mask_dicom
-from packer.transform.volume import Volume, crop_or_pad, resample_linear, resample_nearest
+from packer.transform.volume import (
+    Volume,
+    crop_or_pad,
+    resample_linear,
+    resample_nearest,
+    resampled_grid,
+)
 from packer.transform.window import apply_window
 
 #: The axes a slice may be taken along: the canonical axis it indexes (1 = D, 2 = H, 3 = W).
@@ -292,24 +303,45 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
 def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any]) -> list[Sample]:
     """The case as one C×D×H×W sample (module docstring), with its label map on the same grid."""
     channels = plan_channels(case, plan.windows)
-    volume = Volume(case.values, case.affine)
-    if plan.volume_spacing is not None:
-        volume = resample_linear(volume, plan.volume_spacing)
-    depth = volume.array.shape[1]
-    # A slice at a time, windowed (in float64) and quantised at once: no float copy of the
-    # rendered volume. Quantising before the crop or pad is the same: each channel's padding is
-    # its black (0 for a window, the volume's lowest z-score over all voxels), float16 or a level.
-    # The values are resampled (in float32) before windowing, so a window's display values are
-    # never interpolated: uint16 takes them in float64 (exact levels) whether resampled or not.
+    spacing = plan.volume_spacing
+    shape, affine = case.values.shape[1:], case.affine
+    if spacing is not None:
+        shape, affine = resampled_grid(Volume(case.values, case.affine), spacing)
+        if shape == case.values.shape[1:]:
+            spacing = None  # the grid is kept: nothing to interpolate
+    # Windowed and quantised a slice at a time: no float copy of the rendered volume. Quantising
+    # before the crop or pad is the same: each channel's padding is its black (0 for a window, the
+    # volume's lowest z-score over all voxels), float16 or a level. On the stored grid, uint16
+    # display values are float64 (exact levels). Resampled, the order depends on the window:
+    # - a fixed window (and stored values) takes the values resampled (float32), so its display
+    #   values are never interpolated: uint16 in float64 still;
+    # - a normalisation (z-score, percentiles) is applied to the voxels as stored, the ones its
+    #   statistics (and a nonzero region's foreground mask) came from, and its output resampled in
+    #   float32 (as a slice resampled to spacing is, and nnU-Net does): resampling first blended the
+    #   background 0 into the tissue, and z-scored those blends as tissue (a rim far below both).
     dtype = display_dtype(plan.output)
-    quantised = np.empty((len(channels), *volume.array.shape[1:]), dtype=np.dtype(plan.output))
-    rendered = np.empty(volume.array.shape[2:], dtype=dtype)
+    quantised = np.empty((len(channels), *shape), dtype=np.dtype(plan.output))
+    held: tuple[int, np.ndarray] | None = None  # one input channel's resampled values, for its fixed windows
     for c, channel in enumerate(channels):
-        for d in range(depth):
-            rendered[...] = channel.render(volume.array[channel.index, d], dtype)
-            quantised[c, d] = quantise(rendered, plan.output)
-    finished = Volume(quantised, volume.affine)
-    del volume, quantised
+        values = case.values[channel.index]
+        if spacing is not None and channel.stats is not None:
+            rendered = channel.render(values, np.float32)[None]
+            moved = resample_linear(Volume(rendered, case.affine), spacing).array[0]
+            del rendered
+            for d in range(shape[0]):
+                quantised[c, d] = quantise(moved[d], plan.output)
+            del moved
+            continue
+        if spacing is not None:
+            if held is None or held[0] != channel.index:  # channel-major: each input channel resampled once
+                held = None  # the last channel's values freed first
+                held = (channel.index, resample_linear(Volume(values[None], case.affine), spacing).array[0])
+            values = held[1]
+        for d in range(shape[0]):
+            quantised[c, d] = quantise(channel.render(values[d], dtype), plan.output)
+    del held
+    finished = Volume(quantised, affine)
+    del quantised
     if plan.volume_size is not None:
         finished = crop_or_pad(finished, plan.volume_size, [channel.black for channel in channels])
     image = np.ascontiguousarray(finished.array)

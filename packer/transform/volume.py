@@ -15,7 +15,8 @@ spacing and size, with the affine that maps its voxels back to patient space (pu
 3. **resample** (:func:`resample_linear`) to ``spacing`` (z, y, x mm) with separable linear
    interpolation on the windowed values (a DICOM series' slices are windowed first, unrounded in
    float32, and the volume quantised once after: :func:`build_volume`; a NIfTI volume's voxel
-   values are resampled, then windowed), centre-aligned: the new grid spans the same extent,
+   values are resampled, then put through a fixed window, and a normalisation's output is
+   resampled: :func:`packer.read.nifti_samples.volume_sample`), centre-aligned: the new grid spans the same extent,
    ``n' = round(n · s / s')`` voxels, so the recorded spacing is ``s · n / n'`` (within half a
    voxel of the request over the volume) and the origin moves by ``(n/n' - 1)/2`` old voxels.
 4. **crop or pad** (:func:`crop_or_pad`) to ``size`` (D, H, W), centred, padding each channel
