@@ -12,7 +12,12 @@ from typing import Any
 
 import nibabel as nib
 import numpy as np
+import pytest
 from nifti_files import Packed, build_nifti, file_index, trilinear, write_nifti
+
+from packer.config import parse_window
+from packer.read.dicom import read_dicom
+from tests.dicom_files import config, image_dataset, make_ref, save
 
 #: RAS, 1 mm in-plane and 2 mm slices: resampled to 0.7 mm in-plane and 1.5 mm along D below.
 AFFINE = np.diag([1.0, 1.0, 2.0, 1.0])
@@ -92,3 +97,56 @@ def test_fixed_windows_still_take_the_resampled_values(tmp_path: Path) -> None:
     values = resampled_at_packed_voxels(img, data.astype(np.float64), packed.records[key], image.shape[1:])
     expected = np.rint(np.clip(values / 600.0, 0.0, 1.0) * 65535)
     assert np.abs(image[0].astype(np.int64) - expected).max() <= 1  # float32 interpolation of the values
+
+
+# ----------------------------------------------------------------------- the record and the bytes
+
+
+def canonical(data: np.ndarray) -> np.ndarray:
+    """The file's X×Y×Z voxels in packer's D×H×W for :data:`AFFINE` (LPS: superior, posterior, left)."""
+    return data.transpose(2, 1, 0)[:, ::-1, ::-1]
+
+
+def from_record(x: np.ndarray, record: dict[str, Any], output: str) -> np.ndarray:
+    """The packed channel, recomputed from the stored values and nothing but the record, as the
+    README says: uint16 in float64 from low/high; uint8 and float16 in float32 from
+    float32(low) and float32(1/(high - low)), or float32(mean) and float32(1/std)."""
+    if output == "uint16":
+        y = np.clip((x.astype(np.float64) - record["low"]) / (record["high"] - record["low"]), 0.0, 1.0)
+        return np.rint(y * 65535).astype(np.uint16)
+    f = x.astype(np.float32)
+    if output == "uint8":
+        y = (f - np.float32(record["low"])) * np.float32(1.0 / (record["high"] - record["low"]))
+        return np.rint(np.clip(y, 0.0, 1.0) * np.float32(255.0)).astype(np.uint8)
+    z = (f - np.float32(record["mean"])) * np.float32(1.0 / max(record["std"], 1e-8))
+    return np.where(f == 0, np.float32(0.0), z).astype(np.float16)
+
+
+@pytest.mark.parametrize(("window", "output"), [({"percentiles": [2.5, 97.5]}, "uint16"),
+                                                ({"percentiles": [0.5, 99.5], "over": "nonzero"}, "uint16"),
+                                                ({"percentiles": [2.5, 97.5]}, "uint8"),
+                                                ("zscore", "float16")])
+def test_a_channel_s_record_reproduces_its_packed_bytes(tmp_path: Path, window: Any, output: str) -> None:
+    """``metadata.windows[i]`` holds the statistics the pixels were computed from, at full
+    precision: mapping the stored values through the record gives every packed value back (a
+    record rounded to float32 put one uint16 level in 500 one off)."""
+    data = np.random.default_rng(7).normal(500, 100, size=(40, 36, 10)).astype(np.float32)
+    data[:4] = 0  # a background, for over: nonzero
+    packed, _ = build_one(tmp_path, data, {"windows": [window], "output": output, "sample": "volume"})
+    [(key, image)] = packed.images.items()
+    [record] = packed.records[key]["metadata"]["windows"]
+    expected = from_record(canonical(data), record, output)
+    assert image.dtype == np.dtype(output) and image[0].shape == expected.shape
+    np.testing.assert_array_equal(image[0], expected)
+
+
+def test_a_dicom_percentile_record_s_low_and_high_are_its_window_s(tmp_path: Path) -> None:
+    """A DICOM frame's percentiles are the LINEAR_EXACT window from low to high: the record's
+    ``low``/``high`` and ``center``/``width`` are one window, and its uint16 levels their formula."""
+    pixels = np.random.default_rng(5).integers(0, 1200, size=(64, 64)).astype(np.uint16)
+    path = save(image_dataset(pixels, modality="MR"), tmp_path / "mr.dcm")
+    [sample] = read_dicom(make_ref(path), config(parse_window({"percentiles": [1, 99]}, "t"), output="uint16"))
+    [record] = sample.metadata["windows"]
+    low, high = record["low"], record["high"]
+    assert record["center"] == (low + high) / 2 and record["width"] == high - low
+    np.testing.assert_array_equal(sample.image[0], from_record(pixels, record, "uint16"))

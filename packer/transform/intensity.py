@@ -49,18 +49,19 @@ class Stats:
     maximum: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The record of a sample's channel (``metadata.windows[i]``), rounded to float32's
-        precision so that it reads back as the values used."""
+        """The record of a sample's channel (``metadata.windows[i]``): the statistics at full
+        (float64) precision, the values every output is computed from, so that the record
+        reproduces the packed bytes: ``uint16`` computes ``(x - low) / (high - low)`` in float64
+        from them as they are; ``uint8`` and ``float16`` compute in float32 from
+        ``float32(low)`` and ``float32(1 / (high - low))``, or ``float32(mean)`` and
+        ``float32(1 / max(std, 1e-8))`` (:func:`apply_percentiles`, :func:`apply_zscore`), which
+        values rounded to float32 first would not always give."""
         out: dict[str, Any] = {"over": self.over, "count": self.count}
         if self.kind == "percentiles":
-            out.update(percentiles=list(self.percentiles or ()), low=_short(self.low), high=_short(self.high))
+            out.update(percentiles=list(self.percentiles or ()), low=self.low, high=self.high)
         else:
-            out.update(mean=_short(self.mean), std=_short(self.std))
+            out.update(mean=self.mean, std=self.std)
         return out
-
-
-def _short(value: float | None) -> float | None:
-    return None if value is None else float(np.float32(value))
 
 
 def _region(values: np.ndarray, over: str) -> np.ndarray:
