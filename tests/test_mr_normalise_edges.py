@@ -150,3 +150,42 @@ def test_a_dicom_percentile_record_s_low_and_high_are_its_window_s(tmp_path: Pat
     low, high = record["low"], record["high"]
     assert record["center"] == (low + high) / 2 and record["width"] == high - low
     np.testing.assert_array_equal(sample.image[0], from_record(pixels, record, "uint16"))
+
+
+# ------------------------------------------------------------------------- a blank sequence
+
+
+def test_a_blank_sequence_is_constant_image_as_its_own_file_or_as_a_volume_of_a_4d_file(tmp_path: Path) -> None:
+    """A missing modality exported as an all-zero volume carries no information: the case is
+    ``constant_image`` whether the sequence is its own file (``channel_files``) or one volume of
+    a 4-D file (``channels_from: last_axis``, the Decathlon's layout), and the message names
+    the channel, never packed silently as a z-scored channel of zeros (count 0, std 0)."""
+    t1 = skull_stripped()
+    blank = np.zeros_like(t1)
+    nifti = {"windows": ["zscore"], "output": "float16", "sample": "volume"}
+    own = tmp_path / "files"
+    (own / "raw").mkdir(parents=True)
+    write_nifti(own / "raw" / "t1.nii.gz", t1, AFFINE)
+    write_nifti(own / "raw" / "t2.nii.gz", blank, AFFINE)
+    files = build_nifti(own, [{"path": "t1.nii.gz", "entity": "p1", "t2": "t2.nii.gz"}], nifti, channel_files=["t2"])
+    stacked = tmp_path / "stacked"
+    (stacked / "raw").mkdir(parents=True)
+    write_nifti(stacked / "raw" / "mr.nii.gz", np.stack([t1, blank], axis=-1), AFFINE)
+    four_d = build_nifti(stacked, [{"path": "mr.nii.gz", "entity": "p1"}], {**nifti, "channels_from": "last_axis"})
+
+    for packed, file in ((files, "t2.nii.gz"), (four_d, "mr.nii.gz")):
+        assert packed.images == {}
+        [bad] = packed.bad
+        assert bad["reason"] == "constant_image" and file in bad["message"] and "every voxel is 0" in bad["message"]
+    assert "'image[1]'" in four_d.bad[0]["message"] and "volume 1 of its 2" in four_d.bad[0]["message"]
+
+
+def test_a_4d_file_whose_volumes_differ_from_each_other_but_each_varies_still_packs(tmp_path: Path) -> None:
+    """Only a channel of one value is refused: a 4-D file of two sequences, each with its own
+    values, packs both."""
+    t1 = skull_stripped()
+    (tmp_path / "raw").mkdir(parents=True)
+    write_nifti(tmp_path / "raw" / "mr.nii.gz", np.stack([t1, t1 * 2 + 1], axis=-1), AFFINE)
+    packed = build_nifti(tmp_path, [{"path": "mr.nii.gz", "entity": "p1"}],
+                         {"windows": ["zscore"], "output": "float16", "sample": "volume", "channels_from": "last_axis"})
+    assert packed.bad == [] and [image.shape[0] for image in packed.images.values()] == [2]
