@@ -179,7 +179,10 @@ class CachedChunk:
 #: 56: near-copy signatures of fit outputs and padded volumes come from the content box; a multi-frame
 #: file whose every frame is flat is constant_image; PT records Units and each slice's rescale where they
 #: differ, and a PT file without rescale is unreadable; SPECT projections are not_requested in series jobs.
-CACHE_FORMAT = 56
+#: 57: a SEG frame goes to the slice it references and resampled frames reach half their thickness;
+#: NIfTI volumes are normalised before resampling; statistics are recorded at full precision; a constant
+#: volume of a 4-D NIfTI is constant_image; a padded volume is signed over its whole slice again.
+CACHE_FORMAT = 57
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
