@@ -700,8 +700,9 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     line (split groups placed, the grouping's time included) unless ``quiet``. ``stacked``: the
     sources (by name) whose samples are neighbour stacks or volumes of series (``neighbors``,
     ``volume``), timed by their latest slice (``held``), as the records of those
-    ``drop_straddlers`` leaves out say. ``bad``: for ``by: list``, the files refused as bad samples by their name under
-    ``split.match``, with their reason (:func:`packer.pipeline.splitlists.split_from_lists`).
+    ``drop_straddlers`` leaves out say. ``bad``: for ``by: list``, the files refused as bad samples or left out on
+    purpose, by their name under ``split.match``, with their reason
+    (:func:`packer.pipeline.splitlists.split_from_lists`).
     ``held``: what those samples hold of other files, from headers
     (:func:`packer.pipeline.pixels.held_files`): a time split places and leaves out each sample
     by the latest of its files' times under either policy (:meth:`HeldFiles.timed`), and a volume
@@ -853,7 +854,7 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
     ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue.
-    ``bad``: the bad samples' names, which a list may name (:func:`split_from_lists`)."""
+    ``bad``: the bad and left-out files' names, which a list may name (:func:`split_from_lists`)."""
     given = (split_from_lists(table, cfg, pseudonym, bad) if cfg.by == "list"
              else split_from_column(table, cfg, hide_paths=pseudonym is not None))
     unlisted = given.unlisted

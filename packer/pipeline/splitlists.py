@@ -22,6 +22,9 @@ What is refused, and how:
 - a list some of whose items name a file refused as a bad sample (a truncated PNG): a warning
   of its own saying how many, why and an example line, pointing at the bad-sample report, never
   at another file as the closest name;
+- a list some or all of whose items name a file left out on purpose (``not_downloaded`` under a
+  table's ``missing: drop``, a row a ``where:`` leaves out: any reason of ``excluded.jsonl``): a
+  warning of its own saying how many and why, never a closest name, never a ConfigError;
 - a sample no list names (or whose split cell is empty): a ``not_in_split`` bad sample, never
   dropped unsaid.
 """
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from packer.config import MATCHES, SPLITS, SplitConfig, SplitList, redacted_path
 from packer.errors import ConfigError
 from packer.pipeline.sampletable import SampleTable
-from packer.records import Issue
+from packer.records import EXCLUSIONS, Issue
 
 
 @dataclass(frozen=True)
@@ -204,9 +207,10 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
     """``by: list``: each sample's split from the lists (:func:`read_split_list`) under
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
-    ``bad``: the files refused as bad samples, by their name under ``cfg.match``
-    (:func:`name_of`), each with its reason code: an item naming one is said to, not called
-    unknown (None: not known, as under ``match: entity``).
+    ``bad``: the files refused as bad samples or left out on purpose, by their name under
+    ``cfg.match`` (:func:`name_of`), each with its reason code (an exclusion's is one of
+    :data:`~packer.records.EXCLUSIONS`): an item naming one is said to, not called unknown
+    (None: not known, as under ``match: entity``).
     See the module docstring for what is refused."""
     # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
     # entity id, or a path, name or stem whose folders or file name may name the patient
@@ -228,10 +232,13 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         named = shown_list(entry, hidden)
         listed = [(line, text, name) for name, lines in items.items() for s, line, text in lines if s == entry.split]
         missing = sorted((line, text, name) for line, text, name in listed if name not in present)
-        # a listed file that is there but was refused (a truncated PNG) is no unknown item: the
-        # closest existing name would point at another patient's file, and the list is right
-        refused = [item for item in missing if bad is not None and item[2] in bad]
-        unknown = [item for item in missing if bad is None or item[2] not in bad]
+        # a listed file that is there but was refused (a truncated PNG), or left out on purpose (not
+        # downloaded, under missing: drop; a where: row), is no unknown item: the closest existing
+        # name would point at another patient's file, and the list is right
+        known = bad or {}
+        refused = [item for item in missing if item[2] in known and known[item[2]] not in EXCLUSIONS]
+        left_out = [item for item in missing if item[2] in known and known[item[2]] in EXCLUSIONS]
+        unknown = [item for item in missing if item[2] not in known]
         if unknown:
             line, text, name = unknown[0]
             # a pseudonym close to another says nothing to the user who wrote the raw id; and under PHI a
@@ -245,18 +252,27 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
                             "the item as it is spelled there)")
             said = (f"split.lists.{entry.split} ({named}): {len(unknown):,} of its {len(listed):,} items name "
                     f"no sample (by {cfg.match}), e.g. line {line}{'' if hidden else f': {text!r}'}{nearest}")
-            if len(unknown) == len(listed):
+            if len(unknown) == len(listed):  # the list names nothing of the data: a list of the wrong form
                 raise ConfigError(said + _hint(text, cfg.match, names_by_match) + "; fix the list or split.match")
             warnings.append(said + (" (a file that is missing, or was a bad sample, is not packed)" if bad is None
                                     else " (a file that is missing, or was left out on purpose, is not packed)"))
-        if refused and bad is not None:
+        if refused:
             line, text, name = refused[0]
             reasons = ", ".join(f"{reason} {count:,}" for reason, count in
-                                sorted(Counter(bad[item[2]] for item in refused).items()))
+                                sorted(Counter(known[item[2]] for item in refused).items()))
             warnings.append(f"split.lists.{entry.split} ({named}): {len(refused):,} of its {len(listed):,} "
                             f"items name a file refused as a bad sample ({reasons}), e.g. line "
                             f"{line}{'' if hidden else f': {text!r}'}; not packed: the bad-sample report "
                             "(bad_samples.jsonl) lists each with its reason and fix")
+        if left_out:
+            line, text, name = left_out[0]
+            whys = Counter(known[item[2]] for item in left_out)
+            reasons = next(iter(whys)) if len(whys) == 1 else ", ".join(
+                f"{why} {count:,}" for why, count in sorted(whys.items()))
+            warnings.append(f"split.lists.{entry.split} ({named}): {len(left_out):,} of its {len(listed):,} "
+                            f"items name files left out as {reasons}, e.g. line "
+                            f"{line}{'' if hidden else f': {text!r}'}; not packed, and not bad samples: "
+                            "excluded.jsonl lists each with why")
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: no split list names it (by {cfg.match}: "
         f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "

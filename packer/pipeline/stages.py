@@ -305,7 +305,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
                                stacked={s.name: job.dicom.sample for s in job.sources
                                         if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None},
-                               bad=_listed_bad(job, split_cfg, issues, phi), held=held)
+                               bad=_listed_bad(job, split_cfg, issues, excluded, phi), held=held)
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,
@@ -386,24 +386,29 @@ def _held_kind(excluded: Excluded) -> str:
     return excluded.sop_class
 
 
-def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], phi: Pseudonymizer) -> dict[str, str] | None:
-    """For ``split: {by: list}``: the files refused as bad samples, by their name under
-    ``split.match``, each with its reason code, so that a list naming one is told so, not that its
-    item names nothing (with the closest name: another patient's file). A bad sample's relative
-    path is its path under its source's root, checked against its sample id (discover's, from the
-    source and relative path). None under ``match: entity``: a refused file's entity may never
-    have been read."""
+def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], excluded: Sequence[Excluded],
+                phi: Pseudonymizer) -> dict[str, str] | None:
+    """For ``split: {by: list}``: the files refused as bad samples (``issues``) or left out on
+    purpose (``excluded``: ``not_downloaded`` under a table's ``missing: drop``, a ``where:`` row),
+    by their name under ``split.match``, each with its reason code (a bad sample's :data:`REASONS
+    <packer.records.REASONS>`, an exclusion's :data:`~packer.records.EXCLUSIONS`: the two never
+    share a code), so that a list naming one is told so, not that its item names nothing (with the
+    closest name: another patient's file), and a list all of whose files were left out is no
+    ConfigError. A file's relative path is its path under its source's root, checked against its
+    sample id (discover's, from the source and relative path); a bad sample's reason comes first.
+    None under ``match: entity``: a refused file's entity may never have been read."""
     if cfg.by != "list" or cfg.match == "entity":
         return None
     names: dict[str, str] = {}
-    for issue in issues:
+    for sample_id, path, reason in [*((i.sample_id, i.path, i.reason) for i in issues),
+                                    *((e.sample_id, e.path, e.why) for e in excluded)]:
         for source in job.sources:
             root = str(source.root).rstrip("/")
-            if not issue.path.startswith(root + "/"):
+            if not path.startswith(root + "/"):
                 continue
-            rel = issue.path[len(root) + 1:]
-            if make_sample_id(source.name, rel, phi) == issue.sample_id:
-                names.setdefault(name_of(rel, None, cfg.match), issue.reason)
+            rel = path[len(root) + 1:]
+            if make_sample_id(source.name, rel, phi) == sample_id:
+                names.setdefault(name_of(rel, None, cfg.match), reason)
                 break
     return names
 
