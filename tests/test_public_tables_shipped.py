@@ -101,3 +101,43 @@ def test_list_items_naming_files_left_out_on_purpose_are_said_to_and_never_offer
     assert excluded(result) == {"00000003_001.png": "filtered", **{
         f"{p:08d}_{i:03d}.png": "not_downloaded" for p in range(12, 16) for i in range(2)}}
     assert result.issues == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# PadChest: a Labels column of Python list text
+
+
+def test_a_multilabel_cell_written_as_a_list_literal_holds_the_lists_names_whatever_the_separator(
+        tmp_path: Path) -> None:
+    """PadChest's ``Labels`` column is Python list text, ``['pneumonia', 'nodule']``; read with
+    ``separator: ","`` it made the classes ``['pneumonia'`` and ``'nodule']`` (and ``['normal']``,
+    which ``map: {normal: null}`` never dropped), silently. A cell written as a list, in Python's
+    quotes or JSON's, holds its items' names; one that looks like a list but is none is a
+    ``bad_target`` naming its row."""
+    images = tmp_path / "padchest" / "images"
+    images.mkdir(parents=True)
+    cells = ["['pneumonia', 'nodule']", "['normal']", "[' nodule']", '["pneumonia"]', "['cardiomegaly', 'pneumonia']",
+             "[]"]
+    rows = []
+    for i in range(13):
+        assert cv2.imwrite(str(images / f"{i:04d}.png"), photo(i))
+        cell = "['pneumonia', nodule]" if i == 12 else cells[i % len(cells)]  # an unquoted name: no list of names
+        rows.append(f'{i:04d}.png,P{i:03d},"{cell.replace(chr(34), chr(34) * 2)}"')  # a CSV cell: "" for "
+    (tmp_path / "labels.csv").write_text("ImageID,PatientID,Labels\n" + "\n".join(rows) + "\n")
+    doc = {"name": "padchest", "sources": [{
+        "kind": "image", "name": "padchest", "root": "padchest/images",
+        "table": {"file": "labels.csv", "path": "ImageID"}, "entity": "PatientID",
+        "label": {"kind": "multilabel", "column": "Labels", "separator": ",", "map": {"normal": None}}}],
+        "split": {"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 1},
+        "transform": {"image": {"size": [16, 16], "color": "gray"}}, "pack": {"format": "webdataset"},
+        "validate": {"max_bad_fraction": 0.2}, "output": "out"}
+    result = run_build(write_job(tmp_path, doc))
+    assert result.manifest["target"]["names"] == ["cardiomegaly", "nodule", "pneumonia"]
+    held = {row["entity_id"]: tuple(row["target"]) for row in
+            pq.read_table(result.version_dir / "_index.parquet", columns=["entity_id", "target"]).to_pylist()}
+    want = [(0, 1, 1), (0, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1), (0, 0, 0)]
+    assert held == {f"P{i:03d}": want[i % len(cells)] for i in range(12)}
+    (issue,) = result.issues
+    assert issue.reason == "bad_target" and issue.path.endswith("0012.png")
+    assert "labels.csv row 14, column 'Labels': \"['pneumonia', nodule]\" looks like a list" in issue.message, \
+        issue.message

@@ -13,6 +13,8 @@ per label the samples ignoring it (``ignored_counts``) and those lacking it (``n
 
 from __future__ import annotations
 
+import ast
+import json
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -60,13 +62,45 @@ def _known(values: TargetValues | None) -> set[str]:
     return {name for name, _ in values or ()}
 
 
+def _list_items(cell: str, where: str) -> list[str] | Refused:
+    """The names of a cell written as a list literal (``cell`` stripped, ``[`` … ``]``): JSON
+    (``["pneumonia", "nodule"]``) or Python text (PadChest's ``['pneumonia', 'nodule']``), read
+    as data only (:func:`json.loads`, else :func:`ast.literal_eval`, which evaluates nothing).
+    A cell that does not read as a list of strings is ``bad_target`` naming the row: its
+    brackets and quotes are never taken into a label's name."""
+    try:
+        items = json.loads(cell)
+    except (ValueError, RecursionError):  # RecursionError: a cell of thousands of nested brackets
+        try:
+            items = ast.literal_eval(cell)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            items = None
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        shown = cell if len(cell) <= 80 else cell[:77] + "..."
+        return Refused("bad_target", f"{where}: {shown!r} looks like a list (it starts with '[' and ends with ']') "
+                                     "but is no list of quoted names, as ['pneumonia', 'nodule'] or "
+                                     '["pneumonia", "nodule"] are; fix the cell (a list cell\'s items are the '
+                                     "sample's labels, whatever the separator)")
+    return items
+
+
 def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[str, str | None],
                      known: Sequence[str]) -> str | Refused:
-    """The target text of a multi-label column of names joined by ``separator``: each token
-    through ``value_map`` (a name; None drops it; absent: the token itself), then checked
-    against the job's labels (``known``) and the text form's reserved characters."""
+    """The target text of a multi-label column of names joined by ``separator``, or written as a
+    list literal (PadChest's ``['pneumonia', 'nodule']``: :func:`_list_items`, whatever the
+    separator): each token through ``value_map`` (a name; None drops it; absent: the token
+    itself), then checked against the job's labels (``known``) and the text form's reserved
+    characters."""
+    stripped = cell.strip()
+    if stripped.startswith("[") and stripped.endswith("]"):
+        listed = _list_items(stripped, where)
+        if isinstance(listed, Refused):
+            return listed
+        tokens = listed
+    else:
+        tokens = cell.split(separator)
     names = []
-    for token in filter(None, (token.strip() for token in cell.split(separator))):
+    for token in filter(None, (token.strip() for token in tokens)):
         name = value_map[token] if token in value_map else token
         if name is None:
             continue
