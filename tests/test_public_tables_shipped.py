@@ -21,6 +21,8 @@ import pytest
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
+from packer.pipeline.splitlists import stem_of
+from tests.dicom_files import ct_dataset, ct_pixels, save
 from tests.helpers import write_job
 
 
@@ -141,3 +143,41 @@ def test_a_multilabel_cell_written_as_a_list_literal_holds_the_lists_names_whate
     assert issue.reason == "bad_target" and issue.path.endswith("0012.png")
     assert "labels.csv row 14, column 'Labels': \"['pneumonia', nodule]\" looks like a list" in issue.message, \
         issue.message
+
+
+# ---------------------------------------------------------------------------------------------
+# A DICOM export named by SOP Instance UID, without an extension
+
+
+def test_a_stem_is_the_name_without_its_extension_and_a_suffix_of_digits_is_none() -> None:
+    """A UID's last component, or a file's number, is no extension: ``match: stem`` took
+    ``1.2.826.0.1.3680043.8.498.101``'s stem for ``1.2.826.0.1.3680043.8.498``."""
+    assert [stem_of(name) for name in ("1.2.826.0.1.3680043.8.498.101", "1.2.826.0.1.3680043.8.498.101.dcm",
+                                       "1.2.826.0.1.3680043.8.498.101.dcm.gz", "scan.001", "a.png", "la_003.nii.gz",
+                                       "case.v2", "README", ".hidden")] \
+        == ["1.2.826.0.1.3680043.8.498.101", "1.2.826.0.1.3680043.8.498.101", "1.2.826.0.1.3680043.8.498.101",
+            "scan.001", "a", "la_003", "case", "README", ".hidden"]
+
+
+def test_files_named_by_their_sop_instance_uid_alone_go_where_a_list_of_full_uids_puts_them(tmp_path: Path) -> None:
+    """A list of SOP Instance UIDs (a split CSV of ids) named nothing under ``match: stem``
+    (exit 2), and files whose UIDs differ in the last component only shared a stem."""
+    root = tmp_path / "export"
+    where = {}
+    for i in range(12):
+        uid = f"1.2.826.0.1.3680043.8.498.{100 + i}"
+        ds = ct_dataset(ct_pixels(seed=i), PatientID=f"P{i:03d}", SOPInstanceUID=uid)
+        ds.file_meta.MediaStorageSOPInstanceUID = uid
+        save(ds, root / uid)  # no extension
+        where[uid] = "test" if i % 4 == 0 else "train"
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.txt").write_text("".join(f"{uid}\n" for uid, s in where.items() if s == split))
+    doc = {"name": "uids", "sources": [{"kind": "dicom", "name": "ct", "root": "export", "label": "none"}],
+           "split": {"by": "list", "match": "stem", "lists": {"train": "train.txt", "test": "test.txt"}},
+           "transform": {"dicom": {"windows": ["file"], "size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "phi": {"mode": "keep"}, "output": "out"}
+    result = run_build(write_job(tmp_path, doc))
+    index = pq.read_table(result.version_dir / "_index.parquet", columns=["entity_id", "split"]).to_pylist()
+    assert {row["entity_id"]: row["split"] for row in index} == {
+        f"P{i:03d}": "test" if i % 4 == 0 else "train" for i in range(12)}
+    assert result.issues == ()

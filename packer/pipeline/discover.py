@@ -42,6 +42,7 @@ from packer.pipeline.rawstore import (
     stat_remote,
 )
 from packer.pipeline.sampletable import RefTable, TableBuilder
+from packer.pipeline.splitlists import is_extension
 from packer.pipeline.tables import (
     Placed,
     TableRow,
@@ -550,7 +551,12 @@ _WORD_BREAKS = ("_", "-", ".", " ")
 
 
 def _stem(name: str) -> str:
-    return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else name.rsplit(".", 1)[0]
+    """A file name without its extension, for telling masks by their images' names; a suffix of
+    digits is no extension, as a split list's ``match: stem`` reads it (:func:`is_extension`)."""
+    if name.lower().endswith(".nii.gz"):
+        return name[:-len(".nii.gz")]
+    head, dot, suffix = name.rpartition(".")
+    return head if dot and is_extension(suffix) else name
 
 
 def _mask_folder(relpath: str) -> str | None:

@@ -4,13 +4,13 @@ Public datasets ship their split: NIH ChestX-ray14 two lists of file names, MIMI
 with a ``split`` column, the Medical Segmentation Decathlon ``training`` and ``test`` lists.
 ``by: list`` reads one file per split (plain text, one item a line, or a CSV column) whose items
 name samples by ``match``: their ``path`` relative to the source root, their file ``name``, its
-``stem`` (the name without its extension, ``.nii.gz`` as one) or their ``entity``; an item
-spelled in another Unicode form than its sample's name (NFC against a macOS folder's NFD) names
-it, as a table's cell names its file. ``by: column`` reads each sample's split from a column of
-its table row, its values renamed by ``map``. Either way each sample goes exactly where the data
-says, even where that leaks: the audit (:mod:`packer.pipeline.audit`) then checks the given
-assignment sample by sample. Carving the splits the data lacks is
-:func:`packer.pipeline.split.assign_splits`'s part.
+``stem`` (the name without its extension, ``.nii.gz`` as one, a last part of digits being no
+extension: :func:`stem_of`) or their ``entity``; an item spelled in another Unicode form than
+its sample's name (NFC against a macOS folder's NFD) names it, as a table's cell names its file.
+``by: column`` reads each sample's split from a column of its table row, its values renamed by
+``map``. Either way each sample goes exactly where the data says, even where that leaks: the
+audit (:mod:`packer.pipeline.audit`) then checks the given assignment sample by sample.
+Carving the splits the data lacks is :func:`packer.pipeline.split.assign_splits`'s part.
 
 What is refused, and how:
 
@@ -56,14 +56,22 @@ class GivenSplit:
     warnings: tuple[str, ...]
 
 
+def is_extension(suffix: str) -> bool:
+    """Whether the text after a file name's last dot is an extension (``png``, ``dcm``): not
+    when it is all digits, which is a DICOM UID's last component (a file named by its SOP
+    Instance UID, ``1.2.826.0.1.3680043.8.498.101``) or a file's number (``scan.001``)."""
+    return not suffix.isdigit()
+
+
 def stem_of(name: str) -> str:
-    """A file name without its extension: ``a.png`` → ``a``, ``la_003.nii.gz`` → ``la_003``;
-    a name without one is its own stem (a DICOM file named by its SOP Instance UID keeps its dots
-    but the last)."""
+    """A file name without its extension: ``a.png`` → ``a``, ``la_003.nii.gz`` → ``la_003``,
+    ``1.2.840.10008.5.dcm`` → ``1.2.840.10008.5``; a name without one is its own stem, and a
+    suffix of digits is none (:func:`is_extension`): a DICOM file named by its SOP Instance UID
+    alone, ``1.2.826.0.1.3680043.8.498.101``, is its own stem, its whole UID."""
     if name.endswith(".gz"):
         name = name[:-3]
-    head, dot, _ = name.rpartition(".")
-    return head if dot and head else name
+    head, dot, suffix = name.rpartition(".")
+    return head if dot and head and is_extension(suffix) else name
 
 
 def name_of(relpath: str, entity: str | None, match: str) -> str:
