@@ -31,7 +31,7 @@ and finite; 0 or NaN means "no scaling", an infinite slope is a damaged header: 
 as float32: CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
 the file ``non_finite`` (unless the job fills them: :func:`fill_non_finite`), a volume of one value
-``constant_image`` (each volume of a 4-D file judged on its own, as in a file of its own).
+``constant_image``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import gzip
 import os
 import warnings
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -687,19 +687,13 @@ def fill_non_finite(volume: Volume, rule: float | str) -> FilledVoxels | None:
     return FilledVoxels(nan=nan, inf=inf, rule=rule, values=tuple(used))
 
 
-def check_values(volume: Volume, names: Sequence[str] = ()) -> None:
-    """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a channel of one
-    value (``constant_image``): neither can be windowed or normalised into a usable sample. Each
-    volume of a 4-D file (``channels_from: last_axis``) is judged on its own, as the same
-    sequence in its own file (``channel_files``) is: a blank sequence stacked beside others (a
-    missing modality exported as zeros) refuses the case, its message naming the channel
-    (``names``: each channel's, as the sample's ``metadata.windows`` name them)."""
+def check_values(volume: Volume) -> None:
+    """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
+    value (``constant_image``): neither can be windowed or normalised into a usable sample."""
     values = volume.array
     if not values.size:
         return
-    # one pass per channel and end, as over the whole array: a NaN makes both NaN; ±inf is an end
-    lows, highs = values.min(axis=(1, 2, 3)), values.max(axis=(1, 2, 3))
-    low, high = float(lows.min()), float(highs.max())
+    low, high = float(values.min()), float(values.max())  # a NaN makes both NaN; ±inf is an end
     if not (np.isfinite(low) and np.isfinite(high)):  # counted only then: no voxel-sized mask for a good file
         finite = np.isfinite(values)
         nan = int(np.isnan(values).sum())
@@ -711,15 +705,6 @@ def check_values(volume: Volume, names: Sequence[str] = ()) -> None:
         raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
                                             "the volume carries no information; fix the scaling fields if they are "
                                             "wrong, or remove the file", stage="validate")
-    flat = [c for c in range(len(values)) if lows[c] == highs[c]]
-    if flat:
-        which = "; ".join(f"volume {c} of its {len(values)} along the last axis"
-                          + (f" (channel {names[c]!r})" if c < len(names) else "")
-                          + f": every voxel is {float(lows[c]):g}" for c in flat)
-        raise NiftiDefect("constant_image", f"{which} (after scl_slope/scl_inter): a channel of one value carries "
-                                            "no information (a missing sequence exported blank?), as in a file of its "
-                                            "own; export the sequence again, or leave the case out",
-                          stage="validate")
 
 
 def same_grid(a: Volume, b: Volume) -> float | None:

@@ -357,11 +357,6 @@ def read_nifti(ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample
     return at_boundary(ref, lambda progress: _read(ref, job, state), name=ref.path)
 
 
-def channel_names(name: str, channels: int) -> list[str]:
-    """The channels of one file of a case: ``name``, or a 4-D file's ``name[0]``, ``name[1]``…"""
-    return [name] if channels == 1 else [f"{name}[{t}]" for t in range(channels)]
-
-
 def _source_of(ref: SampleRef, job: JobConfig) -> SourceConfig:
     return next(s for s in job.sources if s.name == ref.source)
 
@@ -389,7 +384,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
             if cfg.fill is not None and (done := fill_non_finite(volume, cfg.fill)) is not None:
                 filled[name] = done.to_json()
                 notes.append(done.note(name))
-            check_values(volume, channel_names(name, header.channels))
+            check_values(volume)
         except NiftiDefect as defect:
             if name != IMAGE_CHANNEL and not defect.opened:  # the row names it, the disk has it not
                 return Issue.of(ref, stage="read", reason="missing_file",
@@ -404,7 +399,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
                                     "packing")
         headers.append(header)
         volumes.append(volume)
-        names.extend(channel_names(name, header.channels))
+        names.extend([name] if header.channels == 1 else [f"{name}[{t}]" for t in range(header.channels)])
         cal.extend([header.cal] * header.channels)
         unusable.extend([header.cal_unusable] * header.channels)
     first = headers[0]
