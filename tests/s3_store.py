@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from packer.config import JobConfig, load_job
+from tests.helpers import write_job
+
 
 @dataclass(frozen=True)
 class Store:
@@ -25,6 +28,20 @@ class Store:
             self.client.put_object(Bucket=self.bucket, Key=f"{prefix}/{path.relative_to(root).as_posix()}",
                                    Body=path.read_bytes())
         return f"s3://{self.bucket}/{prefix}"
+
+    def photo_job(self, tmp_path: Path, prefix: str, rows: list[str], files: dict[str, bytes],
+                  **overrides: Any) -> JobConfig:
+        """A job over an image source at ``s3://<bucket>/<prefix>`` holding ``files`` and a table
+        ``labels.csv`` of ``rows`` (path, label, entity, timestamp), its output under ``tmp_path``."""
+        for name, data in files.items():
+            self.client.put_object(Bucket=self.bucket, Key=f"{prefix}/{name}", Body=data)
+        table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
+        self.client.put_object(Bucket=self.bucket, Key=f"{prefix}/labels.csv", Body=table.encode())
+        doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{self.bucket}/{prefix}",
+                                         "table": f"s3://{self.bucket}/{prefix}/labels.csv"}],
+               "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"),
+               **overrides}
+        return load_job(write_job(tmp_path, doc))
 
 
 def _free_port() -> int:

@@ -48,15 +48,8 @@ def png_bytes(seed: int, side: int = 16) -> bytes:
 
 def photo_job(store: Store, tmp_path: Path, prefix: str, files: dict[str, bytes], **overrides: Any) -> JobConfig:
     """An image source at ``s3://BUCKET/<prefix>`` holding ``files``, one entity each."""
-    for name, data in files.items():
-        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data)
     rows = [f"{name},{'cat' if i % 2 else 'dog'},E{i}," for i, name in enumerate(files)]
-    table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
-    store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/labels.csv", Body=table.encode())
-    doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{BUCKET}/{prefix}",
-                                     "table": f"s3://{BUCKET}/{prefix}/labels.csv"}],
-           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), **overrides}
-    return load_job(write_job(tmp_path, doc))
+    return store.photo_job(tmp_path, prefix, rows, files, **overrides)
 
 
 def pixel_pass(job: JobConfig, found: Discovery, cache_dir: Path | None) -> ChunkResult:

@@ -173,14 +173,7 @@ def png_bytes(seed: int) -> bytes:
 def photo_job(store: Store, tmp_path: Path, prefix: str, rows: list[str], files: dict[str, bytes],
               **overrides: Any) -> JobConfig:
     """An image source at ``s3://BUCKET/<prefix>`` holding ``files`` and a table of ``rows``."""
-    for name, data in files.items():
-        store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=data)
-    table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
-    store.client.put_object(Bucket=BUCKET, Key=f"{prefix}/labels.csv", Body=table.encode())
-    doc = {"name": "t", "sources": [{"kind": "image", "root": f"s3://{BUCKET}/{prefix}",
-                                     "table": f"s3://{BUCKET}/{prefix}/labels.csv"}],
-           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), **overrides}
-    return load_job(write_job(tmp_path, doc))
+    return store.photo_job(tmp_path, prefix, rows, files, **overrides)
 
 
 def test_an_object_gone_after_discovery_is_a_missing_file_naming_its_url(store: Store, tmp_path: Path) -> None:
