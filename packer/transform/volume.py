@@ -67,6 +67,13 @@ def stack_affine(origin: np.ndarray, orientation: np.ndarray, pixel_spacing: tup
     return affine
 
 
+#: Two direction cosines within this of each other tie in :func:`canonical_order` (about 0.006°
+#: at 45°): a qform's float32 quaternion, DS strings of 16 characters and the SVD's rounding move
+#: an exact tie by ~1e-7, which broke it whichever way the noise fell, so a 45° oblique series
+#: packed along other axes from its DICOM files than from its NIfTI copy.
+AXIS_TIE = 1e-4
+
+
 def canonical_order(affine: np.ndarray) -> tuple[int, int, int]:
     """Which of the array's axes (0 = D, 1 = H, 2 = W) runs along patient z, y and x: the order
     :func:`canonical` puts them in (each axis used once), by nibabel's ``io_orientation`` rule,
@@ -76,20 +83,30 @@ def canonical_order(affine: np.ndarray) -> tuple[int, int, int]:
     then each array axis in the file's order (W, H, D: a NIfTI's i, j, k, a DICOM stack's column,
     row and slice), the one most clearly along a patient axis first, takes the patient axis it
     runs most along of those left. Assigning superior first instead left an axis 69° off
-    left-right where nibabel's assignment keeps all within 50°."""
+    left-right where nibabel's assignment keeps all within 50°.
+
+    Cosines within :data:`AXIS_TIE` of each other tie, and a tie is broken by a fixed rule (where
+    nibabel takes whichever is larger by rounding): of axes equally clear, the earlier in the
+    file's order (W, H, D) goes first, and of patient axes an array axis runs equally along, it
+    takes the lower (x, then y, then z). So a DICOM series and its NIfTI copy (both read through
+    here) pack alike at exactly 45°, and any orientation off a tie by more keeps its closest axis."""
     norms = np.linalg.norm(affine[:3, :3], axis=0)
     directions = affine[:3, :3] / np.where(norms > 0, norms, 1.0)
     u, singular, vt = np.linalg.svd(directions)
     keep = singular > singular.max() * 3 * np.finfo(np.float64).eps
     rotation = u[:, keep] @ vt[keep]
     world_of: dict[int, int] = {}
-    file_axes = (2, 1, 0)  # i, j, k
-    clearest = np.argsort([float(np.min(-(rotation[:, a] ** 2))) for a in file_axes], kind="stable")
-    for axis in (file_axes[int(n)] for n in clearest):  # the axis most clearly along one patient axis first
+    # the axis most clearly along one patient axis first; the file's order (i, j, k) among near-equals
+    waiting = [2, 1, 0]
+    while waiting:
+        clearness = {a: float(np.max(np.abs(rotation[:, a]))) for a in waiting}
+        clearest = max(clearness.values())
+        axis = next(a for a in waiting if clearness[a] >= clearest - AXIS_TIE)
+        waiting.remove(axis)
         column = np.abs(rotation[:, axis])
         if np.allclose(column, 0):
             continue
-        world = int(np.argmax(column))
+        world = int(np.flatnonzero(column >= column.max() - AXIS_TIE)[0])  # the lower patient axis of a tie
         world_of[axis] = world
         rotation[world, :] = 0.0
     left = [w for w in (0, 1, 2) if w not in world_of.values()]  # a degenerate axis: the patient axis left
