@@ -96,6 +96,22 @@ AXIAL = {"row": [1, 0, 0], "col": [0, 1, 0], "pixel_spacing": (0.8, 0.7), "step"
          "cols": 12, "origin": [-20, -30, 100]}
 
 
+def test_nifti_neighbour_offsets_are_along_the_slice_normal_as_dicoms(tmp_path: Path) -> None:
+    """A gantry-tilted series (each slice 2.5 mm along the normal and 0.6 mm across it) records
+    its neighbours ±2.5 mm from DICOM and from NIfTI: the step projected on the slice normal,
+    not the 2.571 mm between slice centres that the NIfTI stack said."""
+    _scan(tmp_path, "tilt", **{**AXIAL, "tilt": 0.6})
+    sample = {"neighbors": 1, "edge": "replicate"}
+    packed = {kind: _pack(tmp_path, kind, ["tilt"], sample)["tilt"] for kind in ("dicom", "nifti")}
+    dicom = {r["metadata"]["neighbors"]["slice"]: (im, r["metadata"]["neighbors"]) for im, r in packed["dicom"]}
+    nifti = {r["metadata"]["neighbors"]["slice"]: (im, r["metadata"]["neighbors"]) for im, r in packed["nifti"]}
+    assert sorted(dicom) == sorted(nifti) == list(range(6))
+    for i in dicom:
+        assert np.array_equal(dicom[i][0], nifti[i][0])
+        assert nifti[i][1]["offsets_mm"] == pytest.approx(dicom[i][1]["offsets_mm"], abs=1e-3)
+    assert nifti[2][1]["offsets_mm"] == pytest.approx([-2.5, 0.0, 2.5], abs=1e-3)
+
+
 def test_a_45_degree_oblique_series_packs_alike_from_dicom_and_its_qform_only_nifti(tmp_path: Path) -> None:
     """Rows at exactly 45° between x and y tie for the closest patient axis; the qform's float32
     quaternion moves the cosines by ~1e-7, which broke the tie the other way than DICOM's exact

@@ -27,7 +27,8 @@ Sampling (``transform.nifti.sample``):
   patient space (``slice.position`` of pixel (0, 0), ``slice.orientation`` as DICOM's Image
   Orientation: the direction of increasing column, then of increasing row);
 - ``{neighbors: k}``: each slice with its ``k`` neighbours on either side as channels
-  (:func:`packer.read.series.stack_neighbors`);
+  (:func:`packer.read.series.stack_neighbors`), their offsets in mm along the slice normal, as
+  a DICOM series' (:func:`normal_step`: a sheared grid's slice centres lie further apart);
 - ``volume``: one C×D×H×W sample, resampled (linear) to ``spacing`` and centre-cropped or
   zero-padded to ``size``, its affine in ``metadata.volume``. A fixed window (and
   :data:`STORED_VALUES`) takes the values resampled, then windowed; a normalisation (z-score,
@@ -296,8 +297,21 @@ def slice_samples(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any
         out.append(Sample(key=key, ref=ref, image=image, metadata=metadata, mask=mask, content=content))
     if plan.sample != "neighbors":
         return out
-    step = float(np.linalg.norm(case.affine[:3, AXES[plan.axis] - 1]))
-    return stack_neighbors(out, [step] * (len(out) - 1), plan.neighbors, plan.edge)
+    return stack_neighbors(out, [normal_step(case.affine, plan.axis)] * (len(out) - 1), plan.neighbors, plan.edge)
+
+
+def normal_step(affine: np.ndarray, axis: str) -> float:
+    """The distance in mm between consecutive slices along ``axis``, measured along the slice
+    normal (the cross product of the slice's column and row directions), as a DICOM series'
+    steps are: a sheared (gantry-tilt) grid's slice centres lie further apart than that."""
+    cols = {"axial": affine[:3, 2], "coronal": affine[:3, 2], "sagittal": affine[:3, 1]}[axis]
+    rows = {"axial": affine[:3, 1], "coronal": affine[:3, 0], "sagittal": affine[:3, 0]}[axis]
+    normal = np.cross(cols, rows)
+    length = float(np.linalg.norm(normal))
+    step = affine[:3, AXES[axis] - 1]
+    if length == 0:  # a degenerate plane (refused upstream): no normal to project on
+        return float(np.linalg.norm(step))
+    return abs(float(np.dot(step, normal))) / length
 
 
 def volume_sample(ref: SampleRef, case: Case, plan: Slicing, base: dict[str, Any]) -> list[Sample]:
