@@ -96,6 +96,26 @@ AXIAL = {"row": [1, 0, 0], "col": [0, 1, 0], "pixel_spacing": (0.8, 0.7), "step"
          "cols": 12, "origin": [-20, -30, 100]}
 
 
+@pytest.mark.parametrize("sample", ["volume", {"volume": {"spacing": [1.5, 0.9, 0.8], "size": [12, 12, 12]}}],
+                         ids=["stored-grid", "spacing-and-size"])
+def test_volume_slices_is_the_packed_depth_from_dicom_and_nifti_alike(tmp_path: Path, sample: Any) -> None:
+    """``metadata.volume.slices`` is D of the packed C×D×H×W array from either kind: a coronal
+    series of 7 slices becomes 8 rows deep (its rows run superior) and an axial one of 6 slices
+    12 deep at ``size``. A DICOM volume said the series' slice count (7, 6) where its NIfTI copy
+    said D; the series' count is ``volume.series_slices``, a DICOM volume's only."""
+    _scan(tmp_path, "coronal", **CORONAL)
+    _scan(tmp_path, "axial", **AXIAL)
+    packed = {kind: _pack(tmp_path, kind, ["coronal", "axial"], sample) for kind in ("dicom", "nifti")}
+    for entity, series_slices in (("coronal", 7), ("axial", 6)):
+        ((dicom, dicom_record),), ((nifti, nifti_record),) = packed["dicom"][entity], packed["nifti"][entity]
+        # resampled, DICOM windows the slices first and NIfTI the resampled values (README): the shapes agree
+        assert dicom.shape == nifti.shape
+        dicom_volume, nifti_volume = dicom_record["metadata"]["volume"], nifti_record["metadata"]["volume"]
+        assert dicom_volume["slices"] == nifti_volume["slices"] == dicom.shape[1], (entity, dicom_volume, nifti_volume)
+        assert dicom_volume["series_slices"] == series_slices
+        assert "series_slices" not in nifti_volume
+
+
 def test_nifti_neighbour_offsets_are_along_the_slice_normal_as_dicoms(tmp_path: Path) -> None:
     """A gantry-tilted series (each slice 2.5 mm along the normal and 0.6 mm across it) records
     its neighbours ±2.5 mm from DICOM and from NIfTI: the step projected on the slice normal,

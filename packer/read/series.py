@@ -674,7 +674,8 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
     """One sample of a whole series: its slices (each C×H×W, windowed, at native size: levels, or
     float32 unrounded values where the volume is resampled, :func:`volume_resamples`) stacked
     to C×D×H×W, made canonical, resampled and cropped or padded (:mod:`packer.transform.volume`),
-    with the affine and spacing in its metadata. Keyed by its first file's sample id; its
+    with the affine and spacing in its metadata (``volume.slices``: the packed depth D, as a
+    NIfTI volume's; ``volume.series_slices``: the series' slice count). Keyed by its first file's sample id; its
     ``volume.constant_slices``: how many slices are constant (present only when some are; each
     slice's own note is its file's, not the volume's warning)."""
     stacked = np.stack([s.image for s in slices], axis=1)
@@ -686,7 +687,10 @@ def stack_volume(slices: Sequence[Sample], series: Series, cfg: DicomTransformCo
                           output=cfg.output if stacked.dtype == np.float32 else None)
     first = slices[0]
     about: dict[str, object] = {
-        "slices": len(slices), "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
+        # slices: the packed depth D, as a NIfTI volume's; series_slices: how many the series had (what
+        # constant_slices and slice_rescale count), D only for an axial series packed on its own grid
+        "slices": int(volume.array.shape[1]), "series_slices": len(slices),
+        "affine": [[round(float(v), 6) for v in row] for row in volume.affine],
         "spacing": [round(v, 6) for v in volume.spacing], "layout": "CDHW", "frame": "LPS"}
     constant = sum(is_constant_slice(s) for s in slices)
     if constant:
