@@ -19,6 +19,7 @@ from pydicom.dataset import FileDataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from packer.loader import ShardDataset
+from packer.read.series import stacking_direction
 from packer.transform.volume import canonical_order
 from tests.helpers import write_job
 from tests.test_targets import _build
@@ -167,3 +168,16 @@ def test_canonical_order_off_a_tie_takes_the_closest_axis(degrees: float, order:
     affine = np.eye(4)
     affine[:3, 0], affine[:3, 1], affine[:3, 2] = 2.0 * np.cross(w, h), h, w
     assert canonical_order(affine) == order
+
+
+@pytest.mark.parametrize("nudge", [0.0, 1e-7, -1e-7])
+def test_a_45_degree_series_stacks_its_neighbours_one_way_whatever_its_rounding(nudge: float) -> None:
+    """A slice normal at 45 degrees between two patient axes (one component negative) is turned
+    by its dominant component: the first of those within AXIS_TIE of the largest, as the volume's
+    axes break a tie, not whichever a rounding made larger, so two copies of one series stack
+    their neighbours in one order."""
+    s2 = float(np.sqrt(0.5))
+    orientation = [s2 + nudge, s2 - nudge, 0.0, 0.0, 0.0, -1.0]  # normal = row x column: about (-s2, s2, 0)
+    direction = stacking_direction(orientation)
+    assert direction[0] > 0 > direction[1]  # x, the lower patient axis of the tie, made positive
+

@@ -43,7 +43,7 @@ import numpy as np
 from packer.config import DicomTransformConfig, SeriesConfig
 from packer.read.dicom_series import FRAME_IDENTITY, IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.volume import build_volume, canonical_order, resampled_shape, stack_affine
+from packer.transform.volume import AXIS_TIE, build_volume, canonical_order, resampled_shape, stack_affine
 
 #: Two orientations agree when every cosine differs by at most this (DS values are rounded
 #: to 16 characters; dcm2niix uses 1e-4).
@@ -115,13 +115,17 @@ def _normal(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def stacking_direction(orientation: Sequence[float] | np.ndarray) -> np.ndarray:
     """The unit direction a series' slices are ordered along: the slice normal (row × column
-    cosines), turned so that its dominant component (largest absolute value; the first of equal
-    ones) is positive in DICOM patient space (LPS). Axial stacks then run inferior → superior,
+    cosines), turned so that its dominant component (largest absolute value; the first of those
+    within :data:`~packer.transform.volume.AXIS_TIE` of it, as the volume's axes break a tie, so a
+    45-degree series and its copy rounded otherwise stack alike) is positive in DICOM patient
+    space (LPS). Axial stacks then run inferior → superior,
     sagittal right → left and coronal anterior → posterior whatever the patient position: a
     feet-first scan (typical IOP ``[-1,0,0,0,1,0]``, row × column pointing to the feet) stacks
     its 2.5D channels in the same anatomical order as a head-first one."""
     normal = _normal(orientation)
-    return -normal if normal[int(np.argmax(np.abs(normal)))] < 0 else normal
+    size = np.abs(normal)
+    dominant = int(np.flatnonzero(size >= size.max() - AXIS_TIE)[0])
+    return -normal if normal[dominant] < 0 else normal
 
 
 #: How far an orientation's cosines may be from unit length and from orthogonal (DS values
