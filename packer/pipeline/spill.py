@@ -182,7 +182,10 @@ class CachedChunk:
 #: 57: a SEG frame goes to the slice it references and resampled frames reach half their thickness;
 #: NIfTI volumes are normalised before resampling; statistics are recorded at full precision; a constant
 #: volume of a 4-D NIfTI is constant_image; a padded volume is signed over its whole slice again.
-CACHE_FORMAT = 57
+#: 58: SEG slabs reach their boundary and a frame thicker than the series' step is a slab; a volume's
+#: slices is its packed depth (DICOM adds series_slices); NIfTI neighbour offsets along the normal;
+#: near-ties of axes broken by a fixed rule; a blank volume of a 4-D NIfTI packs again.
+CACHE_FORMAT = 58
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
