@@ -6,10 +6,9 @@ holds two frames, each on its slice and referencing it as its source, with Slice
 sources') and SpacingBetweenSlices 4 mm (the gap between its frames). Such a SEG is on its series'
 grid: each frame goes to the slice it references, and the slices between them, never annotated, stay
 empty. A SEG truly on another grid is resampled, but a frame reaches a slice only within half its own
-thickness (its boundary included: slabs that touch leave no slice between them), a frame thicker
-than the series' step is such a slab even where it references a slice, and a slice pixel exactly
-midway between two frames that both reach it is not given to whichever comes first: it is on where
-both frames hold it, and where they disagree it is left empty and noted.
+thickness (never on that boundary exactly), and a slice pixel exactly midway between two frames that
+both reach it is not given to whichever comes first: it is on where both frames hold it, and where
+they disagree it is left empty and noted.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pydicom.dataset import Dataset
 from packer.read.annotations import AnnotationError
 from tests.dicom_files import ct_dataset, save
 from tests.test_dicom_masks import _items, _mask_job
-from tests.test_seg import BOX, Grid, ct_series, paint, places, seg_on_grid, write_seg
+from tests.test_seg import BOX, Grid, ct_series, paint, places, write_seg
 from tests.test_targets import _build
 
 GRID = Grid(rows=12, columns=18, spacing=(1.0, 1.2), n=5, step=2.0, origin=(-10.0, -8.0, 0.0))
@@ -143,15 +142,14 @@ SEVEN = Grid(rows=12, columns=18, spacing=(1.0, 1.2), n=7, step=2.0, origin=(-10
 
 @pytest.mark.parametrize(("thickness", "reached"), [
     (2.0, {1: 1, 5: 5}),  # each frame its own slice: 2 mm away is beyond half of 2 mm
-    (4.0, {0: 1, 1: 1, 2: 1, 4: 5, 5: 5, 6: 5}),  # 2 mm away is exactly half of 4 mm: the boundary is the slab's
+    (4.0, {1: 1, 5: 5}),  # 2 mm away is exactly half of 4 mm: the boundary is not reached
     (5.0, {0: 1, 1: 1, 2: 1, 4: 5, 5: 5, 6: 5}),  # 2 mm < 2.5 mm; slice 3, 4 mm from both, is not
 ])
 def test_resampled_frames_reach_only_within_half_their_thickness(tmp_path: Path, thickness: float,
                                                                  reached: dict[int, int]) -> None:
     """A SEG on another in-plane grid, frames on slices 1 and 5 (8 mm apart, SpacingBetweenSlices 8):
-    a frame stands for its own slab, SliceThickness thick, its boundary included; the 8 mm between
-    frames (what the old reach, half the SpacingBetweenSlices, took) says nothing about the slices
-    between."""
+    a frame stands for its own slab, SliceThickness thick; the 8 mm between frames (what the old
+    reach, half the SpacingBetweenSlices inclusive, took) says nothing about the slices between."""
     sources = ct_series(SEVEN, seed=12)
     frames = {1: np.zeros((6, 9), dtype=bool), 5: np.zeros((6, 9), dtype=bool)}
     frames[1][1:4, 2:6] = True
@@ -229,40 +227,3 @@ def test_a_build_packs_an_every_other_slice_seg_under_grid_require(tmp_path: Pat
     assert len(items) == 1, bad.read_text() if bad.exists() else ""
     mask = items[0]["mask"].numpy()
     np.testing.assert_array_equal(mask, np.where(planted, 4, 0).astype(np.uint8))
-
-
-def test_touching_slabs_leave_no_slice_between_them_empty(tmp_path: Path) -> None:
-    """4 mm slabs on slices 0, 2 and 4 of a 2 mm series, the same box on each: slices 1 and 3 lie
-    on the boundary of two slabs that both hold the box, and are painted (they were left empty
-    when the boundary belonged to neither slab, and a SEG of a 5 mm reconstruction resampled
-    onto its thin series came out striped)."""
-    sources = ct_series(GRID, seed=11)
-    box = np.zeros((6, 9), dtype=bool)
-    box[1:4, 2:6] = True
-    path, _ = _coarse_seg(tmp_path / "coarse.dcm", sources, {0: box, 2: box, 4: box}, 4.0, GRID)
-    labels, drawn = paint(path, places(sources), grid="resample")
-    np.testing.assert_array_equal(labels, _expected({k: _on_fine(box, GRID) for k in range(GRID.n)}))
-    assert drawn.notes == ()  # type: ignore[attr-defined]
-
-
-def test_a_slab_thicker_than_the_series_step_is_a_slab_though_its_frames_reference_slices(tmp_path: Path) -> None:
-    """A SEG drawn on a reconstruction three times thicker than its series (SliceThickness and
-    SpacingBetweenSlices 4.5 mm over 1.5 mm slices), whose frames reference the slices they lie
-    on: each frame covers its slab, not its one slice (copied onto slices 3 and 6 only, the mask
-    was a third of what was drawn); under grid: require it is another grid, as before."""
-    grid = Grid()
-    sources = ct_series(grid)
-    thick = Grid(rows=grid.rows, columns=grid.columns, spacing=grid.spacing, x=grid.x, y=grid.y, n=4,
-                 step=3 * grid.step, origin=grid.origin)
-    frames = np.zeros((thick.n, grid.rows, grid.columns, 1), dtype=bool)
-    frames[1:3, 8:20, 5:15, 0] = True
-    path = seg_on_grid(tmp_path / "thick.dcm", sources, frames, ["Cube_A"], thick)
-    ds = pydicom.dcmread(path)
-    ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].SliceThickness = thick.step
-    ds.save_as(path)
-    with pytest.raises(AnnotationError) as err:
-        paint(path, places(sources))
-    assert err.value.reason == "mask_geometry"
-    labels, _ = paint(path, places(sources), grid="resample")
-    assert [k for k in range(grid.n) if labels[k].any()] == list(range(2, 8))
-

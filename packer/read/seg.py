@@ -26,15 +26,14 @@ Rules (the README's, stated once here):
   SpacingBetweenSlices, that spacing within 1% of the series' (a SEG drawn on a 9 mm
   reconstruction of a 3 mm series is not on its grid, although each of its frames lies on one of
   its slices; a SEG whose frames all lie on one plane has no spacing, whatever it says). A frame
-  that references a slice and lies on it (within 1e-3 mm along the normal, or has no position),
-  and is no thicker than the series' step (a thicker one is a slab of a thick reconstruction), is
+  that references a slice and lies on it (within 1e-3 mm along the normal, or has no position) is
   that slice's whatever the SEG's spacing: annotators who draw every other slice make a SEG whose
   SpacingBetweenSlices is twice the series' step, and the slices between stay empty. Any other
   frame is on *another grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the
   whole segment is resampled by nearest neighbour.
 - **Resampling** (nearest neighbour in patient coordinates): each frame plane stands for its
   slab, and each slice pixel centre takes the SEG plane nearest along the SEG's normal that lies
-  within half that plane's SliceThickness, its boundary included (else half the SEG's own slice spacing:
+  strictly within half that plane's SliceThickness (else half the SEG's own slice spacing:
   SpacingBetweenSlices, else the smallest gap between its frame planes, else the series'
   spacing), since a SEG omits empty frames and a farther plane says nothing about this point; a
   centre exactly midway (to 1e-3 mm) between two planes that both reach it is on only where both
@@ -430,12 +429,9 @@ class _Series:
             off = None if at is None else abs(at - self.depth[index])
             if off is not None and off > half * (1 + 1e-6):
                 return index, "contradicts" if self._same_plane_grid(frame, index, rows, columns) else "grid"
-            # on the slice it references, and no thicker than the series' step: drawn on it, whatever
-            # spacing its SEG's frames keep between them (annotators drawing every other slice:
-            # SpacingBetweenSlices twice the series' step); a thicker frame is a slab (drawn on a thick
-            # reconstruction) that covers more than its slice, so it is compared as a grid
-            thin = not frame.thickness or not self.spacing or frame.thickness <= self.spacing * (1 + SLICE_SPACING_RTOL)
-            on_slice = (off is None or off <= ON_SLICE_TOL_MM) and thin
+            # on the slice it references: drawn on it, whatever spacing its SEG's frames keep between them
+            # (annotators drawing every other slice: SpacingBetweenSlices twice the series' step)
+            on_slice = off is None or off <= ON_SLICE_TOL_MM
             return index, "copy" if self._same_grid(frame, index, rows, columns, by_reference=on_slice) else "grid"
         elif frame.position is None:
             return None, "ambiguous" if named else "outside"
@@ -584,10 +580,9 @@ def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequ
               geometry: _Series, between: float, structure: Structure, painter: Painter,
               label: str) -> tuple[int, int]:
     """Paint one segment resampled by nearest neighbour onto every slice. Each frame plane stands
-    for its slab: a slice pixel centre takes the nearest plane that lies within half its
-    SliceThickness (else half ``between``, the SEG's spacing), the boundary included: touching
-    slabs leave no centre between them; one exactly midway between two planes that both reach it
-    is on where both hold it, never given to whichever comes first.
+    for its slab: a slice pixel centre takes the nearest plane that lies strictly within half its
+    SliceThickness (else half ``between``, the SEG's spacing); one exactly midway between two
+    planes that both reach it is on where both hold it, never given to whichever comes first.
     Returns how many of the segment's frames no slice pixel took, and how many slice pixels lay
     midway between two planes that disagree there (left unpainted)."""
     if any(f.position is None for f in frames):
@@ -636,9 +631,8 @@ def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequ
         z = centres @ normal
         below, above = _neighbour_planes(planes, z)
         d_below, d_above = np.abs(z - planes[below]), np.abs(z - planes[above])
-        # within half the slab, its boundary included: slabs that touch leave no centre to neither (a
-        # centre on the boundary of both is a tie, on where both hold)
-        in_below, in_above = d_below <= reach[below] * (1 + 1e-6), d_above <= reach[above] * (1 + 1e-6)
+        # strictly within half the slab: a centre on its boundary lies as much in the next slab
+        in_below, in_above = d_below < reach[below] * (1 - 1e-6), d_above < reach[above] * (1 - 1e-6)
         tie = in_below & in_above & (below != above) & (np.abs(d_below - d_above) <= IN_PLANE_TOL_MM)
         take_below = in_below & ~tie & (~in_above | (d_below < d_above))
         take_above = in_above & ~tie & ~take_below
