@@ -335,23 +335,15 @@ def test_other_grid_require_is_mask_geometry(tmp_path: Path, axial) -> None:
 
 
 def seg_every_third_slice(tmp_path: Path, grid: Grid, sources: list[Dataset]) -> tuple[Path, np.ndarray]:
-    """The box drawn on a reconstruction three times thicker than the series: frames at the
-    series' slices 0, 3, 6, 9 (in-plane grid the series'), SpacingBetweenSlices and SliceThickness
-    3 steps, the box on the frames of slices 3 and 6, each frame derived from the reconstruction's
-    image there (a UID this series lacks: frames that reference a slice of the series and lie on it
-    are that slice's, whatever the SEG's spacing). Returns the SEG and the series' slices each frame
-    covers."""
+    """The box drawn on a reconstruction three times thicker than the series: frames on the
+    series' slices 0, 3, 6, 9 (in-plane grid the series'), SpacingBetweenSlices 3 steps, the box
+    on the frames of slices 3 and 6. Returns the SEG and the series' slices each frame covers."""
     thick = Grid(rows=grid.rows, columns=grid.columns, spacing=grid.spacing, x=grid.x, y=grid.y, n=4,
                  step=3 * grid.step, origin=grid.origin)
     frames = np.zeros((thick.n, grid.rows, grid.columns, 1), dtype=bool)
     frames[1:3, 8:20, 5:15, 0] = True
     path = seg_on_grid(tmp_path / "thick.dcm", sources, frames, ["Cube_A"], thick)
-    ds = pydicom.dcmread(path)  # highdicom writes the sources' references and SliceThickness on their pixel grid
-    ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].SliceThickness = thick.step
-    for item in ds.PerFrameFunctionalGroupsSequence:
-        item.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID = generate_uid()
-    ds.save_as(path)
-    # nearest frame within half its thickness (1.5 steps): slices 2..7 lie nearest the box's frames
+    # nearest frame within half its spacing (1.5 steps): slices 2..7 lie nearest the box's frames
     # (3 and 6); slice 2 is 1 step from frame 3 and 2 from frame 0, slice 7 1 step from frame 6
     covered = np.zeros(grid.n, dtype=bool)
     covered[2:8] = True

@@ -22,24 +22,18 @@ Rules (the README's, stated once here):
   a spacing is ``annotation_frames``.
 - **Same grid** (copied pixel for pixel): same rows and columns, orientation cosines within
   1e-4, pixel spacing within 1e-4 relative, the frame's first pixel within 1e-3 mm of the
-  slice's in the slice plane, and, for a frame placed by position, where the SEG says its
-  SpacingBetweenSlices, that spacing within 1% of the series' (a SEG drawn on a 9 mm
-  reconstruction of a 3 mm series is not on its grid, although each of its frames lies on one of
-  its slices; a SEG whose frames all lie on one plane has no spacing, whatever it says). A frame
-  that references a slice and lies on it (within 1e-3 mm along the normal, or has no position) is
-  that slice's whatever the SEG's spacing: annotators who draw every other slice make a SEG whose
-  SpacingBetweenSlices is twice the series' step, and the slices between stay empty. Any other
-  frame is on *another grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the
-  whole segment is resampled by nearest neighbour.
-- **Resampling** (nearest neighbour in patient coordinates): each frame plane stands for its
-  slab, and each slice pixel centre takes the SEG plane nearest along the SEG's normal that lies
-  strictly within half that plane's SliceThickness (else half the SEG's own slice spacing:
-  SpacingBetweenSlices, else the smallest gap between its frame planes, else the series'
-  spacing), since a SEG omits empty frames and a farther plane says nothing about this point; a
-  centre exactly midway (to 1e-3 mm) between two planes that both reach it is on only where both
-  hold it, and the pixels where they disagree are left empty and counted in a note; then the SEG
-  pixel whose centre is nearest in that plane (``floor(x + 0.5)``: a centre exactly midway takes
-  the higher index); 0 outside the frame.
+  slice's in the slice plane, and, where the SEG says its SpacingBetweenSlices, that spacing
+  within 1% of the series' (a SEG drawn on a 9 mm reconstruction of a 3 mm series is not on its
+  grid, although each of its frames lies on one of its slices; a SEG whose frames all lie on one
+  plane has no spacing, whatever it says). Any other frame is on *another
+  grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the whole segment is
+  resampled by nearest neighbour.
+- **Resampling** (nearest neighbour in patient coordinates): each slice pixel centre takes the
+  SEG plane nearest along the SEG's normal, provided it lies within half the SEG's own slice
+  spacing (SpacingBetweenSlices, else the smallest gap between its frame planes, else
+  SliceThickness, else the series' spacing), since a SEG omits empty frames and a farther plane
+  says nothing about this point; then the SEG pixel whose centre is nearest in that plane
+  (``floor(x + 0.5)``: a centre exactly midway takes the higher index); 0 outside the frame.
 - **FRACTIONAL**: a voxel is on when ``stored / MaximumFractionalValue >= threshold``
   (inclusive: 0.5 keeps a voxel stored at exactly half); a stored value above
   MaximumFractionalValue is ``mask_values``. BINARY: on where the bit is 1. LABELMAP (highdicom
@@ -78,9 +72,6 @@ SEG_CLASSES = (SEG_STORAGE, "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Lab
 ORIENTATION_TOL = 1e-4  # cosines
 SPACING_RTOL = 1e-4  # relative
 IN_PLANE_TOL_MM = 1e-3
-#: How far along the slice normal a frame that references a slice may lie from it and still lie on
-#: it (placed by reference, whatever its SpacingBetweenSlices): the in-plane origin's tolerance
-ON_SLICE_TOL_MM = IN_PLANE_TOL_MM
 #: How far a SEG's SpacingBetweenSlices may differ from the series' slice spacing (relative) and
 #: still be its grid: DS text rounds both, and a 1% difference is far below a slice
 SLICE_SPACING_RTOL = 1e-2
@@ -170,15 +161,10 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
                 assert index is not None  # "copy" always names its slice
                 painter.paint(structure, index, pixels.mask(frame), source=label)
             continue
-        outside, disputed = _resample(path, own, pixels, slices, geometry, between, structure, painter, label)
+        outside = _resample(path, own, pixels, slices, geometry, between, structure, painter, label)
         if outside:
-            notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames reach no slice of the "
-                         "series (beyond its ends, where a slice is missing, or between slices farther than half "
-                         "their SliceThickness from either) and were not painted")
-        if disputed:
-            notes.append(f"segment {number} ({label!r}): {disputed} slice pixels lie exactly midway between two of "
-                         "its frames that disagree there and were not painted (neither frame is nearer; overlapping "
-                         "slabs)")
+            notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie on no slice of the "
+                         "series (beyond its ends, or where a slice is missing) and were not painted")
     mapped = {*classes, 0}  # a LABELMAP frame (segment 0) holds every segment
     return Drawn(unmapped=tuple(unmapped), notes=tuple(notes), sop_class=sop_class_name(str(seg.SOPClassUID)),
                  elsewhere=not any(f.segment in mapped for f in frames)
@@ -425,14 +411,9 @@ class _Series:
         named = {self.by_source[s] for s in frame.sources if s in self.by_source}
         if len(named) == 1:
             index = named.pop()
-            at = None if frame.position is None else float(np.dot(frame.position, self.normal))
-            off = None if at is None else abs(at - self.depth[index])
-            if off is not None and off > half * (1 + 1e-6):
+            if frame.position is not None and abs(float(np.dot(frame.position, self.normal)) - self.depth[index]) > (
+                    half * (1 + 1e-6)):
                 return index, "contradicts" if self._same_plane_grid(frame, index, rows, columns) else "grid"
-            # on the slice it references: drawn on it, whatever spacing its SEG's frames keep between them
-            # (annotators drawing every other slice: SpacingBetweenSlices twice the series' step)
-            on_slice = off is None or off <= ON_SLICE_TOL_MM
-            return index, "copy" if self._same_grid(frame, index, rows, columns, by_reference=on_slice) else "grid"
         elif frame.position is None:
             return None, "ambiguous" if named else "outside"
         else:
@@ -445,10 +426,9 @@ class _Series:
             index = int(near[0])
         return index, "copy" if self._same_grid(frame, index, rows, columns) else "grid"
 
-    def _same_plane_grid(self, frame: _Frame, index: int, rows: int, columns: int, *,
-                         by_reference: bool = False) -> bool:
-        """Rows, columns, orientation, pixel spacing and (where the SEG says it, and the frame is not
-        ``by_reference``: on the slice it references) slice spacing equal (position along the normal aside)."""
+    def _same_plane_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
+        """Rows, columns, orientation, pixel spacing and (where the SEG says it) slice spacing
+        equal (position along the normal aside)."""
         if not self.slices:
             return False
         place = self.slices[index]
@@ -456,7 +436,7 @@ class _Series:
         pairs = zip(frame.spacing, place.spacing, strict=True)
         return ((rows, columns) == (place.rows, place.columns) and turned <= ORIENTATION_TOL
                 and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs)
-                and (by_reference or self._same_slice_spacing(frame)))
+                and self._same_slice_spacing(frame))
 
     def _same_slice_spacing(self, frame: _Frame) -> bool:
         """False where the frame's SpacingBetweenSlices and the series' spacing (median gap) are
@@ -467,8 +447,8 @@ class _Series:
             return True
         return abs(frame.between - self.spacing) <= SLICE_SPACING_RTOL * self.spacing
 
-    def _same_grid(self, frame: _Frame, index: int, rows: int, columns: int, *, by_reference: bool = False) -> bool:
-        if not self._same_plane_grid(frame, index, rows, columns, by_reference=by_reference):
+    def _same_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
+        if not self._same_plane_grid(frame, index, rows, columns):
             return False
         if frame.position is None:
             return True  # placed by reference alone: its grid is its source's
@@ -482,9 +462,8 @@ class _Series:
 def _describe_frame(frame: _Frame, rows: int, columns: int) -> str:
     where = "no position" if frame.position is None else "IPP " + _fmt(frame.position)
     between = f", SpacingBetweenSlices {frame.between:g} mm" if frame.between else ""
-    thickness = f", SliceThickness {frame.thickness:g} mm" if frame.thickness else ""
     return (f"{rows}×{columns} at {frame.spacing[0]:g}×{frame.spacing[1]:g} mm, IOP {_fmt(frame.orientation)}, "
-            f"{where}{between}{thickness}")
+            f"{where}{between}")
 
 
 def _describe_slice(place: SlicePlace, spacing: float) -> str:
@@ -508,9 +487,7 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
         other = _describe_slice(target, geometry.spacing) if target is not None else "no slice"
         return AnnotationError("mask_geometry", (
             f"{head} lies on another grid ({_describe_frame(frame, rows, columns)}) than the series' slice "
-            f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series (each slice "
-            "takes the nearest frame within half that frame's SliceThickness: the slices between thinner frames "
-            "stay empty)"))
+            f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
     at = float(np.dot(frame.position, geometry.normal)) if frame.position is not None else None
     depth = "" if at is None else f" at {at:.4g} mm along the normal"
     span = (f"slices span {geometry.depth.min():.4g}..{geometry.depth.max():.4g} mm, median spacing "
@@ -563,7 +540,7 @@ class _Pixels:
 def _seg_spacing(frames: Sequence[_Frame], geometry: _Series) -> float:
     """The SEG's own slice spacing: SpacingBetweenSlices of its pixel measures, else the
     smallest gap between its frame planes (gaps from omitted empty frames only widen the others),
-    else the series' spacing. It stands for the slab of a frame that writes no SliceThickness."""
+    else its SliceThickness, else the series' spacing."""
     for frame in frames:
         if frame.between:
             return frame.between
@@ -573,18 +550,16 @@ def _seg_spacing(frames: Sequence[_Frame], geometry: _Series) -> float:
         gaps = np.diff(depths)
         if gaps.size:
             return float(gaps.min())
+    for frame in frames:
+        if frame.thickness:
+            return frame.thickness
     return geometry.spacing
 
 
 def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequence[SlicePlace],
-              geometry: _Series, between: float, structure: Structure, painter: Painter,
-              label: str) -> tuple[int, int]:
-    """Paint one segment resampled by nearest neighbour onto every slice. Each frame plane stands
-    for its slab: a slice pixel centre takes the nearest plane that lies strictly within half its
-    SliceThickness (else half ``between``, the SEG's spacing); one exactly midway between two
-    planes that both reach it is on where both hold it, never given to whichever comes first.
-    Returns how many of the segment's frames no slice pixel took, and how many slice pixels lay
-    midway between two planes that disagree there (left unpainted)."""
+              geometry: _Series, between: float, structure: Structure, painter: Painter, label: str) -> int:
+    """Paint one segment resampled by nearest neighbour onto every slice; returns how many of
+    its frames no slice pixel took (beyond the series)."""
     if any(f.position is None for f in frames):
         raise AnnotationError("mask_geometry", (
             f"{path}: segment {label!r} has frames without Plane Position (0020,9113) on another grid than "
@@ -602,53 +577,37 @@ def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequ
     members: list[list[_Frame]] = [[] for _ in planes]
     for rank, k in enumerate(order):
         members[plane_of[rank]].append(frames[k])
-    spacing = between if between > 0 else 2 * geometry.half(None)
-    reach = np.asarray([0.5 * max(f.thickness or spacing for f in group) for group in members])
+    half = 0.5 * between if between > 0 else geometry.half(None)
     rows, columns = int(pixels.seg.Rows), int(pixels.seg.Columns)
     cache: dict[int, np.ndarray] = {}
     used: set[int] = set()
-
-    def sample(plane: int, points: np.ndarray) -> np.ndarray:
-        """The plane's frames (united) at ``points`` (N×3 mm): the SEG pixel whose centre is nearest."""
-        hit = np.zeros(points.shape[0], dtype=bool)
-        for frame in members[plane]:
-            assert frame.position is not None
-            offset = points - frame.position
-            col = np.floor(offset @ frame.orientation[:3] / frame.spacing[1] + 0.5).astype(np.int64)
-            row = np.floor(offset @ frame.orientation[3:6] / frame.spacing[0] + 0.5).astype(np.int64)
-            inside = (row >= 0) & (row < rows) & (col >= 0) & (col < columns)
-            if not inside.any():
-                continue
-            used.add(frame.index)
-            if frame.index not in cache:
-                cache[frame.index] = pixels.mask(frame)
-            hit[inside] |= cache[frame.index][row[inside], col[inside]]
-        return hit
-
-    disputed = 0
     for index, place in enumerate(slices):
         centres = _pixel_centres(place)  # H×W×3 mm
         z = centres @ normal
-        below, above = _neighbour_planes(planes, z)
-        d_below, d_above = np.abs(z - planes[below]), np.abs(z - planes[above])
-        # strictly within half the slab: a centre on its boundary lies as much in the next slab
-        in_below, in_above = d_below < reach[below] * (1 - 1e-6), d_above < reach[above] * (1 - 1e-6)
-        tie = in_below & in_above & (below != above) & (np.abs(d_below - d_above) <= IN_PLANE_TOL_MM)
-        take_below = in_below & ~tie & (~in_above | (d_below < d_above))
-        take_above = in_above & ~tie & ~take_below
-        if not (take_below | take_above | tie).any():
+        nearest = _nearest_plane(planes, z)
+        ok = np.abs(z - planes[nearest]) <= half * (1 + 1e-6)
+        if not ok.any():
             continue
         out = np.zeros((place.rows, place.columns), dtype=bool)
-        for plane in np.unique(np.concatenate([below[take_below], above[take_above]])):
-            chosen = (take_below & (below == plane)) | (take_above & (above == plane))
-            out[chosen] = sample(int(plane), centres[chosen])
-        for plane in np.unique(below[tie]):  # tied between ``plane`` and the next: on where both hold
-            chosen = tie & (below == plane)
-            lower, upper = sample(int(plane), centres[chosen]), sample(int(plane) + 1, centres[chosen])
-            out[chosen] = lower & upper
-            disputed += int((lower ^ upper).sum())
+        for plane in np.unique(nearest[ok]):
+            chosen = ok & (nearest == plane)
+            points = centres[chosen]
+            for frame in members[int(plane)]:
+                assert frame.position is not None
+                offset = points - frame.position
+                col = np.floor(offset @ frame.orientation[:3] / frame.spacing[1] + 0.5).astype(np.int64)
+                row = np.floor(offset @ frame.orientation[3:6] / frame.spacing[0] + 0.5).astype(np.int64)
+                inside = (row >= 0) & (row < rows) & (col >= 0) & (col < columns)
+                if not inside.any():
+                    continue
+                used.add(frame.index)
+                if frame.index not in cache:
+                    cache[frame.index] = pixels.mask(frame)
+                hit = np.zeros(points.shape[0], dtype=bool)
+                hit[inside] = cache[frame.index][row[inside], col[inside]]
+                out[chosen] |= hit
         painter.paint(structure, index, out, source=label)
-    return sum(1 for f in frames if f.index not in used), disputed
+    return sum(1 for f in frames if f.index not in used)
 
 
 def _planes(sorted_depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -662,12 +621,11 @@ def _planes(sorted_depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return np.asarray(planes), plane_of
 
 
-def _neighbour_planes(planes: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each depth in ``z``, the indices of the two planes around it (the plane below and the
-    next; beyond either end, the last two, or the one plane twice): the nearest is one of them."""
-    above = np.clip(np.searchsorted(planes, z), 0, len(planes) - 1)
-    below = np.clip(above - 1, 0, len(planes) - 1)
-    return below, above
+def _nearest_plane(planes: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Index of the plane nearest each depth in ``z`` (a tie takes the lower plane)."""
+    right = np.clip(np.searchsorted(planes, z), 0, len(planes) - 1)
+    left = np.clip(right - 1, 0, len(planes) - 1)
+    return np.where(np.abs(z - planes[left]) <= np.abs(z - planes[right]), left, right)
 
 
 def _pixel_centres(place: SlicePlace) -> np.ndarray:
