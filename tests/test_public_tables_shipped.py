@@ -22,6 +22,7 @@ import pytest
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
 from packer.pipeline.splitlists import stem_of
+from packer.targets.multilabel import _names_of_column
 from tests.dicom_files import ct_dataset, ct_pixels, save
 from tests.helpers import write_job
 
@@ -144,6 +145,18 @@ def test_a_multilabel_cell_written_as_a_list_literal_holds_the_lists_names_whate
     assert "labels.csv row 14, column 'Labels': \"['pneumonia', nodule]\" looks like a list" in issue.message, \
         issue.message
 
+
+
+@pytest.mark.parametrize(("cell", "value_map", "want"), [
+    ("[none]", {"[none]": None}, ""), ("[no finding]", {"[no finding]": "normal"}, "normal"),
+    ("[unsure]", {}, "[unsure]"), ("pneumonia|[REDACTED]", {"[REDACTED]": None}, "pneumonia"),
+])
+def test_a_bracketed_word_is_a_token_that_map_names_not_a_list(cell: str, value_map: dict[str, str | None],
+                                                               want: str) -> None:
+    """Only a list of quoted names (or ``[]``) is read as a list: a cell ``[none]`` or
+    ``[REDACTED]`` is a token as before, which ``map:`` may name whole or inside a joined cell
+    (such cells became bad_target when every bracketed cell was taken for a list)."""
+    assert _names_of_column(cell, "row 2", "|", value_map, ()) == want
 
 # ---------------------------------------------------------------------------------------------
 # A DICOM export named by SOP Instance UID, without an extension

@@ -84,15 +84,26 @@ def _list_items(cell: str, where: str) -> list[str] | Refused:
     return items
 
 
+def _list_literal(cell: str) -> bool:
+    """Whether ``cell`` (stripped) is written as a list literal of quoted names: ``[]``, or ``[``
+    then a quote (``['pneumonia', 'nodule']``, ``["a"]``) … ``]``. A bracketed word (``[none]``,
+    ``[REDACTED]``) is a token like any other, which ``map:`` may name."""
+    if not (cell.startswith("[") and cell.endswith("]")):
+        return False
+    inner = cell[1:-1].strip()
+    return not inner or inner[0] in "'\""
+
+
 def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[str, str | None],
                      known: Sequence[str]) -> str | Refused:
     """The target text of a multi-label column of names joined by ``separator``, or written as a
     list literal (PadChest's ``['pneumonia', 'nodule']``: :func:`_list_items`, whatever the
-    separator): each token through ``value_map`` (a name; None drops it; absent: the token
+    separator, unless ``value_map`` names the whole cell): each token through ``value_map`` (a
+    name; None drops it; absent: the token
     itself), then checked against the job's labels (``known``) and the text form's reserved
     characters."""
     stripped = cell.strip()
-    if stripped.startswith("[") and stripped.endswith("]"):
+    if _list_literal(stripped) and stripped not in value_map:
         listed = _list_items(stripped, where)
         if isinstance(listed, Refused):
             return listed
