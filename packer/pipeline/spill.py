@@ -185,7 +185,9 @@ class CachedChunk:
 #: 58: SEG slabs reach their boundary and a frame thicker than the series' step is a slab; a volume's
 #: slices is its packed depth (DICOM adds series_slices); NIfTI neighbour offsets along the normal;
 #: near-ties of axes broken by a fixed rule; a blank volume of a 4-D NIfTI packs again.
-CACHE_FORMAT = 58
+#: 59: the SEG placement of 57 and 58 is taken back (frames placed as at 56); a bracketed multilabel
+#: word is a token, not a list.
+CACHE_FORMAT = 59
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
