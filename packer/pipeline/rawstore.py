@@ -221,9 +221,9 @@ def fetched(ref: SampleRef, listed: RawObject | None, *, limits: LimitsConfig,
     size limit (``limits.max_decoded_bytes``, as the readers apply it) is checked before any
     byte is fetched, and a copy for decoding (not ``headers_only``) is checked against ``listed``
     after: its size, and the object's version tag as the store gives it now, one ``info``
-    request (:func:`_changed_since_listing`; on an http(s) server, the size alone, where it gave
-    one). So a copy is only ever decoded as the listed object, and a size limit applies to the
-    bytes decoded. Issues (:class:`FetchIssue`, but ``too_large``): ``too_large``;
+    request (:func:`_changed_since_listing`; an http(s) server's answers tell no such thing and
+    are not compared). So a copy from an object store is only ever decoded as the listed object,
+    and a size limit applies to the bytes decoded. Issues (:class:`FetchIssue`, but ``too_large``): ``too_large``;
     ``missing_file`` (the object is gone, or was replaced since the listing: the listed version
     is gone); ``unreadable`` (access denied, no credentials, store unreachable: the message says
     what to fix). Raises
@@ -289,14 +289,16 @@ def _changed_since_listing(fs: Any, path: str, listed: RawObject, fetched_size: 
     an object replaced before the fetch is told, unless it was put back before the answer. A
     store whose answer lacks that key (or a listing without a tag) is checked by size alone.
 
-    ``web``: an http(s) server, checked by size alone, and only where it gave one: a response
-    without Content-Length (chunked, compressed on the fly) lists as 0 bytes, and a tag names
-    one server's copy, not the content (behind a load balancer each backend's ETag or
+    ``web``: an http(s) server, not checked: its listed size may be none (a response without
+    Content-Length lists as 0 bytes) or the compressed one (the body arrives decompressed), and a
+    tag names one server's copy, not the content (behind a load balancer each backend's ETag or
     Last-Modified differs for the same bytes), so neither tells a changed file.
     Raises what the store raises."""
-    if fetched_size != listed.size and not (web and listed.size == 0):
+    if web:
+        return ""
+    if fetched_size != listed.size:
         return f"size: listed {listed.size} bytes, fetched {fetched_size}"
-    if not listed.version or web:
+    if not listed.version:
         return ""
     fs.invalidate_cache(path)  # the listing's own entry may be cached in this process
     key, _, value = listed.version.partition(":")
