@@ -421,10 +421,10 @@ def photo_folder(folder: Path, names: dict[str, int]) -> Path:
 
 def test_an_http_file_without_a_content_length_or_with_a_tag_per_answer_is_decoded_not_called_changed(
         tmp_path: Path) -> None:
-    """The fetch checks a copy against the listing, but on an http(s) server by size only, and
-    only where the server gave one: a response without Content-Length lists as 0 bytes, and a
-    tag that differs on every answer names a backend's copy, not the bytes. Each such file was
-    a missing_file record ('the object changed after discovery listed it')."""
+    """The fetch checks a copy against the listing on object stores, not on an http(s) server: a
+    response without Content-Length lists as 0 bytes, and a tag that differs on every answer
+    names a backend's copy, not the bytes. Each such file was a missing_file record ('the
+    object changed after discovery listed it')."""
     raw = photo_folder(tmp_path / "raw", {"cat/plain.png": 1, "cat/unsized.png": 2, "dog/retagged.png": 3})
     with serving(raw, {"unsized.png": "unsized", "retagged.png": "retagged"}) as url:
         job = http_job(tmp_path, url)
