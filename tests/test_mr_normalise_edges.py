@@ -150,3 +150,23 @@ def test_a_dicom_percentile_record_s_low_and_high_are_its_window_s(tmp_path: Pat
     low, high = record["low"], record["high"]
     assert record["center"] == (low + high) / 2 and record["width"] == high - low
     np.testing.assert_array_equal(sample.image[0], from_record(pixels, record, "uint16"))
+
+
+# ------------------------------------------------------------------------- a blank sequence
+
+
+def test_a_blank_volume_of_a_4d_file_packs_with_a_warning_naming_it(tmp_path: Path) -> None:
+    """A 4-D file (``channels_from: last_axis``, the Decathlon's layout) whose one volume is all
+    zeros (a sequence exported blank, or a dynamic series' frame before the injection) packs, as
+    a fixed window or a time series needs, but its sample says which volume carries nothing:
+    it was packed as a z-scored channel of zeros without a word."""
+    t1 = skull_stripped()
+    (tmp_path / "raw").mkdir(parents=True)
+    write_nifti(tmp_path / "raw" / "mr.nii.gz", np.stack([t1, np.zeros_like(t1)], axis=-1), AFFINE)
+    packed = build_nifti(tmp_path, [{"path": "mr.nii.gz", "entity": "p1"}],
+                         {"windows": ["zscore"], "output": "float16", "sample": "volume", "channels_from": "last_axis"})
+    [(key, image)] = packed.images.items()
+    assert packed.bad == [] and image.shape[0] == 2
+    warnings = packed.records[key]["metadata"]["warnings"]
+    assert any("constant channel: volume 1 of 2 along the last axis" in w and "'image[1]'" in w
+               and "every voxel 0" in w for w in warnings), warnings

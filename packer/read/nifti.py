@@ -707,6 +707,22 @@ def check_values(volume: Volume) -> None:
                                             "wrong, or remove the file", stage="validate")
 
 
+
+def constant_volume_notes(volume: Volume, name: str) -> list[str]:
+    """A sample warning for each volume of a 4-D file (``name``: its channel, as the case names
+    it) whose every voxel is one value, the file as a whole varying (:func:`check_values`): a
+    sequence exported blank, or a dynamic series' frame before the injection. It still packs (a
+    fixed window needs no variation, and a time series may hold such a frame), but it carries
+    no information and a z-score of it is zeros, so it is said. None for a 3-D file."""
+    values = volume.array
+    if values.shape[0] < 2 or not values.size:
+        return []
+    flat = values.reshape(values.shape[0], -1)
+    low, high = flat.min(axis=1), flat.max(axis=1)
+    return [f"constant channel: volume {t} of {values.shape[0]} along the last axis of {name} ('{name}[{t}]') "
+            f"is every voxel {float(low[t]):g}; it carries no information (a sequence exported blank?) and packs "
+            "as such" for t in np.flatnonzero(low == high)]
+
 def same_grid(a: Volume, b: Volume) -> float | None:
     """None when two canonical volumes lie on one grid (same D×H×W, affines within
     :data:`AFFINE_TOLERANCE` mm), else how far apart their affines are (mm; inf for other shapes)."""

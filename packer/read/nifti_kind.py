@@ -44,6 +44,7 @@ from packer.read.nifti import (
     NiftiDefect,
     NiftiHeader,
     check_values,
+    constant_volume_notes,
     fill_non_finite,
     grid_difference,
     grid_text,
@@ -385,6 +386,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
                 filled[name] = done.to_json()
                 notes.append(done.note(name))
             check_values(volume)
+            notes.extend(constant_volume_notes(volume, name))
         except NiftiDefect as defect:
             if name != IMAGE_CHANNEL and not defect.opened:  # the row names it, the disk has it not
                 return Issue.of(ref, stage="read", reason="missing_file",
