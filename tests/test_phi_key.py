@@ -73,6 +73,16 @@ def dataset_hash_in(output: str) -> str:
     return next(line.split()[1] for line in output.splitlines() if line.startswith("  dataset_hash "))
 
 
+def built_with_two_keys(tmp_path: Path) -> tuple[Path, str, str, str, str]:
+    """The CT job built twice into one output, with key A then key B: the job file, each build's
+    output and the 12-character versions they made (old, new)."""
+    job = ct_job(tmp_path, None)
+    code, first = build(job, env_key=KEY_A)
+    assert code == 0, first
+    code, second = build(job, env_key=KEY_B)
+    assert code == 0, second
+    return job, first, second, dataset_hash_in(first)[:12], dataset_hash_in(second)[:12]
+
 def manifest_of(tmp_path: Path) -> dict[str, Any]:
     (path,) = (tmp_path / "out" / "keys").glob("*/manifest.json")
     data: dict[str, Any] = json.loads(path.read_text())
@@ -362,12 +372,7 @@ def test_key_help_teaches_how_to_use_a_key() -> None:
 def test_a_build_with_another_key_says_so_and_diff_and_inspect_name_the_fingerprints(tmp_path: Path) -> None:
     """The wrong key file builds fine (exit 0) with every id and the split changed: the build
     warns, diff says why nothing matches, inspect shows each version's key fingerprint."""
-    job = ct_job(tmp_path, None)
-    code, first = build(job, env_key=KEY_A)
-    assert code == 0, first
-    code, second = build(job, env_key=KEY_B)
-    assert code == 0, second
-    old, new = dataset_hash_in(first)[:12], dataset_hash_in(second)[:12]
+    job, first, second, old, new = built_with_two_keys(tmp_path)
     assert (f"version(s) {old} were pseudonymized with the PHI key of fingerprint {fingerprint_of(KEY_A)}; this "
             f"build used {fingerprint_of(KEY_B)}") in second
     assert "pseudonymized with the PHI key" not in first

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.demo import encode_photo, render_photo
-from tests.test_phi_key import KEY_A, KEY_B, build, ct_job, dataset_hash_in, fingerprint_of
+from tests.test_phi_key import KEY_A, built_with_two_keys, fingerprint_of
 
 PRINTED = "packer: warning: "
 
@@ -80,12 +80,7 @@ def test_a_build_cache_inside_the_output_folder_is_recorded_as_printed(tmp_path:
 
 
 def test_versions_pseudonymized_with_another_key_are_recorded_in_the_new_versions_warnings(tmp_path: Path) -> None:
-    job = ct_job(tmp_path, None)
-    code, first = build(job, env_key=KEY_A)
-    assert code == 0, first
-    code, second = build(job, env_key=KEY_B)
-    assert code == 0, second
-    old, new = dataset_hash_in(first)[:12], dataset_hash_in(second)[:12]
+    _, _, second, old, new = built_with_two_keys(tmp_path)
     versions = tmp_path / "out" / "keys"
     other_key = [w for w in _recorded(versions / new) if w["code"] == "phi"]
     assert [w["message"] for w in other_key] == [p for p in _printed(second) if "pseudonymized with the PHI key" in p]
