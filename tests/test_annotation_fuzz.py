@@ -109,7 +109,8 @@ def _places(sources: tuple[Dataset, ...]) -> list[SlicePlace]:
     return [SlicePlace(ds.SOPInstanceUID, 0, (float(ds.ImagePositionPatient[0]), float(ds.ImagePositionPatient[1]),
                                               float(ds.ImagePositionPatient[2])),
                        tuple(float(v) for v in ds.ImageOrientationPatient),
-                       (float(ds.PixelSpacing[0]), float(ds.PixelSpacing[1])), int(ds.Rows), int(ds.Columns))
+                       (float(ds.PixelSpacing[0]), float(ds.PixelSpacing[1])), int(ds.Rows), int(ds.Columns),
+                       thickness=float(ds.SliceThickness))
             for ds in _by_position(sources)]
 
 
