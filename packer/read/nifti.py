@@ -31,7 +31,8 @@ and finite; 0 or NaN means "no scaling", an infinite slope is a damaged header: 
 as float32: CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
 the file ``non_finite`` (unless the job fills them: :func:`fill_non_finite`), a volume of one value
-``constant_image``.
+``constant_image``, and so does a scaling under which differing stored values all round to one
+float16 value (a scl_slope of 1e-30).
 """
 
 from __future__ import annotations
@@ -687,9 +688,11 @@ def fill_non_finite(volume: Volume, rule: float | str) -> FilledVoxels | None:
     return FilledVoxels(nan=nan, inf=inf, rule=rule, values=tuple(used))
 
 
-def check_values(volume: Volume) -> None:
+def check_values(volume: Volume, header: NiftiHeader | None = None) -> None:
     """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
-    value (``constant_image``): neither can be windowed or normalised into a usable sample."""
+    value (``constant_image``): neither can be windowed or normalised into a usable sample.
+    ``header`` (the file's): where it sets a scaling, a volume whose values differ but all round
+    to one float16 value is ``constant_image`` too (:func:`_scaled_flat`)."""
     values = volume.array
     if not values.size:
         return
@@ -705,6 +708,28 @@ def check_values(volume: Volume) -> None:
         raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
                                             "the volume carries no information; fix the scaling fields if they are "
                                             "wrong, or remove the file", stage="validate")
+    if header is not None and header.slope is not None:
+        _scaled_flat(low, high, header)
+
+
+def _scaled_flat(low: float, high: float, header: NiftiHeader) -> None:
+    """Raise ``constant_image`` where the scaled values' extremes ``low`` < ``high`` (float32)
+    round to one float16 value, the precision packer keeps modality values in (``windows: []``):
+    a scl_slope so far out (1e-30 with scl_inter 0: values 1e-27 apart) that every stored value
+    lands on one modality value as packed, 0.0, and on one level under any window of modality
+    values (a 40/400 CT window: 102). The scaling is linear, so the extremes decide for every
+    voxel. A real small slope (1e-6 for an ADC in mm²/s: values down to 6e-8 stay apart in
+    float16) packs; so does a file whose scaled values pass float16's range (the packed
+    ``float16`` sample's own check judges that)."""
+    ends = np.asarray([low, high], dtype=np.float16)
+    if not np.isfinite(ends).all() or ends[0] != ends[1]:
+        return
+    raise NiftiDefect("constant_image", f"scl_slope {header.slope:g} and scl_inter {header.inter or 0.0:g} take its "
+                                        f"stored values to {low:g}..{high:g}, which all round to one value, "
+                                        f"{float(ends[0]):g}, in float16 (the precision packer keeps modality values "
+                                        "in): every voxel would pack as one value, under any window, and the volume "
+                                        "would carry no information; the header's scaling is damaged: fix scl_slope "
+                                        "and scl_inter, or export the file again", stage="validate")
 
 
 
