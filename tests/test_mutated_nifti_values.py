@@ -131,3 +131,63 @@ def test_an_unscaled_float_volume_of_small_values_is_not_judged_by_the_scaling_r
     path = write(tmp_path, "adc_si.nii", nifti_bytes(values, AFFINE))
     result = packed(outcome(path, {"windows": [{"percentiles": [1, 99]}], "output": "uint8", "sample": "volume"}))
     assert np.unique(result).size > 1
+
+
+# ------------------------------------------------------------------------------- trailing bytes
+
+
+DAMAGES: dict[str, dict[str, Any]] = {
+    "dim1_short": {"dim": {1: 11}},
+    "dim3_short": {"dim": {3: 7}},
+    "int16_as_int8": {"datatype": 256, "bitpix": 8},
+}
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_header_that_accounts_for_fewer_bytes_than_the_file_holds_is_bad_shape(
+        tmp_path: Path, damage: str, suffix: str) -> None:
+    """dim[1] 12 → 11 reflows the voxels into 11-wide rows (a sheared volume), dim[3] one short
+    drops a slice, int16 relabelled int8 reads half the bytes as other numbers; in each the
+    voxels the header describes end before the file's (or the inflated stream's) data does,
+    and the bytes past them are not zero. bad_shape, naming the file, what the header's dim ×
+    datatype account for and what the file holds, and the likely cause."""
+    data = nifti_bytes(ct_volume(), AFFINE)
+    path = write(tmp_path, f"{damage}{suffix}", with_header(data, **DAMAGES[damage]))
+    header = nib.Nifti1Header.from_fileobj(io.BytesIO(with_header(data, **DAMAGES[damage])), check=False)
+    accounted = int(np.prod(header.get_data_shape())) * header.get_data_dtype().itemsize
+    found = outcome(path, VALUES_FLOAT16)
+    assert isinstance(found, Issue) and (found.reason, found.stage) == ("bad_shape", "validate"), found
+    assert str(path) in found.message
+    assert f"{accounted} bytes" in found.message and f"{len(data) - 352} bytes" in found.message, found.message
+    assert "dim" in found.message and "datatype" in found.message and "export" in found.message
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+def test_zero_padding_after_the_voxels_still_packs(tmp_path: Path, suffix: str) -> None:
+    """Zeros after the last voxel are padding, not data the header leaves out: the file packs,
+    its voxels as written."""
+    stored = ct_volume()
+    path = write(tmp_path, f"padded{suffix}", nifti_bytes(stored, AFFINE) + bytes(4096))
+    assert np.unique(packed(outcome(path, VALUES_FLOAT16))).size == np.unique(stored).size
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+@pytest.mark.parametrize("kind", ["int16_scaled", "float32_4d", "uint8_extension"])
+def test_files_nibabel_writes_end_with_their_last_voxel_and_pack(tmp_path: Path, kind: str, suffix: str) -> None:
+    """nibabel writes the voxels last, from vox_offset (after any header extension) to the end of
+    the file or stream: none of its files is refused for bytes past the voxels."""
+    stored: np.ndarray = ct_volume()
+    if kind == "float32_4d":
+        stored = np.stack([stored, stored // 2 + 7], axis=-1).astype(np.float32)
+    elif kind == "uint8_extension":
+        stored = (stored % 200).astype(np.uint8)
+    image = nib.Nifti1Image(stored, AFFINE)
+    if kind == "int16_scaled":
+        image.header.set_slope_inter(0.5, -1024.0)
+    if kind == "uint8_extension":
+        image.header.extensions.append(nib.nifti1.Nifti1Extension(6, b"a comment written by a pipeline" * 3))
+    path = tmp_path / f"{kind}{suffix}"
+    nib.save(image, path)
+    transform = {**VALUES_FLOAT16, "channels_from": "last_axis"} if kind == "float32_4d" else VALUES_FLOAT16
+    assert np.unique(packed(outcome(path, transform))).size > 1

@@ -7,7 +7,9 @@ channels, or a 5th (``unsupported_dimensions``), a size over the job's limits (`
 dims × datatype against ``limits``, so a ``.nii.gz`` whose header promises 4 GB is never
 inflated), voxel data that cannot be where the header says (``vox_offset`` inside the header, or
 past the end of an uncompressed file, or more than a ``.nii.gz`` of its size can inflate to:
-``truncated``), and a geometry that places no voxel
+``truncated``), an uncompressed file holding data past its voxels (bytes after vox_offset + dim ×
+datatype that are not zero: a dim or datatype damaged smaller, ``bad_shape``; a ``.nii.gz``'s
+stream is judged so as its voxels are read), and a geometry that places no voxel
 (``bad_geometry``: a zero, negative or non-finite voxel size where the affine comes from
 ``pixdim``, a singular or non-finite affine).
 
@@ -345,12 +347,36 @@ def _check_offset(offset: int, path: str, size: int, version: int, nbytes: int) 
             raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} (vox_offset + "
                                            f"dim × datatype), but the file has {size} bytes: it was cut short, or "
                                            "vox_offset is wrong; copy it again")
+        if offset + nbytes < size and _data_after(path, offset + nbytes):
+            raise NiftiDefect("bad_shape", _excess_message(offset, nbytes, size - offset, "the file"), stage="validate")
     elif offset + nbytes > MAX_DEFLATE_RATIO * size:
         raise NiftiDefect("truncated", f"the voxels should fill bytes {offset} to {offset + nbytes} once inflated "
                                        f"(vox_offset + dim × datatype), but a gzip file of {size} bytes inflates to "
                                        f"at most {MAX_DEFLATE_RATIO * size} (DEFLATE's largest ratio, "
                                        f"{MAX_DEFLATE_RATIO}:1): it was cut short, or its dim or datatype are wrong; "
                                        "nothing was inflated")
+
+
+def _data_after(path: str, start: int) -> bool:
+    """True where a byte of the uncompressed file ``path`` from ``start`` on is not zero (read a
+    :data:`_CHUNK` at a time, stopping at the first such byte)."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        while chunk := fh.read(_CHUNK):
+            if np.frombuffer(chunk, dtype=np.uint8).any():
+                return True
+    return False
+
+
+def _excess_message(offset: int, nbytes: int, held: int, where: str) -> str:
+    """Why a file whose voxels, as its header describes them, end before its data does (the bytes
+    past them not zero) is ``bad_shape``: ``held``, the bytes ``where`` (the file, the inflated
+    stream) holds from ``offset`` (vox_offset) on; ``nbytes``, the header's dim × datatype."""
+    return (f"the header's dim × datatype account for {nbytes} bytes of voxels, but {where} holds {held} bytes from "
+            f"vox_offset {offset} on, and the {held - nbytes} bytes past the last voxel are not zero padding: the "
+            "header does not describe the stored voxels (a dim one short reflows them into a sheared volume, an "
+            "int16 datatype relabelled int8 reads half of them as other numbers), so they would pack wrong; the "
+            "header's dim or datatype is damaged: check them against the image, or export the file again")
 
 
 def _gzipped(path: str) -> bool:
@@ -512,9 +538,11 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
     after the last member that do not start another (junk appended) are ignored, as gunzip
     does. Raises EOFError (the stream ends before the last voxel, or inside a member),
     zlib.error (a damaged stream, or a CRC-32 or length that does not match its data), and
-    NiftiDefect ``truncated`` (a whole stream that holds fewer bytes than the voxels), possibly
-    after the last piece: a caller consumes the whole iterator before trusting what it gave."""
-    end, position = offset + nbytes, 0
+    NiftiDefect ``truncated`` (a whole stream that holds fewer bytes than the voxels) or
+    ``bad_shape`` (one that holds more, the bytes past the last voxel not all zero: a dim or
+    datatype damaged smaller, :func:`_excess_message`), possibly after the last piece: a caller
+    consumes the whole iterator before trusting what it gave."""
+    end, position, excess = offset + nbytes, 0, False
     with open(path, "rb") as fh:
         inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # | 16: the gzip wrapper, trailer checked
         pending = fh.read(_CHUNK)
@@ -523,6 +551,8 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
             low, high = max(position, offset), min(position + len(piece), end)
             if low < high:
                 yield memoryview(piece)[low - position:high - position]
+            if position + len(piece) > end and not excess:  # bytes past the last voxel: zero padding, or data
+                excess = bool(np.frombuffer(piece, dtype=np.uint8)[max(0, end - position):].any())
             position += len(piece)
             if inflater.eof:  # a member ended, its CRC-32 and length checked: another, or the end
                 pending = inflater.unused_data
@@ -548,6 +578,9 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
                                        f"{position} bytes, and the header's dim × datatype put the last voxel at byte "
                                        f"{end}: the file was written short, or its dim or datatype are wrong; export "
                                        "it again (copying it again cannot help)")
+    if excess:  # the stream is whole and holds more than the voxels, not all zeros
+        raise NiftiDefect("bad_shape", _excess_message(offset, nbytes, position - offset, "the inflated stream"),
+                          stage="validate")
 
 
 def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
