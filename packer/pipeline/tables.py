@@ -1193,6 +1193,47 @@ def _through_folder_links(source: SourceConfig, cells: Sequence[str], listed: se
     return None
 
 
+def _renamed_top(source: SourceConfig, cells: Sequence[str], listed: set[str]) -> str | None:
+    """The first folder the cells start with, where a cell less that folder names a listed file
+    and the folder is not the root's own name: the download unpacked or renamed under another
+    name (CheXpert-v1.0-small as ``chexpert/``, Kaggle's ``archive/``), so no ``path_base`` makes
+    the cells name the root's files. None where none of the first 1,000 cells is one (or the root
+    is a URL)."""
+    top = os.fspath(source.root).replace(os.sep, "/").rstrip("/")
+    if "://" in top:
+        return None
+    name = top.rsplit("/", 1)[-1]
+    for cell in cells[:1000]:
+        first, _, rest = posixpath.normpath(cell.strip().replace("\\", "/")).partition("/")
+        if rest and first not in (".", "..", name) and rest in listed:
+            return first
+    return None
+
+
+def _renamed_top_fix(source: SourceConfig, first: str, *, hide_paths: bool = False) -> str:
+    """What to do where the cells start with the folder ``first``, which is not the root's name
+    (:func:`_renamed_top`): give the root the cells' name, by renaming it or linking it under that
+    name beside the folder the cells are read from. ``hide_paths``: the folder is not named (a
+    folder may be a patient's name)."""
+    table = source.table_map
+    assert table is not None
+    key = source_kind(source.kind).table_key
+    root = os.fspath(source.root).rstrip("/").rstrip(os.sep)
+    parent, name = os.path.split(root)
+    base = os.fspath(table.path_base) if table.path_base is not None else parent
+    shown, as_named = ("the cells' first folder", "FIRST") if hide_paths else (repr(first), first)
+    said = (f"the cells start with the folder {shown}, which is not the root's folder name {name!r} (the "
+            "download unpacked or renamed under another name)")
+    link = f"ln -s {root} {os.path.join(base, as_named)}"
+    if table.path_base is None:
+        return (f"{said}: rename the folder {root} to {as_named} (and the source's root with it), or link it under "
+                f"the cells' name ({link}), and set {key}.path_base to {parent}, the folder above it")
+    return (f"{said}, so read from {key}.path_base ({base}) they name no folder of the root: rename the folder "
+            f"{root} to {as_named} (and the source's root with it), or link it under the cells' name ({link}); or, "
+            f"where a folder of that name holds the files elsewhere, point {key}.path_base at the folder above it "
+            "and the source's root at it")
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
                     hide_paths: bool = False) -> ConfigError:
     """Why no row names a listed file, with an example of each (not under PHI pseudonymization,
@@ -1231,11 +1272,19 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
         elif (below := _folder_below(cells, listed)) is not None:
             fix = (f"the cells start in a folder under the root ({below + '/'!r} then the cell): set the "
                    f"source's root to {os.fspath(source.root).rstrip('/')}/{below}, or {key}.path_base to it")
+        elif (renamed := _renamed_top(source, cells, listed_set)) is not None:
+            fix = _renamed_top_fix(source, renamed, hide_paths=hide_paths)
         else:
             # find: name only where the file names tell the files apart (CheXpert's are view1_frontal.jpg ...)
             shared = sum(1 for r in listed if r.rsplit("/", 1)[-1] == cell.rsplit("/", 1)[-1]) > 1
-            fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
-                   "from (e.g. the folder above the root)" + ("" if shared else f", or {key}.find: name"))
+            find = "" if shared else f", or {key}.find: name"
+            if table.path_base is None:
+                fix = (f"the cells name the files by another folder: set {key}.path_base to the folder they start "
+                       "from (e.g. the folder above the root)" + find)
+            else:  # the job has a path_base: saying to set one again is no help
+                fix = (f"the cells name the files by another folder than {key}.path_base "
+                       f"({os.fspath(table.path_base)}), read from which they lead out of the root: point "
+                       f"{key}.path_base at the folder the cells start from" + find)
     elif table.template is not None:  # the template makes the paths: its extension or folders, most often
         fix = (f"check {key}.path.template ({table.template!r}: its folders and extension make each path) and that "
                "the table belongs to this root")

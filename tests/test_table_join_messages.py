@@ -1,0 +1,94 @@
+"""What a table that places no row says: the real cause and a fix the job does not already have.
+
+A CheXpert download unzipped under another folder name, a join that leaves out every row, a join
+whose keys one table writes as decimals (``1000.0``, as pandas writes an id column with a blank),
+and ``uncertain_values`` written as YAML numbers: each test writes the tree as a user has it and
+checks what packer says or does with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.discover import discover
+
+
+def _job(tmp_path: Path, source: dict[str, Any]) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "image", **source}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _files(root: Path, relpaths: list[str]) -> None:
+    for rel in relpaths:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\x89PNG fake")
+
+
+def _csv(path: Path, header: str, rows: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([header, *rows]) + "\n")
+
+
+# -- a download under another folder name --------------------------------------------------------
+
+CHEXPERT = [f"train/patient0000{p}/study1/view1_frontal.jpg" for p in range(1, 4)]
+
+
+def _renamed_chexpert(tmp_path: Path, path_base: str | None) -> Path:
+    """CheXpert-v1.0-small unzipped as data/chexpert: its Path cells start 'CheXpert-v1.0-small/'."""
+    root = tmp_path / "data" / "chexpert"
+    _files(root, CHEXPERT)
+    _csv(root / "train.csv", "Path,Cardiomegaly", [f"CheXpert-v1.0-small/{rel},1.0" for rel in CHEXPERT])
+    table: dict[str, Any] = {"file": "data/chexpert/train.csv", "path": "Path"}
+    if path_base is not None:
+        table["path_base"] = path_base
+    return _job(tmp_path, {"root": "data/chexpert", "table": table, "entity": {"path": r"(?P<entity>patient\d+)/"},
+                           "label": {"kind": "multilabel", "columns": ["Cardiomegaly"]}})
+
+
+@pytest.mark.parametrize("path_base", ["data", None])
+def test_cells_starting_with_another_folder_name_than_the_root_say_so_not_set_path_base_again(
+        tmp_path: Path, path_base: str | None) -> None:
+    """The job already sets path_base to the folder above the root (as the README says for
+    CheXpert): advising that again sends the user in a circle. The cause is the root's name."""
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(_renamed_chexpert(tmp_path, path_base)))
+    said = str(caught.value)
+    assert "the folder they start from (e.g. the folder above the root)" not in said
+    assert "'CheXpert-v1.0-small'" in said and "'chexpert'" in said  # the cells' first folder, the root's name
+    assert "rename" in said and "ln -s" in said
+    link = f"ln -s {tmp_path / 'data' / 'chexpert'} {tmp_path / 'data' / 'CheXpert-v1.0-small'}"
+    assert link in said
+    assert ("set table.path_base to" in said) == (path_base is None)  # told to set it only where the job has none
+
+
+def test_the_link_the_renamed_folder_message_gives_makes_the_rows_name_their_files(tmp_path: Path) -> None:
+    """The advice works: with the link it names, every row is placed."""
+    job = _renamed_chexpert(tmp_path, "data")
+    (tmp_path / "data" / "CheXpert-v1.0-small").symlink_to(tmp_path / "data" / "chexpert")
+    found = discover(load_job(job))
+    assert sorted(ref.relpath for ref in found.refs) == CHEXPERT
+    assert found.issues == []
+
+
+def test_cells_from_another_folder_than_the_jobs_path_base_say_the_path_base_it_has(tmp_path: Path) -> None:
+    """Where the job sets a path_base the cells do not start from, the advice names that setting
+    as it is and asks to point it elsewhere, never "set path_base" as if it were missing."""
+    _files(tmp_path / "raw", ["a/x.png", "a/y.png"])
+    _csv(tmp_path / "t.csv", "path,entity,label", ["elsewhere/b/x.png,p1,cat", "elsewhere/b/y.png,p2,dog"])
+    job = _job(tmp_path, {"root": "raw", "table": {"file": "t.csv", "path_base": "raw/a"}})
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job))
+    said = str(caught.value)
+    assert "set table.path_base" not in said
+    assert f"than table.path_base ({tmp_path / 'raw' / 'a'})" in said
+    assert "point table.path_base at the folder the cells start from, or table.find: name" in said
