@@ -92,3 +92,50 @@ def test_cells_from_another_folder_than_the_jobs_path_base_say_the_path_base_it_
     assert "set table.path_base" not in said
     assert f"than table.path_base ({tmp_path / 'raw' / 'a'})" in said
     assert "point table.path_base at the folder the cells start from, or table.find: name" in said
+
+
+# -- numbers written as YAML numbers in a label's cell lists -------------------------------------
+
+
+def _yaml_job(tmp_path: Path, label: str) -> Path:
+    """A job file as a user writes it, the label object in YAML flow style (numbers stay numbers)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(f"""name: t
+sources:
+  - kind: image
+    root: imgs
+    table: t.csv
+    label: {label}
+split: {{by: entity}}
+pack: {{format: webdataset}}
+output: out
+""")
+    return path
+
+
+def test_uncertain_values_written_as_a_yaml_number_match_the_cells_of_that_value(tmp_path: Path) -> None:
+    """README: uncertain_values' "number matches by value, -1.00 too": written as the number -1
+    (as labels: [0, 1] and map: {0: no} take numbers) it is taken, and -1.00 and -1 read as uncertain."""
+    cells = ["1.0", "0.0", "-1.00", "-1"]
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(len(cells))])
+    _csv(tmp_path / "t.csv", "path,entity,A,B", [f"a{i}.png,p{i},{c},1.0" for i, c in enumerate(cells)])
+    job = _yaml_job(tmp_path, "{kind: multilabel, columns: [A, B], uncertain: {A: ones, B: zeros}, "
+                              "uncertain_values: [-1]}")
+    found = discover(load_job(job))
+    assert found.issues == []
+    labels = {ref.relpath: ref.label for ref in found.refs}
+    assert labels == {"a0.png": "A|B", "a1.png": "B", "a2.png": "A|B", "a3.png": "A|B"}
+
+
+def test_numeric_missing_tokens_written_as_yaml_numbers_are_taken(tmp_path: Path) -> None:
+    """``missing: ["", -1]``: the number -1 is taken (it was "-1 is not of type 'string'"), and the
+    cell -1 is a missing_label bad sample naming the token, as the empty cell is; 1 and 2.5 are values."""
+    cells = ["2.5", "-1", "", "1"]
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(len(cells))])
+    _csv(tmp_path / "t.csv", "path,entity,age", [f"a{i}.png,p{i},{c}" for i, c in enumerate(cells)])
+    found = discover(load_job(_yaml_job(tmp_path, "{kind: numeric, columns: [age], missing: ['', -1]}")))
+    assert sorted(ref.relpath for ref in found.refs) == ["a0.png", "a3.png"]
+    missing = sorted((Path(issue.path).name, issue.reason) for issue in found.issues)
+    assert missing == [("a1.png", "missing_label"), ("a2.png", "missing_label")]
+    assert "'-1' is one of the source's missing-value tokens" in next(
+        issue.message for issue in found.issues if issue.path.endswith("a1.png"))
