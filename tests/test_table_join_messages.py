@@ -139,3 +139,81 @@ def test_numeric_missing_tokens_written_as_yaml_numbers_are_taken(tmp_path: Path
     assert missing == [("a1.png", "missing_label"), ("a2.png", "missing_label")]
     assert "'-1' is one of the source's missing-value tokens" in next(
         issue.message for issue in found.issues if issue.path.endswith("a1.png"))
+
+
+# -- join keys ------------------------------------------------------------------------------------
+
+
+def _joined(tmp_path: Path, main_ids: list[str], joined_ids: list[str], missing: str = "bad") -> Path:
+    """Images a0.png... with a main table keyed on subject_id and a joined table of sites."""
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(len(main_ids))])
+    _csv(tmp_path / "t.csv", "path,subject_id,label", [f"a{i}.png,{s},cat" for i, s in enumerate(main_ids)])
+    _csv(tmp_path / "j.csv", "subject_id,site", [f"{s},s{i}" for i, s in enumerate(joined_ids)])
+    return _job(tmp_path, {"root": "imgs", "table": {
+        "file": "t.csv", "join": [{"file": "j.csv", "on": "subject_id", "missing": missing}]},
+        "entity": {"column": "subject_id"}})
+
+
+def test_join_keys_a_table_writes_as_decimals_match_the_integers_of_the_other(tmp_path: Path) -> None:
+    """pandas writes an id column that has a blank as floats (1000.0): README reads 13.0 as 13 in a
+    path template for that reason, and a join compares keys by the same rule, on both sides."""
+    found = discover(load_job(_joined(tmp_path, ["1000", "1001.0", "1e3", "0042"], ["1000.0", "1001", "42"])))
+    sites = {ref.relpath: dict(ref.extra)["site"] for ref in found.refs}
+    assert sites == {"a0.png": "s0", "a1.png": "s1", "a2.png": "s0"}
+    # a whole number written with leading zeros is an id as written: 0042 is not 42 (nor 42.0)
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("a3.png", "join_unmatched")]
+    assert "no row of" in found.issues[0].message and "subject_id='0042'" in found.issues[0].message
+
+
+def test_join_keys_with_a_fractional_part_stay_as_written(tmp_path: Path) -> None:
+    """Only a whole number is read as its integer: 13.5 is not 13, and 13.50 is not 13.5."""
+    found = discover(load_job(_joined(tmp_path, ["13.5", "7"], ["13.50", "7"])))
+    assert [ref.relpath for ref in found.refs] == ["a1.png"]
+    assert [(Path(i.path).name, i.reason) for i in found.issues] == [("a0.png", "join_unmatched")]
+
+
+def test_a_joined_row_quoted_for_a_bad_cell_is_found_by_the_key_as_compared(tmp_path: Path) -> None:
+    """A record quoting a joined cell names the joined table's row (Records.where): found by the
+    key as the join compares it (1000 meets 1000.0), not as the main table writes it."""
+    from packer.pipeline.tables import read_records
+
+    _joined(tmp_path, ["1000"], ["1000.0"])
+    job = load_job(tmp_path / "job.yaml")
+    records = read_records(job.sources[0])
+    number, record = records.records[0]
+    assert record["site"] == "s0"
+    joined_to = f"{tmp_path / 't.csv'} row 2"
+    assert records.where(number, record, ["site"]) == f"{tmp_path / 'j.csv'} row 2 (joined to {joined_to})"
+
+
+@pytest.mark.parametrize("missing", ["bad", "drop"])
+def test_a_join_that_matches_no_row_is_a_config_error_with_a_key_from_each_table(tmp_path: Path, missing: str) -> None:
+    """Keys that never meet (another id, another table) made every file a join_unmatched bad sample,
+    the build ending in a bad-fraction error, or (missing: drop) every row left out: a config error
+    shows a key of each table, to compare."""
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(_joined(tmp_path, ["1000", "1001"], ["S1000", "S1001", "S1002"], missing)))
+    said = str(caught.value)
+    assert said.count("j.csv") >= 1 and "t.csv row 2 has subject_id='1000'" in said
+    assert "j.csv row 2 has subject_id='S1000'" in said
+    assert "matches none of the 2 rows" in said
+
+
+def test_a_join_that_matches_no_row_names_no_key_under_phi(tmp_path: Path) -> None:
+    """The join key is often a patient id: under phi: pseudonymize the error names the rows and the
+    columns, never a key."""
+    from packer.phi import Pseudonymizer
+
+    job = _joined(tmp_path, ["ZZPHI_1", "ZZPHI_2"], ["ZZPHI_3"])
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job), Pseudonymizer(mode="pseudonymize", dates="shift", key=b"0" * 64))
+    said = str(caught.value)
+    assert "ZZPHI" not in said and "matches none of the 2 rows" in said and "subject_id" in said
+
+
+def test_a_joined_table_giving_one_key_as_1000_and_as_1000_0_gives_it_twice(tmp_path: Path) -> None:
+    """Keys compare as numbers, so 1000 and 1000.0 in the joined table are one key given twice:
+    the config error shows both spellings, not one key the table never writes."""
+    with pytest.raises(ConfigError, match=r"rows 2 and 3 both have one key \(subject_id='1000' and "
+                                          r"subject_id='1000\.0': a whole number"):
+        discover(load_job(_joined(tmp_path, ["1000"], ["1000", "1000.0"])))

@@ -113,7 +113,7 @@ class Joined:
 
     def row_of(self, record: Record) -> int | None:
         """The joined table's row that filled ``record``, None where none did."""
-        return self.rows.get(tuple(record.get(c, "").strip() for c in self.on))
+        return self.rows.get(join_key(record, self.on))
 
 
 @dataclass(frozen=True)
@@ -862,19 +862,75 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
         added = [c for c in join_columns if c not in join.on]
         joined.append(Joined(file=join.file, on=tuple(join.on), columns=frozenset(added), rows=numbers))
         all_columns.extend(added)
+        tried: list[tuple[int, Record]] = []
+        matched = 0
         for number, record in rows:
             if number in unmatched or number in dropped:
                 continue
-            key = tuple(record.get(c, "").strip() for c in join.on)
-            match = index.get(key)
+            tried.append((number, record))
+            match = index.get(join_key(record, join.on))
             if match is None:
-                said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True))
+                said = ", ".join(f"{c}={record.get(c, '').strip()!r}" for c in join.on)
                 message = f"{path} row {number}: no row of {join.file} has {said}"
                 (dropped if join.missing == "drop" else unmatched)[number] = message
                 continue
+            matched += 1
             record.update((k, v) for k, v in match.items() if k not in join.on)
+        if tried and not matched:
+            raise _join_matches_nothing(path, join, tried, join_rows, hide_values=hide_values)
     return Records(path=path, columns=tuple(all_columns), records=tuple(rows), unmatched=unmatched, dropped=dropped,
                    joined=tuple(joined))
+
+
+def _whole_number(text: str) -> int | None:
+    """The integer ``text`` writes as a whole number in plain decimal notation (``13``, ``13.0``
+    as pandas writes an id column that has a blank, ``1e3``: :data:`~packer.targets.base.DECIMAL`),
+    None where it is no number, too large for one, or has a fractional part (``13.5``). The rule a
+    path template's integer spec (:class:`_Cell`) and a join's keys (:func:`join_key`) read cells by."""
+    if not DECIMAL.fullmatch(text) or not math.isfinite(float(text)):
+        return None
+    exact = Decimal(text)  # not the float: a 20-digit id keeps every digit
+    return int(exact) if exact == exact.to_integral_value() else None
+
+
+def join_key(record: Record, on: Sequence[str]) -> tuple[str, ...]:
+    """The key a join compares ``record`` by: its ``on`` cells, spaces around them dropped, and a
+    whole number written as a decimal or with an exponent (``1000.0``, as pandas writes an id
+    column that has a blank; ``1e3``) read as its integer (:func:`_whole_number`), so ``1000``
+    meets ``1000.0``. A cell written as digits alone stays as written: ``0042`` is an id whose
+    zeros count, not 42."""
+    key = []
+    for column in on:
+        cell = record.get(column, "").strip()
+        whole = _whole_number(cell) if any(c in cell for c in ".eE") else None
+        key.append(cell if whole is None else str(whole))
+    return tuple(key)
+
+
+def _join_matches_nothing(path: Path | str, join: JoinConfig, tried: Sequence[tuple[int, Record]],
+                          join_rows: Sequence[tuple[int, Record]], *, hide_values: bool = False) -> ConfigError:
+    """The config error for a join none of whose rows matches any of the rows ``tried``: keys
+    that never meet (another id, another table, another spelling) would make every file a
+    ``join_unmatched`` bad sample, or leave every row out (``missing: drop``), with no word on the
+    keys. Shows a key of each table (not under PHI pseudonymization, ``hide_values``: a join key is
+    often a patient id)."""
+    columns = ", ".join(join.on)
+    number = tried[0][0]
+    if not join_rows:
+        example = f"{join.file} has no rows"
+    elif hide_values:
+        example = (f"{path} row {number} and {join.file} row {join_rows[0][0]} for instance (their keys are not "
+                   "shown under phi: pseudonymize; compare them by hand)")
+    else:
+        def said(record: Record) -> str:
+            return ", ".join(f"{c}={record.get(c, '').strip()!r}" for c in join.on)
+        example = f"{path} row {number} has {said(tried[0][1])} and {join.file} row {join_rows[0][0]} has " \
+                  f"{said(join_rows[0][1])}"
+    left = (f"missing: drop would leave out all {len(tried):,} rows" if join.missing == "drop" else
+            f"each of the {len(tried):,} rows would be a join_unmatched bad sample")
+    return ConfigError(f"{join.file}: the join on {columns} matches none of the {len(tried):,} rows of {path} "
+                       f"({left}): {example}; check that the two tables belong together and write the keys alike "
+                       "in both (the same ids in the same form: a whole number as 1000 or 1000.0 is one key)")
 
 
 def _join_index(join: JoinConfig, rows: list[tuple[int, Record]], *,
@@ -883,13 +939,14 @@ def _join_index(join: JoinConfig, rows: list[tuple[int, Record]], *,
     index: dict[tuple[str, ...], Record] = {}
     first: dict[tuple[str, ...], int] = {}
     for number, record in rows:
-        key = tuple(record.get(c, "").strip() for c in join.on)
+        key = join_key(record, join.on)
         if key in index:
             if join.repeated == "same" and index[key] == record:
                 continue
+            written = [", ".join(f"{c}={r.get(c, '').strip()!r}" for c in join.on) for r in (index[key], record)]
             said = (f"the same {', '.join(join.on)} (not shown under phi: pseudonymize: a join key is often a "
-                    "patient id)" if hide_values
-                    else ", ".join(f"{c}={v!r}" for c, v in zip(join.on, key, strict=True)))
+                    "patient id)" if hide_values else written[1] if written[0] == written[1]
+                    else f"one key ({written[0]} and {written[1]}: a whole number as 1000 or 1000.0 is one key)")
             fix = ("they differ; fix the table" if join.repeated == "same"
                    else "keep one row per key, or set repeated: same where the rows repeat one another")
             raise ConfigError(f"{join.file}: rows {first[key]} and {number} both have {said}; {fix}")
@@ -1071,11 +1128,11 @@ class _Cell(str):
                                                 f"{{:{spec}}} formats")
         if number is float:
             return format(value, spec)
-        exact = Decimal(text)  # not the float: a 20-digit id keeps every digit
-        if exact != exact.to_integral_value():
+        whole = _whole_number(text)
+        if whole is None:
             raise _CellFormatError(self.column, f"the cell {text!r} has a fractional part, and {{:{spec}}} formats "
                                                 "a whole number")
-        return format(int(exact), spec)
+        return format(whole, spec)
 
 
 def _cell_of(table: TableConfig, record: Record) -> str:
