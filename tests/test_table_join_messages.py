@@ -217,3 +217,29 @@ def test_a_joined_table_giving_one_key_as_1000_and_as_1000_0_gives_it_twice(tmp_
     with pytest.raises(ConfigError, match=r"rows 2 and 3 both have one key \(subject_id='1000' and "
                                           r"subject_id='1000\.0': a whole number"):
         discover(load_job(_joined(tmp_path, ["1000"], ["1000", "1000.0"])))
+
+
+def test_rows_a_join_drops_that_name_the_files_are_said_when_no_kept_row_names_one(tmp_path: Path) -> None:
+    """missing: drop leaves out the rows naming the files under the root, and the rows it keeps name
+    files that are not there: the "no row names a file" error blamed the path column and advised
+    find: name, showing a cell and a file that are the same path. It says the join left the rows out,
+    with a key of each table."""
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(4)])
+    _csv(tmp_path / "t.csv", "path,subject_id,label",
+         [*(f"a{i}.png,{1000 + i},cat" for i in range(4)), "b4.png,2004,cat", "b5.png,2005,cat"])
+    _csv(tmp_path / "j.csv", "subject_id,site", ["2004,s4", "2005,s5"])
+    job = _job(tmp_path, {"root": "imgs", "table": {
+        "file": "t.csv", "join": [{"file": "j.csv", "on": "subject_id", "missing": "drop"}]},
+        "entity": {"column": "subject_id"}})
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job))
+    said = str(caught.value)
+    assert "find: name" not in said and "gives 'a0.png'" not in said
+    assert "the join (missing: drop) left out 4 of the 6 rows, among them all 4 naming a file under the root" in said
+    assert "no row of" in said and "subject_id='1000'" in said and "j.csv row 2 has subject_id='2004'" in said
+    from packer.phi import Pseudonymizer
+
+    with pytest.raises(ConfigError) as hidden:  # under phi: pseudonymize the rows are named, never a key
+        discover(load_job(job), Pseudonymizer(mode="pseudonymize", dates="shift", key=b"0" * 64))
+    assert "left out 4 of the 6 rows" in str(hidden.value) and "row 2 is one" in str(hidden.value)
+    assert "'1000'" not in str(hidden.value) and "'2004'" not in str(hidden.value)

@@ -1291,6 +1291,30 @@ def _renamed_top_fix(source: SourceConfig, first: str, *, hide_paths: bool = Fal
             "and the source's root at it")
 
 
+def _join_dropped_error(source: SourceConfig, records: Records, rows: int, dropped: Sequence[int], *,
+                        hide_paths: bool = False) -> ConfigError:
+    """The config error where no row a join keeps names a listed file and rows a join's ``missing:
+    drop`` left out do (``dropped``, by number): the cause is the join, not the path column, and a
+    key of each table shows how they differ (not under PHI pseudonymization, ``hide_paths``: a key
+    is often a patient id)."""
+    number = dropped[0]
+    why = records.dropped[number]  # "<table> row N: no row of <joined> has <key>"
+    join = next((j for j in records.joined if f"no row of {j.file} has" in why), None)
+    if hide_paths:
+        example = (f"row {number} is one (its key is not shown under phi: pseudonymize; compare the tables' "
+                   f"{', '.join(join.on) if join is not None else 'join'} columns by hand)")
+    else:
+        example = why
+        first = next(iter(join.rows.items()), None) if join is not None else None
+        if join is not None and first is not None:
+            said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, first[0], strict=True))
+            example += f", while {join.file} row {first[1]} has {said}"
+    return ConfigError(f"{records.path}: none of the rows a join keeps names a file under {source.root}: the join "
+                       f"(missing: drop) left out {len(records.dropped):,} of the {rows:,} rows, among them all "
+                       f"{len(dropped):,} naming a file under the root ({example}); check that the joined table has "
+                       "rows for these files, with their keys written as this table writes them")
+
+
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
                     hide_paths: bool = False) -> ConfigError:
     """Why no row names a listed file, with an example of each (not under PHI pseudonymization,
@@ -1379,6 +1403,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     unmatched: dict[str, list[int]] = defaultdict(list)
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
+    dropped_here: list[int] = []  # rows a join's missing: drop left out that name a listed file
     shared_name = False
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
@@ -1437,6 +1462,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             placed.rows_filtered += 1
             if rel in listed_set:
                 placed.filtered[rel] = records.dropped[number]
+                dropped_here.append(number)
             continue
         if number in records.unmatched:
             if (left_out := _where_leaves_out(source, record, rel)) is not None:
@@ -1457,6 +1483,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
         else:
             unplaced[rel] = refused
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused and not shared_name:
+        if dropped_here:  # the rows naming the files are there: a join left them out
+            raise _join_dropped_error(source, records, len(cells), dropped_here, hide_paths=hide_paths)
         raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
         for rel, rows in by_file.items():
