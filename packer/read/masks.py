@@ -34,6 +34,15 @@ def _issue(ref: SampleRef, reason: str, message: str) -> Issue:
     return Issue.of(ref, stage="transform" if reason != "mask_missing" else "read", reason=reason, message=message)
 
 
+def _mask_issue(ref: SampleRef, path: str, err: MaskError) -> Issue:
+    """The record of a defect of the mask file ``path``: the image, then the mask named once. The
+    decoders' messages (:func:`decode_mask`, :func:`decode_mask_pages`) begin with the name they
+    were given (``path``, or ``path page N``), the checks' after decoding do not; prefixing every
+    one with ``mask {path}:`` named the file twice in the first."""
+    said = err.message if err.message.startswith(path) else f"{path}: {err.message}"
+    return _issue(ref, err.reason, f"{ref.path}: mask {said}")
+
+
 def _check_header_size(data: bytes, height: int, width: int) -> None:
     """Raise MaskError ``mask_size`` where a PNG or TIFF mask's header gives another size than
     its image's stored one, before a pixel is decoded: a 140 KB PNG claiming 12000×12000 was
@@ -74,7 +83,7 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
         _check_header_size(data, height, width)
         mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames)
     except MaskError as err:
-        return _issue(ref, err.reason, f"{ref.path}: mask {path}: {err.message}")
+        return _mask_issue(ref, path, err)
     if source.mask.empty == "bad" and not mask.any():
         return _empty(ref, path)
     mask = mask.astype(source.mask.dtype, copy=False)
@@ -137,7 +146,7 @@ def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceCon
                     "the mask as a multi-page TIFF whose pages have the image pages' sizes"))
             checked.append(_checked(page, f"mask page {number}", source, height=height, width=width, frames=1))
     except MaskError as err:
-        return _issue(ref, err.reason, f"{ref.path}: mask {path}: {err.message}")
+        return _mask_issue(ref, path, err)
     if source.mask.empty == "bad" and not any(page.any() for page in checked):
         return _empty(ref, path)
     # each frame's samples get that frame's mask: the kind places a one-frame mask on one frame's samples

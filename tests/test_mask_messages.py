@@ -1,0 +1,66 @@
+"""Bad-mask records say what is wrong once, in the user's terms, with the fix that applies.
+
+Each test packs real image and mask files through a build and reads the bad-sample record: its
+reason code (which the checks already get right) and its message, which must name the mask file
+once, describe the mask as it was saved, and give a fix the user has not already made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from packer.badsamples import read_bad_samples
+from tests.test_targets import _build, _job
+
+IDS = np.zeros((40, 60), np.uint8)
+IDS[5:20, 5:30] = 1  # a 40×60 label map of classes 0 and 1 (not square: a transpose shows)
+
+
+def _records(tmp_path: Path, rows: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Build an image source whose table pairs each image (relative path) with its mask; the
+    bad-sample records, by image file name. The images and masks must already be written."""
+    raw = tmp_path / "raw"
+    lines = ["path,mask,entity,label"] + [f"{image},{mask},E{n},x" for n, (image, mask) in enumerate(rows.items())]
+    (raw / "table.csv").write_text("\n".join(lines) + "\n")
+    source = {"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+              "mask": {"column": "mask", "classes": [0, 1]}}
+    result = _build(_job(tmp_path, [source], transform={"image": {"color": "gray"}},
+                         validate={"max_bad_fraction": 1.0}))
+    return {Path(r["path"]).name: r for r in read_bad_samples(result.version_dir / "bad_samples.jsonl")}
+
+
+def _image(raw: Path, name: str, ids: np.ndarray = IDS) -> str:
+    (raw / "img").mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(raw / "img" / name), (ids * 100 + 20).astype(np.uint8))
+    return f"img/{name}"
+
+
+def _mask_dir(raw: Path) -> Path:
+    (raw / "m").mkdir(parents=True, exist_ok=True)
+    return raw / "m"
+
+
+def test_a_mask_defect_found_while_decoding_names_the_mask_file_once(tmp_path: Path) -> None:
+    """decode_mask puts the mask's name in its messages and the record prefixed it again:
+    "a.png: mask M: M: a colour mask". Every record names the image, then the mask once."""
+    raw = tmp_path / "raw"
+    masks = _mask_dir(raw)
+    cv2.imwrite(str(masks / "colour.png"), np.dstack([IDS * 50, IDS * 10, IDS]))
+    cv2.imwrite(str(masks / "lossy.jpg"), IDS * 255)
+    np.save(masks / "half.npy", IDS.astype(np.float32) / 2)
+    np.save(masks / "negative.npy", IDS.astype(np.int16) - 1)
+    cv2.imwrite(str(masks / "small.png"), IDS[:, :50])
+    rows = {_image(raw, f"{name}.png"): f"m/{mask}" for name, mask in (
+        ("colour", "colour.png"), ("lossy", "lossy.jpg"), ("half", "half.npy"), ("negative", "negative.npy"),
+        ("small", "small.png"))}
+    records = _records(tmp_path, rows)
+    assert {name: r["reason"] for name, r in records.items()} == {
+        "colour.png": "mask_values", "lossy.png": "mask_unreadable", "half.png": "mask_values",
+        "negative.png": "mask_values", "small.png": "mask_size"}
+    for image, mask in rows.items():
+        message = records[Path(image).name]["message"]
+        assert message.startswith(f"{raw / image}: mask {raw / mask}"), message
+        assert message.count(mask) == 1, message
