@@ -64,3 +64,22 @@ def test_a_mask_defect_found_while_decoding_names_the_mask_file_once(tmp_path: P
         message = records[Path(image).name]["message"]
         assert message.startswith(f"{raw / image}: mask {raw / mask}"), message
         assert message.count(mask) == 1, message
+
+
+def test_a_pickled_object_array_mask_is_refused_as_a_pickle_not_as_a_short_file(tmp_path: Path) -> None:
+    """np.save of an object array (a list of arrays, a ragged stack) writes a whole file holding a
+    pickle; its record said the header "promises a 1×40×60 object array, more than the file's 5085
+    bytes", a truncation that is not so. It says the file holds Python objects and how to save it."""
+    raw = tmp_path / "raw"
+    masks = _mask_dir(raw)
+    np.save(masks / "boxed.npy", np.array([IDS], dtype=object), allow_pickle=True)
+    ragged = np.empty(2, dtype=object)
+    ragged[0], ragged[1] = IDS, IDS[:10]
+    np.save(masks / "ragged.npy", ragged, allow_pickle=True)
+    records = _records(tmp_path, {_image(raw, "boxed.png"): "m/boxed.npy", _image(raw, "ragged.png"): "m/ragged.npy"})
+    assert {name: r["reason"] for name, r in records.items()} == {
+        "boxed.png": "mask_unreadable", "ragged.png": "mask_unreadable"}
+    for record in records.values():
+        message = record["message"]
+        assert "more than the file's" not in message, message
+        assert "Python objects (a pickle)" in message and "save an integer array" in message, message

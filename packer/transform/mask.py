@@ -443,6 +443,11 @@ def _load_npy(data: bytes, name: str) -> np.ndarray:
         if version not in _NPY_HEADERS:  # 3.0 exists only for structured dtypes with non-latin-1 names
             raise ValueError(f"format version {version[0]}.{version[1]}; expected 1.0 or 2.0")
         shape, _, dtype = _NPY_HEADERS[version](stream)
+        if dtype.hasobject:  # its data is a pickle, not dtype.itemsize bytes an item: no size to compare
+            raise MaskError("mask_unreadable", f"{name}: holds Python objects (a pickle): an object array, as "
+                                               "numpy.save writes from a ragged list of arrays; packer does not load "
+                                               "pickles: save an integer array (uint8, or uint16 for ids above 255), "
+                                               "one H×W or F×H×W label map")
         # np.load allocates the whole array before reading it: a header must not promise more than the file holds
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > len(data):
             raise ValueError(f"its header promises a {'×'.join(map(str, shape))} {dtype} array, more than the "
