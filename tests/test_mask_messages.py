@@ -11,8 +11,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from packer.badsamples import read_bad_samples
+from packer.transform.mask import MaskError, check_mask
 from tests.test_targets import _build, _job
 
 IDS = np.zeros((40, 60), np.uint8)
@@ -83,3 +85,34 @@ def test_a_pickled_object_array_mask_is_refused_as_a_pickle_not_as_a_short_file(
         message = record["message"]
         assert "more than the file's" not in message, message
         assert "Python objects (a pickle)" in message and "save an integer array" in message, message
+
+
+def test_a_channels_last_npy_mask_is_named_as_saved_with_the_axis_to_drop(tmp_path: Path) -> None:
+    """An H×W×1 .npy (as Keras, PIL and OpenCV pipelines keep a label map) was read as "40×60×1
+    (frames×height×width)", 40 frames of 60×1, with no fix. Its record says height×width×channels,
+    that its height and width are the image's, and to drop the last axis; an H×W×3 whose channels
+    differ is a colour mask, which no axis drop makes a label map."""
+    raw = tmp_path / "raw"
+    masks = _mask_dir(raw)
+    np.save(masks / "one.npy", IDS[:, :, None])
+    np.save(masks / "grey.npy", np.dstack([IDS] * 3))
+    np.save(masks / "colour.npy", np.dstack([IDS * 50, IDS * 10, IDS]))
+    records = _records(tmp_path, {_image(raw, f"{name}.png"): f"m/{name}.npy" for name in ("one", "grey", "colour")})
+    assert {name: r["reason"] for name, r in records.items()} == {
+        "one.png": "mask_size", "grey.png": "mask_size", "colour.png": "mask_size"}
+    for record in records.values():
+        message = record["message"]
+        assert "frames×height×width) but" not in message, message
+        assert "channels last" in message and "the image's 40×60" in message, message
+    assert "drop the last axis" in records["one.png"]["message"]
+    assert "keep one of its 3 equal channels" in records["grey.png"]["message"]
+    assert "a colour mask is not a label map" in records["colour.png"]["message"]
+
+
+def test_a_frames_last_mask_of_a_multi_frame_image_is_told_to_move_its_frames_first() -> None:
+    """A 3-frame image's mask saved H×W×F (frames last, as a NIfTI-minded pipeline stacks them) is
+    not channels: its record says frames last and to move that axis first."""
+    with pytest.raises(MaskError) as caught:
+        check_mask(np.zeros((40, 60, 3), np.uint8), height=40, width=60, frames=3, classes=None)
+    assert caught.value.reason == "mask_size"
+    assert "frames last" in caught.value.message and "numpy.moveaxis(mask, -1, 0)" in caught.value.message

@@ -130,6 +130,9 @@ def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
     stack = mask[None] if mask.ndim == 2 else mask
     if stack.ndim != 3 or stack.shape != (frames, height, width):
         got = "×".join(str(n) for n in mask.shape)
+        last = _last_axis(mask, height=height, width=width, frames=frames)
+        if last:
+            raise MaskError("mask_size", f"mask is {got}, {last}")
         raise MaskError("mask_size", f"mask is {got} ({'frames×' if mask.ndim == 3 else ''}height×width) but its "
                                      f"image is {frames}×{height}×{width} (frames×height×width, as stored, before "
                                      "orientation and resize); a mask must label the image's pixels one to one")
@@ -149,6 +152,27 @@ def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
     else:
         peak = int(stack.max()) if stack.size else 0
     return np.ascontiguousarray(stack, dtype=np.uint8 if peak <= 255 else np.uint16)
+
+
+def _last_axis(mask: np.ndarray, *, height: int, width: int, frames: int) -> str:
+    """What a 3-D ``mask`` of ``height``×``width``×N is, and its fix, where the image is
+    ``frames``×``height``×``width`` and N is not a frame count that fits (else ""): a channels-last
+    label map (H×W×1, or N equal channels), a colour mask, or a multi-frame image's frames saved
+    last. Read as frames first, it was "40 frames of 60×1"."""
+    if mask.ndim != 3 or mask.shape[:2] != (height, width) or mask.shape == (frames, height, width):
+        return ""
+    count = int(mask.shape[2])
+    grid = f"the image's {height}×{width} (height×width, as stored, before orientation and resize)"
+    if frames > 1 and count == frames:
+        return (f"height×width×frames (frames last) on {grid}, of {frames} frames; masks are frames first "
+                "(F×H×W): save numpy.moveaxis(mask, -1, 0)")
+    said = f"height×width×channels (channels last) on {grid}; a mask is one label map of class ids"
+    if count == 1:
+        return f"{said}: drop the last axis (save mask[:, :, 0], or numpy.squeeze(mask, -1))"
+    if bool((mask == mask[:, :, :1]).all()):
+        return f"{said}: keep one of its {count} equal channels (save mask[:, :, 0])"
+    return (f"{said}, and its {count} channels differ: a colour mask is not a label map: map each colour to its "
+            "class id and save that H×W array")
 
 
 def transform_mask_image(mask: np.ndarray, cfg: ImageTransformConfig, orientation: int = 1,
