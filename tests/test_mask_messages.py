@@ -116,3 +116,42 @@ def test_a_frames_last_mask_of_a_multi_frame_image_is_told_to_move_its_frames_fi
         check_mask(np.zeros((40, 60, 3), np.uint8), height=40, width=60, frames=3, classes=None)
     assert caught.value.reason == "mask_size"
     assert "frames last" in caught.value.message and "numpy.moveaxis(mask, -1, 0)" in caught.value.message
+
+
+def _exif_jpeg(path: Path, ids: np.ndarray, orientation: int) -> None:
+    """A grey JPEG of ``ids`` as stored, with an EXIF Orientation of ``orientation`` (as a phone writes it)."""
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray((ids * 100 + 20).astype(np.uint8)).save(path, quality=95, exif=exif.tobytes())
+
+
+def test_a_mask_drawn_on_an_exif_rotated_photo_as_displayed_is_told_so(tmp_path: Path) -> None:
+    """A phone photo (EXIF Orientation 6 or 8) whose mask was drawn on the photo as every viewer
+    shows it, upright: the mask has the *displayed* size, W×H. It is mask_size (a mask labels the
+    stored pixels), but the record said "save it at the image's size", which the user did. It names
+    the orientation, that the mask has the displayed size, and how to turn the mask back. A PNG
+    mask is refused from its header, a .npy one after decoding: both say so."""
+    raw = tmp_path / "raw"
+    masks = _mask_dir(raw)
+    rows = {}
+    for orientation, turned, fmt in ((6, np.rot90(IDS, -1), "png"), (8, np.rot90(IDS, 1), "npy")):
+        _exif_jpeg(raw / "img" / f"o{orientation}.jpg", IDS, orientation)
+        if fmt == "png":
+            cv2.imwrite(str(masks / f"o{orientation}.png"), turned.copy())
+        else:
+            np.save(masks / f"o{orientation}.npy", turned.copy())
+        rows[f"img/o{orientation}.jpg"] = f"m/o{orientation}.{fmt}"
+    cv2.imwrite(str(masks / "small.png"), IDS[:, :50])  # another size on an unrotated photo: as before
+    rows[_image(raw, "small.png")] = "m/small.png"
+    records = _records(tmp_path, rows)
+    assert {name: r["reason"] for name, r in records.items()} == {
+        "o6.jpg": "mask_size", "o8.jpg": "mask_size", "small.png": "mask_size"}
+    for orientation, undo in ((6, "numpy.rot90(mask)"), (8, "numpy.rot90(mask, -1)")):
+        message = records[f"o{orientation}.jpg"]["message"]
+        assert f"EXIF Orientation {orientation}" in message and "displayed" in message, message
+        assert "60×40" in message and undo in message and "strip the image's orientation" in message, message
+        assert "so save it at the image's size" not in message, message
+    assert "Orientation" not in records["small.png"]["message"]

@@ -15,16 +15,17 @@ file's bad-sample record: ``mask_missing``, ``mask_unreadable``, ``mask_size``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from packer.config import JobConfig, SourceConfig
 from packer.read.image_structure import Defect, file_header, sniff_format
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.mask import MaskError, check_mask, decode_mask, decode_mask_pages
+from packer.transform.mask import MaskError, check_mask, decode_mask, decode_mask_pages, displayed_size_fix
 
 if TYPE_CHECKING:
     from packer.read.kinds import SourceKind
@@ -43,10 +44,18 @@ def _mask_issue(ref: SampleRef, path: str, err: MaskError) -> Issue:
     return _issue(ref, err.reason, f"{ref.path}: mask {said}")
 
 
-def _check_header_size(data: bytes, height: int, width: int) -> None:
+def _orientation(metadata: Mapping[str, Any]) -> int:
+    """The image file's Orientation value (1-8) where its metadata records one (an image's EXIF
+    or TIFF tag), else 1: a mask's messages only (the kind's ``place_masks`` orients the mask)."""
+    value = metadata.get("orientation")
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _check_header_size(data: bytes, height: int, width: int, orientation: int = 1) -> None:
     """Raise MaskError ``mask_size`` where a PNG or TIFF mask's header gives another size than
     its image's stored one, before a pixel is decoded: a 140 KB PNG claiming 12000×12000 was
-    decoded whole (a quarter of a GB) only to be refused after, past the job's limits."""
+    decoded whole (a quarter of a GB) only to be refused after, past the job's limits. Where the
+    image's ``orientation`` swaps its axes and the mask has the displayed size, it says so."""
     fmt = sniff_format(bytes(data[:8]))
     if fmt not in ("png", "tiff"):
         return  # .npy (its array is its size), and what decode_mask refuses by format
@@ -55,9 +64,11 @@ def _check_header_size(data: bytes, height: int, width: int) -> None:
     except Defect:
         return  # a damaged header: decode_mask says what OpenCV makes of it
     if (header.height, header.width) != (height, width):
+        shown = displayed_size_fix((header.height, header.width), height=height, width=width, orientation=orientation)
         raise MaskError("mask_size", f"its header gives {header.height}×{header.width} pixels, the image "
-                                     f"{height}×{width} (as stored, before orientation); nothing was decoded: a mask "
-                                     "labels its image's own pixels, so save it at the image's size")
+                                     f"{height}×{width} (as stored, before orientation); nothing was decoded: "
+                                     + (shown or "a mask labels its image's own pixels, so save it at the image's "
+                                                 "size"))
 
 
 def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, job: JobConfig
@@ -80,8 +91,10 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
     first = samples[0].metadata
     try:
         frames, height, width = kind.mask_grid(first)
-        _check_header_size(data, height, width)
-        mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames)
+        orientation = _orientation(first)
+        _check_header_size(data, height, width, orientation)
+        mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames,
+                        orientation=orientation)
     except MaskError as err:
         return _mask_issue(ref, path, err)
     if source.mask.empty == "bad" and not mask.any():
@@ -91,14 +104,15 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
 
 
 def _checked(decoded: np.ndarray, what: str, source: SourceConfig, *, height: int, width: int,
-             frames: int) -> np.ndarray:
+             frames: int, orientation: int = 1) -> np.ndarray:
     """``decoded`` (the mask, or one page of it: ``what``) checked against its image's grid and the
     source's classes (:func:`check_mask`); ids above 255 must be declared. Raises MaskError."""
     assert source.mask is not None
     if source.mask.classes is None and decoded.size and int(decoded.max()) > 255:
         raise MaskError("mask_values", f"{what} holds class id {int(decoded.max())}; ids above 255 must be "
                                        "declared in the source's mask.classes (they make the masks uint16)")
-    return check_mask(decoded, height=height, width=width, frames=frames, classes=source.mask.classes)
+    return check_mask(decoded, height=height, width=width, frames=frames, classes=source.mask.classes,
+                      orientation=orientation)
 
 
 def _empty(ref: SampleRef, path: str) -> Issue:

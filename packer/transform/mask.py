@@ -47,6 +47,13 @@ _TIFF_SAMPLES, _TIFF_PLANAR = 0x0115, 0x011C  # SamplesPerPixel; PlanarConfigura
 _TIFF_INTEGERS = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the types of the strip tags
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+#: Each Orientation value that swaps an image's axes (5-8): how a viewer shows the stored pixels, and what
+#: turns a mask drawn on that display back onto them (undoes :func:`~packer.transform.image.orient_image`).
+_TRANSPOSING = {5: ("transposed", "transpose it (mask.T)"),
+                6: ("turned 90° clockwise", "rotate it 90° counter-clockwise (numpy.rot90(mask))"),
+                7: ("transposed across the other diagonal", "transpose it across the other diagonal "
+                                                           "(numpy.rot90(mask, 2).T)"),
+                8: ("turned 90° counter-clockwise", "rotate it 90° clockwise (numpy.rot90(mask, -1))")}
 
 
 class MaskError(Exception):
@@ -114,13 +121,15 @@ def decode_mask_pages(data: bytes, name: str) -> list[np.ndarray]:
 
 
 def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
-               classes: Sequence[int] | None) -> np.ndarray:
+               classes: Sequence[int] | None, orientation: int = 1) -> np.ndarray:
     """Check a decoded mask (H×W or F×H×W) against its image *before* any transform and return it
     as F×H×W (F = 1 for a single frame), C-contiguous, uint8, or uint16 when an id can exceed
     255 (the largest declared id when ``classes`` is given, else the mask's largest value).
 
     ``height``/``width`` are the image's stored size (before orientation), ``frames`` its frame
     or page count. ``classes``: the declared class ids, or ``None`` to accept any id.
+    ``orientation``: the image file's Orientation value (1-8), for the message only: a mask of the
+    image's displayed size is told so (:func:`displayed_size_fix`).
 
     Raises :class:`MaskError`: ``mask_size`` when the frames, height or width differ from the
     image's (the message gives both), ``mask_values`` for an id not in ``classes`` (the first
@@ -133,6 +142,10 @@ def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
         last = _last_axis(mask, height=height, width=width, frames=frames)
         if last:
             raise MaskError("mask_size", f"mask is {got}, {last}")
+        shown = displayed_size_fix(mask.shape[-2:], height=height, width=width, orientation=orientation)
+        if shown and stack.ndim == 3 and stack.shape[0] == frames:
+            raise MaskError("mask_size", f"mask is {got} ({'frames×' if mask.ndim == 3 else ''}height×width) but "
+                                         f"its image {frames}×{height}×{width} as stored; {shown}")
         raise MaskError("mask_size", f"mask is {got} ({'frames×' if mask.ndim == 3 else ''}height×width) but its "
                                      f"image is {frames}×{height}×{width} (frames×height×width, as stored, before "
                                      "orientation and resize); a mask must label the image's pixels one to one")
@@ -152,6 +165,21 @@ def check_mask(mask: np.ndarray, *, height: int, width: int, frames: int,
     else:
         peak = int(stack.max()) if stack.size else 0
     return np.ascontiguousarray(stack, dtype=np.uint8 if peak <= 255 else np.uint16)
+
+
+def displayed_size_fix(mask_size: Sequence[int], *, height: int, width: int, orientation: int) -> str:
+    """Where the image (``height``×``width`` as stored) carries an Orientation that swaps its axes
+    (5-8) and the mask's (height, width) ``mask_size`` is the image's displayed size (``width``×
+    ``height``): that the mask was drawn on the displayed image, and the fix; else "". A mask
+    labels the stored pixels (README), which "save it at the image's size" did not tell a user who
+    had saved it at the size every viewer shows."""
+    if orientation not in _TRANSPOSING or tuple(mask_size) != (width, height) or height == width:
+        return ""
+    shown, undo = _TRANSPOSING[orientation]
+    return (f"the image carries EXIF Orientation {orientation} (viewers show it {shown}, {width}×{height}), and the "
+            "mask has that displayed size: it was drawn on the displayed image, but a mask labels the image's "
+            f"stored pixels; {undo} to save it on the stored grid, or strip the image's orientation (save the "
+            "image upright, Orientation 1) to keep the mask as it is")
 
 
 def _last_axis(mask: np.ndarray, *, height: int, width: int, frames: int) -> str:
