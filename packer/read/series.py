@@ -438,19 +438,26 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         return _fail(refs, "series_no_position", f"{broken[0].path} has an Image Orientation (Patient) {cosines} "
                                                  "whose row and column cosines are not two orthogonal unit vectors, "
                                                  "so no slice normal orders the slices", uid_key, part)
-    turned = [(ref, frame, g.frames, o) for ref, g in members
+    turned = [(i, frame, o) for i, (_, g) in enumerate(members)
               for frame, o in enumerate((g.orientation, *g.frame_orientations))
               if o is not None and np.abs(np.asarray(o) - base).max() > ORIENTATION_TOLERANCE]
     if turned:
-        ref, frame, frames, o = turned[0]
-        where = f"{ref.path} frame {frame}" if frames > 1 else ref.path  # 0-based, as its key (-f0002)
-        first_where = f"{members[0][0].path} frame 0" if first.frames > 1 else members[0][0].path
+        i, frame, o = turned[0]
+        ref, g = members[i]
+        # the frame of the base orientation it is compared with: its own object's, where it holds one
+        level = next((n for n, other in enumerate((g.orientation, *g.frame_orientations)) if other is not None
+                      and np.abs(np.asarray(other) - base).max() <= ORIENTATION_TOLERANCE), None)
+        at, level_frame = (i, level) if level is not None and g.frames > 1 else (0, 0)
+        where = f"{ref.path} frame {frame}" if g.frames > 1 else ref.path  # 0-based, as its key (-f0002)
+        first_where = (f"{members[at][0].path} frame {level_frame}" if members[at][1].frames > 1
+                       else members[at][0].path)
+        cause = (_one_object(g, frame, level_frame, "in different planes") if at == i
+                 else "a reformat or a localizer exported into the series: remove it")
         return _fail(refs, "series_orientation", f"its slices have different Image Orientation (Patient): "
                                                  f"{where} has {[round(float(v), 4) for v in o]}, "
                                                  f"{first_where} {[round(float(v), 4) for v in base]}"
                                                  f"{f' ({len(turned)} such slices)' if len(turned) > 1 else ''}; "
-                                                 "a reformat or a localizer exported into the series: remove it",
-                     uid_key, part)
+                                                 f"{cause}", uid_key, part)
     # every frame's own spacing: an enhanced file's frame of another scale was stacked at frame 0's
     grid = {(g.rows, g.columns, _same_spacing(s, first.spacing)) for _, g in members for s in (g.spacing,
                                                                                                  *g.frame_spacings)}
@@ -482,11 +489,17 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
     if off.any():
         at = int(np.argmax(off))
         both = " and ".join(_slice_name(members, slices[n]) for n in (at, at + 1))
+        (_, i, frame), (_, j, other) = slices[at], slices[at + 1]
+        g = members[i][1]
+        cause = ("a missing or extra slice (restore the missing file, or raise series.gap_tolerance for a series "
+                 "that is irregular by design)")
+        if i == j and g.frames > 1:  # one file: nothing to restore
+            cause = _one_object(g, frame, other, "that far apart")
+            if not _frames_told(g, frame, other):  # nothing tells them apart: it may be irregular by design
+                cause += ", or raise series.gap_tolerance for an object that is irregular by design"
         return _fail(refs, "series_gap", f"a step of {steps[at]:.3f} mm between {both} (slices {at + 1} and "
                                          f"{at + 2} along the slice normal) where the median step is {median:.3f} "
-                                         f"mm (series.gap_tolerance {cfg.gap_tolerance:g}): a missing or extra slice "
-                                         "(restore the missing file, or raise series.gap_tolerance for a series "
-                                         "that is irregular by design)", uid_key, part)
+                                         f"mm (series.gap_tolerance {cfg.gap_tolerance:g}): {cause}", uid_key, part)
     shifted = _off_line(members, slices, first.spacing)
     if shifted is not None:
         return _fail(refs, "series_geometry", shifted, uid_key, part)
@@ -558,14 +571,7 @@ def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tu
     (:func:`_one_per_instance` keeps one of a copy), which picking one of would mix them."""
     (_, a), (_, b) = members[one[1]], members[other[1]]
     if one[1] == other[1]:  # frames of one multi-frame object: not a copy, nor another acquisition
-        known = len(a.frame_identity) > max(one[2], other[2])  # () where its groups could not be read
-        told = [f"{name} {x or '(none)'} against {y or '(none)'}" for (_, name), x, y
-                in zip(FRAME_IDENTITY, a.frame_identity[one[2]], a.frame_identity[other[2]], strict=True)
-                if x != y] if known else []
-        said = " (" + "; ".join(told) + ")" if told else ""
-        return (f"two frames of one multi-frame object at one place: several temporal positions, echoes or stacks "
-                f"in one object{said}, which one stack cannot hold; pack its frames one sample each in a job with "
-                "sample: slice and frames: split")
+        return _one_object(a, one[2], other[2], "at one place")
     if one[1] != other[1] and a.sop_uid and a.sop_uid == b.sop_uid:
         keep = next((f" {{{name}: {x}}}" for name, x, y in _facts(a, b)
                      if x != y and x and name in IMAGE_IDENTITY[1:]), " (an Echo Numbers value, say)")
@@ -573,6 +579,27 @@ def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tu
                 "image exported twice: an export that gave each position one UID; export the series again "
                 f"with a UID per image, or keep one image per position with the source's where:{keep}")
     return "one file twice in the export, or two acquisitions in one series"
+
+
+def _frames_told(geometry: SliceGeometry, one: int, other: int) -> str:
+    """What tells frames ``one`` and ``other`` of a multi-frame object apart, as far as their
+    :data:`FRAME_IDENTITY` values do (" (StackID 1 against 2)"), or "" where none differs or its
+    groups could not be read."""
+    if len(geometry.frame_identity) <= max(one, other):  # () where its groups could not be read
+        return ""
+    told = [f"{name} {x or '(none)'} against {y or '(none)'}" for (_, name), x, y
+            in zip(FRAME_IDENTITY, geometry.frame_identity[one], geometry.frame_identity[other], strict=True)
+            if x != y]
+    return " (" + "; ".join(told) + ")" if told else ""
+
+
+def _one_object(geometry: SliceGeometry, one: int, other: int, how: str) -> str:
+    """Why frames ``one`` and ``other`` of one multi-frame object (``geometry``) sit ``how`` (at one
+    place, in different planes, that far apart) and what packs them: there is no file to remove
+    or restore, as there is in a folder of single-frame files."""
+    return (f"two frames of one multi-frame object {how}: several temporal positions, echoes or stacks in one "
+            f"object{_frames_told(geometry, one, other)}, which one stack cannot hold; pack its frames one sample "
+            "each in a job with sample: slice and frames: split")
 
 
 def _slice_name(members: Sequence[tuple[SampleRef, SliceGeometry]], place: tuple[float, int, int]) -> str:
