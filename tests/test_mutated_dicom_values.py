@@ -1,0 +1,131 @@
+"""DICOM files damaged one value at a time (a mutation harness's finds): a header value that
+no longer describes the pixels, a rescale that flattens them, a transfer syntax that names
+another codec. Each becomes its own reason-coded bad sample, not a packed image that is wrong."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import pytest
+from dicom_files import config, ct_dataset, ct_pixels, make_ref, save, window
+from pydicom.encaps import encapsulate, generate_frames
+from pydicom.pixels import pixel_array
+from pydicom.uid import RLELossless
+
+from packer.read.dicom import read_dicom
+from packer.records import Issue, Sample
+
+SOFT_TISSUE = window(40.0, 400.0)
+
+
+def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample] | Issue:
+    return read_dicom(make_ref(path), config(*windows, **kwargs))
+
+
+def issue_of(result: Any, reason: str, stage: str | None = None) -> Issue:
+    assert isinstance(result, Issue), f"expected a {reason} issue, got {type(result).__name__}"
+    assert result.reason == reason, result.message
+    if stage is not None:
+        assert result.stage == stage, result.message
+    return result
+
+
+def samples_of(result: Any) -> list[Sample]:
+    assert not isinstance(result, Issue), result.message
+    return list(result)
+
+
+def rle_ct(pixels: np.ndarray) -> pydicom.Dataset:
+    """A CT dataset holding ``pixels`` (H×W or F×H×W int16) as RLE Lossless."""
+    ds = ct_dataset(pixels)
+    ds.compress(RLELossless, pixels)
+    return ds
+
+
+def frames_of(ds: pydicom.Dataset) -> list[bytes]:
+    return list(generate_frames(ds.PixelData, number_of_frames=int(ds.get("NumberOfFrames", 1) or 1)))
+
+
+def rle_frame(pixels: np.ndarray, extra: bytes = b"") -> bytes:
+    """An RLE Lossless frame of int16 ``pixels`` (H×W): its two segments (high bytes, then low
+    bytes, PS3.5 G.2) as literal PackBits runs, each padded to even length, ``extra`` decoded
+    bytes appended to the low bytes' segment."""
+    raw = np.ascontiguousarray(pixels, dtype=">i2").view(np.uint8).reshape(-1, 2)
+    segments = []
+    for data in (raw[:, 0].tobytes(), raw[:, 1].tobytes() + extra):
+        runs = b"".join(bytes([len(chunk) - 1]) + chunk for chunk in (data[i:i + 128]
+                                                                   for i in range(0, len(data), 128)))
+        segments.append(runs + b"\x80" * (len(runs) % 2))  # 128: no operation, an even length
+    header = struct.pack("<16L", 2, 64, 64 + len(segments[0]), *([0] * 13))
+    return header + b"".join(segments)
+
+
+# ---------------------------------------------------------------- RLE segments longer than Rows × Columns
+
+
+@pytest.mark.parametrize(("attribute", "delta"), [("Columns", -1), ("Rows", -1), ("Columns", -8)])
+def test_rle_file_whose_rows_or_columns_is_short_of_its_segments_is_bad_shape(tmp_path: Path, attribute: str,
+                                                                                delta: int) -> None:
+    """An RLE Lossless CT whose Columns (or Rows) is one short of what its segments decode to:
+    pydicom only warns of "non-conformant padding" and keeps the first Rows × Columns bytes of
+    each segment, a sheared image packed as data. The native twin is bad_shape; so is this."""
+    ds = rle_ct(ct_pixels((32, 32)))
+    setattr(ds, attribute, getattr(ds, attribute) + delta)
+    found = issue_of(read(save(ds, tmp_path / "short.dcm"), SOFT_TISSUE), "bad_shape", "validate")
+    rows, columns = int(ds.Rows), int(ds.Columns)
+    assert found.message.startswith("short.dcm: RLE frame 0's segment 0 decodes to 1024 bytes"), found.message
+    assert f"(0028,0010) Rows {rows} × (0028,0011) Columns {columns} give {rows * columns}" in found.message
+    assert "fix the wrong one, or re-export the file" in found.message
+
+
+def test_rle_multi_frame_names_the_frame_whose_segment_is_too_long(tmp_path: Path) -> None:
+    pixels = ct_pixels((3, 16, 16))
+    ds = rle_ct(pixels)
+    ds.PixelData = encapsulate([rle_frame(pixels[0]), rle_frame(pixels[1]), rle_frame(pixels[2], b"\x07" * 16)])
+    found = issue_of(read(save(ds, tmp_path / "long.dcm"), SOFT_TISSUE), "bad_shape", "validate")
+    assert "RLE frame 2's segment 1 decodes to 272 bytes" in found.message, found.message
+
+
+@pytest.mark.parametrize("extra", [b"\x07", b"\x00" * 16], ids=["one pad byte", "zeros"])
+def test_rle_segment_padding_reads_as_the_image(tmp_path: Path, extra: bytes) -> None:
+    """One byte past Rows × Columns pads a segment (PS3.5 G.3.1 for an odd count; some
+    ultrasound writers pad even ones too, pydicom issue 1438), and zeros past it are padding, as
+    native Pixel Data's are (PS3.5 8.1.1's Note): pydicom drops them, the image reads whole."""
+    pixels = ct_pixels((16, 16))
+    ds = rle_ct(pixels)
+    whole = samples_of(read(save(ds, tmp_path / "whole.dcm"), SOFT_TISSUE))
+    ds.PixelData = encapsulate([rle_frame(pixels, extra)])
+    path = save(ds, tmp_path / "padded.dcm")
+    assert np.array_equal(samples_of(read(path, SOFT_TISSUE))[0].image, whole[0].image)
+    with pytest.warns(UserWarning, match=f"non-conformant padding - {256 + len(extra)} vs. 256 bytes"):
+        assert np.array_equal(pixel_array(pydicom.dcmread(path), decoding_plugin="pydicom"), pixels)
+
+
+def test_rle_odd_image_reads(tmp_path: Path) -> None:
+    """An odd Rows × Columns (15 × 15) as pydicom encodes it reads: its segments' pad is no damage."""
+    samples_of(read(save(rle_ct(ct_pixels((15, 15))), tmp_path / "odd.dcm"), SOFT_TISSUE))
+
+
+def test_rle_segment_length_check_costs_little_per_frame(tmp_path: Path) -> None:
+    """The segment-length walk runs on every RLE frame before decoding: for a 512×512 CT slice it
+    stays a small part of what decoding the frame costs."""
+    from packer.read.dicom import _rle_segment_problem
+
+    rows, columns = np.mgrid[:512, :512]
+    body = (rows - 256) ** 2 + (columns - 256) ** 2 < 200 ** 2
+    noise = np.random.default_rng(1).normal(0, 15, (512, 512))
+    ds = rle_ct(np.where(body, 1064 + noise, 0).astype(np.int16))  # a round body in air
+    frame = frames_of(ds)[0]
+    start = time.perf_counter()
+    for _ in range(5):
+        assert _rle_segment_problem(frame, 512 * 512) is None
+    walk = (time.perf_counter() - start) / 5
+    start = time.perf_counter()
+    pixel_array(ds, decoding_plugin="pydicom")
+    decode = time.perf_counter() - start
+    assert walk < 0.5 * decode, (walk, decode)
