@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pydicom
 import pytest
-from dicom_files import config, ct_dataset, ct_pixels, make_ref, save, window
+from dicom_files import config, ct_dataset, ct_pixels, make_ref, save, shipped, window
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
-from pydicom.uid import RLELossless
+from pydicom.uid import JPEG2000Lossless, RLELossless
 
 from packer.read.dicom import read_dicom
 from packer.records import Issue, Sample
@@ -129,3 +129,67 @@ def test_rle_segment_length_check_costs_little_per_frame(tmp_path: Path) -> None
     pixel_array(ds, decoding_plugin="pydicom")
     decode = time.perf_counter() - start
     assert walk < 0.5 * decode, (walk, decode)
+
+
+# ---------------------------------------------------------------- frames that are not the declared codec
+
+
+def with_syntax(path: Path, syntax: str) -> Path:
+    """The file at ``path`` with its file meta naming ``syntax``; its data set as it was."""
+    data = path.read_bytes()
+    assert data[132:138] == b"\x02\x00\x00\x00UL"
+    group_length = struct.unpack_from("<I", data, 140)[0]
+    ds = pydicom.dcmread(path, stop_before_pixels=True)
+    meta = ds.file_meta
+    meta.TransferSyntaxUID = pydicom.uid.UID(syntax)
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_file_meta_info
+
+    buf = DicomBytesIO()
+    buf.is_little_endian, buf.is_implicit_VR = True, False
+    write_file_meta_info(buf, meta, enforce_standard=True)
+    path.write_bytes(data[:132] + buf.getvalue() + data[144 + group_length:])
+    return path
+
+
+@pytest.mark.parametrize(("syntax", "name"), [("1.2.840.10008.1.2.4.50", "JPEG Baseline (Process 1)"),
+                                              (JPEG2000Lossless, "JPEG 2000 Image Compression (Lossless Only)"),
+                                              ("1.2.840.10008.1.2.4.80", "JPEG-LS Lossless Image Compression")])
+def test_rle_frames_under_another_compressed_syntax_are_decode_failed_not_truncated(tmp_path: Path, syntax: str,
+                                                                                     name: str) -> None:
+    """A whole RLE file whose file meta names JPEG, JPEG 2000 or JPEG-LS (a broken converter):
+    the decoder fails, and the frame lacks FFD9 because it never was a JPEG codestream. Not
+    'truncated, copy the file again': decode_failed, saying the syntax is wrong."""
+    path = with_syntax(save(rle_ct(ct_pixels((16, 16))), tmp_path / "relabelled.dcm"), syntax)
+    found = issue_of(read(path, SOFT_TISSUE), "decode_failed", "read")
+    assert f"the file meta names {syntax} ({name}) but frame 0 does not start as one" in found.message, found.message
+    assert "it starts 02 00 00 00 40 00 00 00" in found.message, found.message
+    assert "the transfer syntax is wrong: re-export" in found.message
+    assert "copy the file again" not in found.message and "cut short" not in found.message
+
+
+@pytest.mark.parametrize("source", ["jp2k", "SC_rgb_jpeg_dcmtk.dcm"])
+def test_jpeg_frames_labelled_rle_are_decode_failed_not_truncated(tmp_path: Path, source: str) -> None:
+    """JPEG 2000 or JPEG frames under the RLE Lossless UID: not an RLE header, not a cut file."""
+    if source == "jp2k":
+        ds = ct_dataset(ct_pixels((64, 64)))
+        ds.compress(JPEG2000Lossless, ct_pixels((64, 64)))
+        path = save(ds, tmp_path / "labelled.dcm")
+        starts = "ff 4f ff 51"
+    else:
+        path = tmp_path / "labelled.dcm"
+        path.write_bytes(shipped(source).read_bytes())
+        starts = "ff d8"
+    path = with_syntax(path, RLELossless)
+    found = issue_of(read(path, SOFT_TISSUE), "decode_failed", "read")
+    assert "the file meta names 1.2.840.10008.1.2.5 (RLE Lossless) but frame 0 does not start as one" in found.message
+    assert f"it starts {starts}" in found.message, found.message
+
+
+def test_a_codestream_cut_short_is_still_truncated(tmp_path: Path) -> None:
+    """The start is the codec's, the end is missing: truncated, copy the file again, as before."""
+    ds = pydicom.dcmread(shipped("MR_small_jp2klossless.dcm"))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame[: len(frame) // 4 * 2]])
+    found = issue_of(read(save(ds, tmp_path / "cut.dcm")), "truncated", "read")
+    assert "frame 0 lacks its end marker (FFD9); copy the file again" in found.message

@@ -1161,6 +1161,39 @@ def _frames_cut_short(ds: Dataset, geometry: _Geometry) -> str | None:
     return None
 
 
+#: JPEG 2000's two starts: a codestream's SOC marker then SIZ (ITU T.800 A.5.1), or a JP2 file's
+#: signature box (T.800 I.5.1)
+_J2K_STARTS = (b"\xff\x4f\xff\x51", b"\x00\x00\x00\x0cjP  \r\n\x87\n")
+
+
+def _starts_as(frame: bytes, syntax: str) -> bool:
+    """Whether ``frame`` starts as a frame of ``syntax`` does: an RLE header of 1 to 15 segments
+    (PS3.5 G.5), a JPEG 2000 codestream or JP2 file (:data:`_J2K_STARTS`), or a JPEG / JPEG-LS
+    SOI marker (FFD8). A frame too short to tell (cut short) passes."""
+    if syntax == _RLE:
+        return len(frame) < 4 or 1 <= struct.unpack_from("<L", frame)[0] <= 15
+    starts = _J2K_STARTS if syntax in _JPEG_2000 else (b"\xff\xd8",)
+    return any(frame[:len(start)] == start[:len(frame)] for start in starts)
+
+
+def _frame_not_its_codec(ds: Dataset, geometry: _Geometry) -> str | None:
+    """What is wrong where a frame of encapsulated pixel data does not start as a frame of the
+    transfer syntax the file meta names (an RLE file relabelled JPEG by a broken converter: the
+    decoder fails and the frame lacks FFD9, which is no truncation), None where each does (or
+    the fragments cannot be split into frames: :func:`_frames_cut_short` says so)."""
+    syntax = geometry.transfer_syntax
+    try:
+        frames = list(islice(generate_frames(ds.PixelData, number_of_frames=geometry.frames), geometry.frames))
+    except _DECODE_ERRORS:
+        return None
+    for index, frame in enumerate(frames):
+        if not _starts_as(frame, syntax):
+            return (f"the file meta names {syntax} ({UID(syntax).name}) but frame {index} does not start as one (it "
+                    f"starts {frame[:8].hex(' ')}…), which no cut can do; the transfer syntax is wrong: re-export the "
+                    "file")
+    return None
+
+
 #: JPEG Baseline (Process 1) and Extended (Process 2 & 4): the syntaxes whose 8-bit frames
 #: :func:`_jpeg_scan_lost` checks (lossless JPEG is not TurboJPEG's; 12-bit Extended neither)
 _JPEG_CHECKED = ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51")
@@ -1403,6 +1436,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
+            if (wrong := _frame_not_its_codec(ds, geometry)) is not None:
+                return _issue(ref, "read", "decode_failed", f"{wrong} ({plugin} decoded it anyway, not packed)")
             # libjpeg (and OpenJPEG) decode a codestream cut short without an error, filling the
             # missing rows with padding: made-up pixels that would pack as data
             return _issue(ref, "read", "truncated",
@@ -1411,6 +1446,9 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         if (lost := _jpeg_scan_lost(ds, geometry)) is not None:
             return _issue(ref, "read", lost[0], f"encapsulated pixel data ({plugin} decoded it anyway), {lost[1]}")
     except _DECODE_ERRORS as err:
+        if encapsulated and (wrong := _frame_not_its_codec(ds, geometry)) is not None:
+            failed = f"{plugin}: {type(err).__name__}: {err}" if str(err) else f"{plugin}: {type(err).__name__}"
+            return _issue(ref, "read", "decode_failed", f"{wrong} ({failed})")
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
             failed = f" ({plugin}: {type(err).__name__}: {err})" if str(err) else ""
             return _issue(ref, "read", "truncated", f"encapsulated pixel data is cut short{failed}: {short}")
