@@ -131,6 +131,51 @@ def test_rle_segment_length_check_costs_little_per_frame(tmp_path: Path) -> None
     assert walk < 0.5 * decode, (walk, decode)
 
 
+# ---------------------------------------------------------------- a rescale that flattens what is packed
+
+
+def test_tiny_slope_with_intercept_zero_is_constant_image_under_float16_and_a_window(tmp_path: Path) -> None:
+    """Rescale Slope 1e-30, Intercept 0: the float64 modality values of the lowest and highest
+    stored value differ (0 and 3e-27), yet every packed value is one: float16 makes them all 0.0,
+    a 40/400 window makes them all level 102. README: constant_image."""
+    path = save(ct_dataset(ct_pixels((16, 16), low=1), slope=1e-30, intercept=0.0), tmp_path / "tiny.dcm")
+    for found in (issue_of(read(path, output="float16"), "constant_image", "validate"),
+                  issue_of(read(path, SOFT_TISSUE), "constant_image", "validate")):
+        assert found.message.startswith("tiny.dcm: frame 0: (0028,1053) Rescale Slope 1e-30 and (0028,1052) "
+                                        "Rescale Intercept 0"), found.message
+        assert "the header is corrupt, fix it" in found.message
+    assert "float16" in issue_of(read(path, output="float16"), "constant_image").message
+    assert "level 102" in issue_of(read(path, SOFT_TISSUE), "constant_image").message
+
+
+def test_tiny_slope_whose_values_stay_distinct_in_the_output_packs(tmp_path: Path) -> None:
+    """A small legal slope (1e-4: PET-like units) keeps its values apart in float16 and under a
+    window in its units; a tiny slope under a window as narrow as its values packs too (the
+    output is not flat). Only what is packed is judged."""
+    stored = ct_pixels((16, 16), low=0, high=3000)
+    small = save(ct_dataset(stored, slope=1e-4, intercept=0.0), tmp_path / "small.dcm")
+    image = samples_of(read(small, output="float16"))[0].image
+    assert np.unique(image).size > 100
+    assert np.unique(samples_of(read(small, window(0.15, 0.3, "LINEAR_EXACT")))[0].image).size > 100
+    tiny = save(ct_dataset(stored, slope=1e-30, intercept=0.0), tmp_path / "tiny.dcm")
+    assert np.unique(samples_of(read(tiny, window(1.5e-27, 3e-27, "LINEAR_EXACT")))[0].image).size > 100
+
+
+def test_a_job_window_that_clips_every_pixel_still_packs(tmp_path: Path) -> None:
+    """A bone window on stored values that are all soft tissue is flat: the job's choice, packed
+    as today (no rescale took the values apart from each other)."""
+    path = save(ct_dataset(ct_pixels((16, 16), low=1000, high=1100)), tmp_path / "soft.dcm")
+    image = samples_of(read(path, window(3000.0, 100.0)))[0].image
+    assert np.unique(image).tolist() == [0]
+
+
+def test_an_image_of_one_value_keeps_its_every_pixel_equal_verdict(tmp_path: Path) -> None:
+    """A legitimately constant image is refused as before: every pixel equal, not a rescale."""
+    path = save(ct_dataset(np.full((16, 16), 7, np.int16), slope=1e-30, intercept=0.0), tmp_path / "one.dcm")
+    for found in (issue_of(read(path, output="float16"), "constant_image"), issue_of(read(path), "constant_image")):
+        assert "Rescale Slope" not in found.message, found.message
+
+
 # ---------------------------------------------------------------- frames that are not the declared codec
 
 
