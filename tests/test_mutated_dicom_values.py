@@ -5,7 +5,6 @@ another codec. Each becomes its own reason-coded bad sample, not a packed image 
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -111,24 +110,19 @@ def test_rle_odd_image_reads(tmp_path: Path) -> None:
     samples_of(read(save(rle_ct(ct_pixels((15, 15))), tmp_path / "odd.dcm"), SOFT_TISSUE))
 
 
-def test_rle_segment_length_check_costs_little_per_frame(tmp_path: Path) -> None:
-    """The segment-length walk runs on every RLE frame before decoding: for a 512×512 CT slice it
-    stays a small part of what decoding the frame costs."""
+def test_rle_segment_length_walk_accepts_a_real_ct_slice(tmp_path: Path) -> None:
+    """The segment-length walk runs on every RLE frame before decoding: on a 512×512 CT slice as
+    pydicom encodes it (a round body in air, noise) it finds nothing, and the slice reads whole.
+    (Its cost, about a quarter of the frame's decode, is measured by hand, not in a unit test.)"""
     from packer.read.dicom import _rle_segment_problem
 
     rows, columns = np.mgrid[:512, :512]
     body = (rows - 256) ** 2 + (columns - 256) ** 2 < 200 ** 2
     noise = np.random.default_rng(1).normal(0, 15, (512, 512))
-    ds = rle_ct(np.where(body, 1064 + noise, 0).astype(np.int16))  # a round body in air
-    frame = frames_of(ds)[0]
-    start = time.perf_counter()
-    for _ in range(5):
-        assert _rle_segment_problem(frame, 512 * 512) is None
-    walk = (time.perf_counter() - start) / 5
-    start = time.perf_counter()
-    pixel_array(ds, decoding_plugin="pydicom")
-    decode = time.perf_counter() - start
-    assert walk < 0.5 * decode, (walk, decode)
+    pixels = np.where(body, 1064 + noise, 0).astype(np.int16)
+    ds = rle_ct(pixels)
+    assert _rle_segment_problem(frames_of(ds)[0], 512 * 512) is None
+    assert np.array_equal(pixel_array(ds, decoding_plugin="pydicom"), pixels)
 
 
 # ---------------------------------------------------------------- a rescale that flattens what is packed
