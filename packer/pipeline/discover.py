@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from stat import S_ISFIFO, S_ISREG
 from typing import Any
 
 import numpy as np
@@ -210,20 +211,34 @@ def _first_visits(folder: str, prefix: str, dirs: list[str], walked: dict[tuple[
     return kept
 
 
-def _read_head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of the file at ``path`` (fewer for a shorter one; none when it
-    cannot be read: the probe names that defect, a listing does not). Opened without blocking: a
-    named pipe among the files (``IM0001`` a FIFO) reads as empty instead of hanging the listing
-    until some writer opens it; a regular file reads as it always does."""
+@dataclass(frozen=True)
+class Unread:
+    """Why the first bytes of a file were not read: the OS error opening or reading it (a broken
+    link, a loop of links, no read permission), or what it is instead of a regular file (a named
+    pipe, a socket, a device: never read, so nothing waits on a writer). Not a verdict on the
+    file: the read names its defect (``missing_file``, ``unreadable``), as it does for a file
+    named as its kind's."""
+
+    why: str
+
+
+def _read_head(path: str, size: int) -> bytes | Unread:
+    """The first ``size`` bytes of the file at ``path`` (fewer for a shorter one), or why none
+    were read (:class:`Unread`). Opened without blocking, and read only where it is a regular
+    file: a named pipe among the files (``IM0001`` a FIFO) does not hang the listing until some
+    writer opens it; a regular file reads as it always does."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return b""
+    except OSError as err:
+        return Unread(err.strerror or str(err))
     try:
         with open(fd, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not S_ISREG(mode):
+                return Unread("a named pipe" if S_ISFIFO(mode) else "not a regular file")
             return fh.read(size) or b""
-    except OSError:
-        return b""
+    except OSError as err:
+        return Unread(err.strerror or str(err))
 
 
 def _suffix(relpath: str) -> str:
@@ -268,7 +283,15 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
         for rel in walked:
             verdict = _verdict(kind, rel)
             head = _read_head(os.path.join(root, rel), kind.head_bytes) if verdict is None and kind.head_bytes else b""
-            if verdict or (verdict is None and kind.head_bytes and kind.sniff(head)):
+            if isinstance(head, Unread):
+                # its bytes could not be looked at (a broken link, no permission, a named pipe): a
+                # name the kind would speak for is listed, for the read to name the defect as it
+                # names it for the kind's named files; another is told by its name alone
+                if kind.lists_unread(rel.rsplit("/", 1)[-1].lower(), _suffix(rel)):
+                    out.append(rel)
+                elif unsupported is not None and (what := _unsupported(kind, rel)):
+                    unsupported[rel] = what
+            elif verdict or (verdict is None and kind.head_bytes and kind.sniff(head)):
                 out.append(rel)
             elif unsupported is not None and (what := _unsupported(kind, rel, head if verdict is None else None)):
                 unsupported[rel] = what
@@ -1795,7 +1818,8 @@ def _file_head(path: str, size: int, storage_options: Mapping[str, Any] | None) 
     """The first ``size`` bytes of the raw file at ``path`` (a local path or a URL: one ranged
     read), ``b""`` where it cannot be read, as the reader would find it unreadable."""
     if not is_url(path):
-        return _read_head(path, size)
+        head = _read_head(path, size)
+        return head if isinstance(head, bytes) else b""
     folder, name = path.rsplit("/", 1)
     return read_heads(folder, [name], size, storage_options)[0]
 

@@ -106,6 +106,13 @@ def _entity(ref: SampleRef, source: SourceConfig, from_header: str | None) -> st
     return ref.entity if source.entity_path is not None else from_header
 
 
+def _named_as_export_image(suffix: str) -> bool:
+    """Whether a file whose lower-cased suffix is ``suffix`` is named as a PACS export or a
+    DICOMDIR tree names its images: without a suffix (``IMAGES/IM0035``) or by a UID whose last
+    part reads as one (``1.2.840.113619.2.55.3.1``, a suffix of digits)."""
+    return not suffix or suffix[1:].isdigit()
+
+
 class DicomKind(SourceKind):
     name = "dicom"
     key_parts = frozenset({"frame"})
@@ -130,12 +137,18 @@ class DicomKind(SourceKind):
     def sniff(self, head: bytes) -> bool:
         return head[_DICM_OFFSET:_DICM_OFFSET + 4] == b"DICM"
 
+    def lists_unread(self, name: str, suffix: str) -> bool:
+        """A file named as an export's image (:func:`_named_as_export_image`) whose bytes cannot
+        be read is listed: a broken link ``IMAGES/IM0050`` is ``missing_file``, as
+        ``IM0050.dcm`` is, not "an empty file"."""
+        return _named_as_export_image(suffix)
+
     def unrecognised(self, name: str, suffix: str, head: bytes) -> str | None:
-        """A file named as a PACS export or DICOMDIR tree names its images, without a suffix
-        (``IMAGES/IM0035``) or by a UID whose last part reads as one (``1.2.840.113619.2.55.3.1``,
-        a suffix of digits), that does not start as a DICOM file: told apart from the export's
-        images rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some other file)."""
-        if suffix and not suffix[1:].isdigit():
+        """A file named as a PACS export or DICOMDIR tree names its images
+        (:func:`_named_as_export_image`) that does not start as a DICOM file: told apart from the
+        export's images rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some
+        other file)."""
+        if not _named_as_export_image(suffix):
             return None
         if not head:
             what = "an empty file (0 bytes)"

@@ -188,6 +188,15 @@ class SourceKind:
         stays unlisted."""
         return None
 
+    def lists_unread(self, name: str, suffix: str) -> bool:
+        """Whether a file whose name could not tell (:meth:`lists` gave None) and whose first
+        bytes could not be read (a broken link, a loop of links, no read permission, a named
+        pipe) is listed all the same, so that the read names its defect (``missing_file``,
+        ``unreadable``) as it does for a file named as this kind's: True for a name that would be
+        one of the kind's by its bytes (an extension-less ``IMAGES/IM0035`` in a DICOM export).
+        False (the default): such a file stays unlisted, or is told by its name (:meth:`unsupported`)."""
+        return False
+
     def unrecognised(self, name: str, suffix: str, head: bytes) -> str | None:
         """For a file whose name could not tell (:meth:`lists` gave None) and whose ``head``
         (its first :attr:`head_bytes`, fewer for a shorter file) :meth:`sniff` refused: where

@@ -1,0 +1,172 @@
+"""Odd files among a source's raw files: each is counted once, packed, bad or left out, and said as what it is.
+
+A PACS export names its images without a suffix (``IMAGES/IM0001``), so the DICOM listing looks at
+each such file's first bytes. A file whose bytes cannot be looked at (a broken link, a loop of
+links, no read permission, a named pipe) is not "an empty file": it is listed, and the read
+names its defect exactly as it does for the same file named ``.dcm``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import packer
+from packer.config import load_job
+from packer.pipeline.discover import discover
+from packer.pipeline.probe import probe_ref
+from packer.records import Issue
+from tests.dicom_files import ct_dataset, ct_pixels, save
+
+NOBODY = 65534
+
+
+def _export(root: Path, patients: int = 4) -> Path:
+    """A PACS-style export: ``root/IMAGES/IM0000``... real CT slices, one patient each, no suffix."""
+    images = root / "IMAGES"
+    for i in range(patients):
+        save(ct_dataset(ct_pixels(seed=i), PatientID=f"P{i}"), images / f"IM000{i}")
+    return images
+
+
+def _job(folder: Path, root: Path) -> Path:
+    doc = {"name": "odd", "sources": [{"kind": "dicom", "root": str(root), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "transform": {"dicom": {"windows": ["lung"], "size": [16, 16]}},
+           "pack": {"format": "webdataset"}, "output": str(folder / "out"), "phi": {"mode": "keep"},
+           "validate": {"max_bad_fraction": 0.9}}
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _said(record: dict[str, Any] | Issue, *names: str) -> tuple[str, str]:
+    """(reason, message with the files' own ``names`` as NAME1, NAME2...), to hold twins' records
+    side by side."""
+    reason, message = (record["reason"], record["message"]) if isinstance(record, dict) else (
+        record.reason, record.message)
+    for i, name in enumerate(names, 1):
+        message = message.replace(name, f"NAME{i}")
+    return reason, message
+
+
+def _probed(job_path: Path, names: list[str]) -> dict[str, Issue]:
+    """The bad-sample records the read gives the listed files called ``names`` (none may pack)."""
+    job = load_job(job_path)
+    found = discover(job)
+    listed = {Path(ref.path).name: ref for ref in found.refs}
+    assert set(names) <= set(listed), f"not listed: {sorted(set(names) - set(listed))}"
+    assert not {Path(e.path).name for e in found.excluded} & set(names)
+    out = {}
+    for name in names:
+        issue = probe_ref(listed[name], job)
+        assert isinstance(issue, Issue), (name, issue)
+        out[name] = issue
+    return out
+
+
+def test_a_broken_link_or_a_loop_without_a_suffix_is_the_bad_sample_its_dcm_twin_is(tmp_path: Path) -> None:
+    """IMAGES/IM0050 -> a file that is gone was left out as unsupported_format, "an empty file
+    (0 bytes) ... export it again", and never counted as bad; IM0050.dcm, the same link, was a
+    missing_file bad sample."""
+    images = _export(tmp_path / "export")
+    for name in ("IM0050", "IM0051.dcm"):  # a file that is gone
+        (images / name).symlink_to(tmp_path / "elsewhere" / name)
+    for a, b in (("IM0060", "IM0061"), ("IM0062.dcm", "IM0063.dcm")):  # links in a loop
+        (images / a).symlink_to(b)
+        (images / b).symlink_to(a)
+    result = packer.validate(_job(tmp_path, tmp_path / "export"), scheduler="sync", progress=False)
+    bad = {Path(r["path"]).name: r for r in result.report["bad_samples"]["records"]}
+    assert sorted(bad) == ["IM0050", "IM0051.dcm", "IM0060", "IM0061", "IM0062.dcm", "IM0063.dcm"]
+    assert result.report["excluded"]["total"] == 0
+    assert bad["IM0050"]["reason"] == "missing_file"
+    assert _said(bad["IM0050"], "IM0050") == _said(bad["IM0051.dcm"], "IM0051.dcm")
+    assert bad["IM0050"]["message"].endswith("which does not exist; fix the link or remove it")
+    assert bad["IM0060"]["reason"] == bad["IM0061"]["reason"] == "unreadable"
+    assert "leads back to itself through links" in bad["IM0060"]["message"]
+    assert _said(bad["IM0060"], "IM0060", "IM0061") == _said(bad["IM0062.dcm"], "IM0062.dcm", "IM0063.dcm")
+    assert result.report["inputs"]["files"] == 10  # 4 images, 6 links: each counted once
+    assert result.report["inputs"]["samples"] == 4
+
+
+@contextlib.contextmanager
+def _as_nobody() -> Iterator[None]:
+    """Run the block as a user without root's powers (chmod 000 does not stop root from reading):
+    the effective user id is nobody's for its length, where the suite runs as root."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+@contextlib.contextmanager
+def _open_folder() -> Iterator[Path]:
+    """A fresh folder every user can enter (pytest's tmp_path sits under a folder of mode 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="odd-raw-"))
+    try:
+        folder.chmod(0o777)
+        yield folder
+    finally:
+        for path in folder.rglob("*"):
+            if not path.is_symlink():
+                path.chmod(0o777 if path.is_dir() else 0o666)
+        shutil.rmtree(folder)
+
+
+def test_an_image_without_a_suffix_the_user_cannot_read_is_unreadable_as_its_dcm_twin_is() -> None:
+    with _open_folder() as folder:
+        images = _export(folder / "export")
+        save(ct_dataset(ct_pixels(seed=9), PatientID="P9"), images / "IM0009")
+        save(ct_dataset(ct_pixels(seed=10), PatientID="P9"), images / "IM0010.dcm")
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o777 if path.is_dir() else 0o666)
+        (images / "IM0009").chmod(0)
+        (images / "IM0010.dcm").chmod(0)
+        job = _job(folder, folder / "export")
+        with _as_nobody():
+            issues = _probed(job, ["IM0009", "IM0010.dcm"])
+    assert issues["IM0009"].reason == "unreadable"
+    assert "Permission denied" in issues["IM0009"].message
+    assert _said(issues["IM0009"], "IM0009") == _said(issues["IM0010.dcm"], "IM0010.dcm")
+
+
+def test_a_named_pipe_without_a_suffix_is_unreadable_as_its_dcm_twin_is(tmp_path: Path) -> None:
+    images = _export(tmp_path / "export")
+    os.mkfifo(images / "IM0002x")
+    os.mkfifo(images / "IM0003x.dcm")
+    issues = _probed(_job(tmp_path, tmp_path / "export"), ["IM0002x", "IM0003x.dcm"])
+    assert issues["IM0002x"].reason == "unreadable" and "named pipe" in issues["IM0002x"].message
+    assert _said(issues["IM0002x"], "IM0002x") == _said(issues["IM0003x.dcm"], "IM0003x.dcm")
+
+
+def test_a_broken_link_with_another_suffix_stays_unlisted_as_such_a_file_does(tmp_path: Path) -> None:
+    """Only names the DICOM listing would speak for (no suffix, a UID) are listed unread: a broken
+    LOCK.xml link beside the images is no image, as a readable LOCK.xml is none."""
+    images = _export(tmp_path / "export")
+    (images / "LOCK.xml").symlink_to(tmp_path / "gone.xml")
+    (images / "1.2.840.113619.2.55.3.7").symlink_to(tmp_path / "gone")
+    found = discover(load_job(_job(tmp_path, tmp_path / "export")))
+    assert [Path(ref.path).name for ref in found.refs] == [
+        "1.2.840.113619.2.55.3.7", "IM0000", "IM0001", "IM0002", "IM0003"]
+    assert found.excluded == [] and found.issues == []
+
+
+def test_an_empty_file_without_a_suffix_is_still_said_to_be_empty(tmp_path: Path) -> None:
+    images = _export(tmp_path / "export")
+    (images / "IM0099").write_bytes(b"")
+    found = discover(load_job(_job(tmp_path, tmp_path / "export")))
+    assert "IM0099" not in {Path(ref.path).name for ref in found.refs}
+    (record,) = found.excluded
+    assert (Path(record.path).name, record.why) == ("IM0099", "unsupported_format")
+    assert record.detail.startswith("an empty file (0 bytes)")
