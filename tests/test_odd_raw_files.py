@@ -9,6 +9,8 @@ names its defect exactly as it does for the same file named ``.dcm``.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import os
 import shutil
 import tempfile
@@ -16,9 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import yaml
+from click.testing import CliRunner
 
 import packer
+from packer.cli import main
 from packer.config import load_job
 from packer.pipeline.discover import discover
 from packer.pipeline.probe import probe_ref
@@ -170,3 +176,78 @@ def test_an_empty_file_without_a_suffix_is_still_said_to_be_empty(tmp_path: Path
     (record,) = found.excluded
     assert (Path(record.path).name, record.why) == ("IM0099", "unsupported_format")
     assert record.detail.startswith("an empty file (0 bytes)")
+
+
+COMPRESSED_DICOM = ["slice4.dcm.gz", "IM0005.gz", "slice6.dcm.bz2", "slice7.dcm.xz", "slice8.dcm.zst",
+                    "1.2.840.113619.2.55.3.9.gz"]
+ARCHIVES = ["series.zip", "series.tar.gz", "more.tgz", "plain.tar", "b.7z", "c.rar", "d.tar.zst"]
+NOT_DICOM = ["labels.csv.gz", "notes.txt", "vol.nii.gz", "meta.json", "app.log.gz", "report.pdf"]
+
+
+def test_compressed_dicom_files_and_archives_in_a_dicom_source_are_left_out_saying_to_decompress_or_unpack(
+        tmp_path: Path) -> None:
+    """x.dcm.gz (as TCIA mirrors ship them), a zip or a tarball of a series were in no count and no
+    record: neither packed, bad nor left out. Compressed files and archives are now left out as
+    unsupported_format with the fix; other files beside the images (a .csv.gz, a .nii.gz, a
+    .log.gz) stay unlisted, as a .csv is."""
+    root = tmp_path / "ct"
+    for i in range(4):
+        save(ct_dataset(ct_pixels(seed=i), PatientID=f"P{i}"), root / f"slice{i}.dcm")
+    one = (root / "slice0.dcm").read_bytes()
+    (root / "slice4.dcm.gz").write_bytes(gzip.compress(one))
+    for name in [*COMPRESSED_DICOM[1:], *ARCHIVES, *NOT_DICOM]:
+        (root / name).write_bytes(b"\x1f\x8b not read" * 20)
+    job = _job(tmp_path, root)
+    result = packer.validate(job, scheduler="sync", progress=False)
+    left = {Path(r["path"]).name: (r["why"], r["detail"]) for r in result.report["excluded"]["records"]}
+    assert sorted(left) == sorted(COMPRESSED_DICOM + ARCHIVES)
+    assert {why for why, _ in left.values()} == {"unsupported_format"}
+    assert result.report["inputs"] == {"files": 4 + len(left), "samples": 4}
+    assert result.report["bad_samples"]["total"] == 0
+    assert result.report["excluded"]["by_why"] == {"unsupported_format": len(left)}
+
+    dcm_gz = left["slice4.dcm.gz"][1]
+    assert dcm_gz.startswith("a DICOM file compressed with gzip (.gz), which packer does not read")
+    assert "decompress it where it lies (e.g. gunzip *.gz in its folder)" in dcm_gz
+    assert left["IM0005.gz"][1] == dcm_gz  # an export's extension-less image, gzipped
+    assert left["slice6.dcm.bz2"][1].startswith("a DICOM file compressed with bzip2 (.bz2)")
+    assert "unzstd --rm *.zst" in left["slice8.dcm.zst"][1]
+    assert left["series.zip"][1].startswith("a zip archive (.zip), whose files packer does not read")
+    assert "unpack it into a folder under the root (e.g. unzip ARCHIVE -d FOLDER)" in left["series.zip"][1]
+    assert left["series.tar.gz"][1].startswith("a gzip-compressed tar archive (.tar.gz)")
+    assert left["more.tgz"][1].startswith("a gzip-compressed tar archive (.tgz)")
+    assert "tar -xf ARCHIVE -C FOLDER" in left["plain.tar"][1]
+    assert left["b.7z"][1].startswith("a 7-Zip archive") and left["c.rar"][1].startswith("a RAR archive")
+    assert left["d.tar.zst"][1].startswith("a Zstandard-compressed tar archive (.tar.zst)")
+
+    # the build counts them as validate does
+    run = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert run.exit_code == 0, run.output
+    manifest = json.loads(next((tmp_path / "out").rglob("manifest.json")).read_text())
+    assert manifest["inputs"]["files"] == 4 + len(left) and manifest["inputs"]["samples"] == 4
+    assert manifest["inputs"]["excluded"] == {"unsupported_format": len(left)}
+
+
+def test_compressed_images_and_archives_in_an_image_source_are_left_out_saying_to_decompress_or_unpack(
+        tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    root.mkdir()
+    ok, png = cv2.imencode(".png", np.zeros((8, 8), np.uint8))
+    assert ok
+    (root / "a.png").write_bytes(png.tobytes())
+    (root / "b.png.gz").write_bytes(gzip.compress(png.tobytes()))
+    for name in ("c.webp.xz", "more.zip", "photos.tar.gz", "labels.csv.gz", "h.nii.gz", "notes.txt"):
+        (root / name).write_bytes(b"not read")
+    doc = {"name": "photos", "sources": [{"kind": "image", "root": str(root), "label": "none"}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert [ref.relpath for ref in found.refs] == ["a.png"] and found.issues == []
+    left = {Path(e.path).name: (e.why, e.detail) for e in found.excluded}
+    assert sorted(left) == ["b.png.gz", "c.webp.xz", "more.zip", "photos.tar.gz"]
+    assert {why for why, _ in left.values()} == {"unsupported_format"}
+    assert left["b.png.gz"][1].startswith("an image compressed with gzip (.gz), which packer does not read")
+    assert "gunzip *.gz" in left["b.png.gz"][1]
+    assert left["c.webp.xz"][1].startswith("an image compressed with xz (.xz)")
+    assert left["more.zip"][1].startswith("a zip archive (.zip), whose files packer does not read: an image source")
+    assert left["photos.tar.gz"][1].startswith("a gzip-compressed tar archive (.tar.gz)")

@@ -1,7 +1,9 @@
 """The ``dicom`` source kind: Part 10 files, their entity and time from headers, series for 2.5D and volumes.
 
 Lists every ``*.dcm`` and every file without an image, table or text suffix that carries the
-DICM preamble (PS3.10 7.1). The reader is :mod:`packer.read.dicom`; series assembly, neighbour
+DICM preamble (PS3.10 7.1); a DICOM file compressed whole (``x.dcm.gz``) and an archive
+(``series.zip``) are left out as ``unsupported_format``, saying to decompress or unpack them
+(:meth:`DicomKind.unsupported`). The reader is :mod:`packer.read.dicom`; series assembly, neighbour
 stacks and volumes are :mod:`packer.read.series`, offered to the pixel pass as this kind's
 :class:`~packer.read.kinds.Grouping` when ``transform.dicom.sample`` is not ``slice``.
 """
@@ -31,6 +33,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
+from packer.read.archives import archive, compressed
 from packer.read.dicom_attrs import quiet, record_time, text_value
 from packer.read.dicom_masks import (
     AnnotatedSeries,
@@ -74,6 +77,8 @@ from packer.where import Condition
 
 #: Suffixes a DICOM file never has (tables, text, images), so their heads are not read.
 _NEVER_DICOM = frozenset({".csv", ".txt", ".json", ".md", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp"})
+#: Suffixes DICOM files are written with: such a file compressed (``x.dcm.gz``) is named as one
+_DICOM_SUFFIXES = frozenset({".dcm", ".dicom", ".dic", ".ima"})
 _DICM_OFFSET = 128
 _DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "float16": np.float16}
 _GREY = ("", "MONOCHROME1", "MONOCHROME2")
@@ -136,6 +141,22 @@ class DicomKind(SourceKind):
 
     def sniff(self, head: bytes) -> bool:
         return head[_DICM_OFFSET:_DICM_OFFSET + 4] == b"DICM"
+
+    def unsupported(self, name: str, suffix: str) -> str | None:
+        """An archive (``series.zip``, ``series.tar.gz``, ``.tgz``, ``.7z``, ``.rar``), or a DICOM
+        file compressed whole (``x.dcm.gz``, as some archives and TCIA mirrors ship them; an
+        export's ``IM0035.gz``; also ``.bz2``, ``.xz``, ``.zst``): no DICOM reader opens either,
+        and each was in no count. Another compressed file (``labels.csv.gz``, a ``.nii.gz``
+        beside the images) is no DICOM file, and stays unlisted as a ``.csv`` does."""
+        packed = archive(name)
+        if packed is not None:
+            return packed.detail("a DICOM source reads the files under its root")
+        squeezed = compressed(name)
+        inner = squeezed.inner_suffix if squeezed is not None else ""
+        if squeezed is not None and (inner in _DICOM_SUFFIXES or _named_as_export_image(inner)):
+            return squeezed.detail("a DICOM file", "a DICOM source reads Part 10 files (*.dcm, or files that start "
+                                                   "with the DICOM preamble)")
+        return None
 
     def lists_unread(self, name: str, suffix: str) -> bool:
         """A file named as an export's image (:func:`_named_as_export_image`) whose bytes cannot

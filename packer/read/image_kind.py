@@ -1,7 +1,8 @@
 """The ``image`` source kind: PNG, JPEG, TIFF and BMP files, decoded with OpenCV, labelled by a table or folders.
 
 Lists every file with an image suffix; a file of another image format (WebP, GIF, ...; a
-whole-slide scan, .svs, .ndpi, ...) is left out as ``unsupported_format``, saying to convert it
+whole-slide scan, .svs, .ndpi, ...), an image compressed whole (``a.png.gz``) or an archive
+(``photos.zip``) is left out as ``unsupported_format``, saying to convert, decompress or unpack it
 (:meth:`ImageKind.unsupported`). Entity and
 time come from the source's table (a file of a table-less ``label: folder`` or ``label: none``
 source is its own entity). The reader is
@@ -24,6 +25,7 @@ from packer.config import (
     parse_size,
 )
 from packer.errors import ConfigError
+from packer.read.archives import archive, compressed
 from packer.read.image_structure import sniff_format
 from packer.read.kinds import Probed, RangedFile, SourceKind, register
 from packer.records import Issue, Sample, SampleRef
@@ -59,6 +61,11 @@ WHOLE_SLIDE_FORMATS = {
 
 #: Suffixes of formats packer reads, under a name it does not list: renaming is the fix.
 RENAMED_IMAGE_SUFFIXES = {".jfif": ".jpg", ".jpe": ".jpg", ".dib": ".bmp"}
+
+#: Every image suffix an image source lists or names: such a file compressed whole (``a.png.gz``)
+#: is an image, left out saying to decompress it (an archive, ``photos.zip``, is left out too)
+_IMAGE_FAMILY = frozenset({*IMAGE_SUFFIXES, *UNSUPPORTED_IMAGE_FORMATS, *WHOLE_SLIDE_FORMATS,
+                           *RENAMED_IMAGE_SUFFIXES, ".apng"})
 
 
 class ImageKind(SourceKind):
@@ -130,6 +137,12 @@ class ImageKind(SourceKind):
             return (f"an animated PNG (.apng), which packer does not read: {read}, and an animated PNG is refused "
                     "(its frames after the first would be lost); save each frame as its own PNG (e.g. ffmpeg -i "
                     "in.apng frame%04d.png), or, if it holds one frame, rename it to .png")
+        packed = archive(name)
+        if packed is not None:
+            return packed.detail("an image source reads the files under its root")
+        squeezed = compressed(name)
+        if squeezed is not None and squeezed.inner_suffix in _IMAGE_FAMILY:
+            return squeezed.detail("an image", read)
         what = UNSUPPORTED_IMAGE_FORMATS.get(suffix)
         if what is None:
             return None

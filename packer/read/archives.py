@@ -1,0 +1,93 @@
+"""Compressed files and archives among a source's files, by name: what they are and how to open them.
+
+No source kind reads inside a compressed file (other than a NIfTI kind's ``.nii.gz``) or an
+archive; a kind that finds one of its own files compressed (``x.dcm.gz``, ``img.png.gz``) or any
+archive (``series.zip``, ``series.tar.gz``) under its root names it as ``unsupported_format``
+(:meth:`packer.read.kinds.SourceKind.unsupported`) with the fix this module words, so that no
+such file vanishes from the counts unsaid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Single-file compressors by suffix: (name, command that decompresses a file in place)
+COMPRESSORS = {".gz": ("gzip", "gunzip"), ".bz2": ("bzip2", "bunzip2"), ".xz": ("xz", "unxz"),
+               ".zst": ("Zstandard", "unzstd --rm")}
+
+#: Archives by how their names end (longest first): (what, command that unpacks one into FOLDER)
+ARCHIVES = (
+    (".tar.gz", "a gzip-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".tar.bz2", "a bzip2-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".tar.xz", "an xz-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".tar.zst", "a Zstandard-compressed tar archive", "tar --zstd -xf ARCHIVE -C FOLDER"),
+    (".tgz", "a gzip-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".tbz2", "a bzip2-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".txz", "an xz-compressed tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".tar", "a tar archive", "tar -xf ARCHIVE -C FOLDER"),
+    (".zip", "a zip archive", "unzip ARCHIVE -d FOLDER"),
+    (".7z", "a 7-Zip archive", "7z x ARCHIVE -oFOLDER"),
+    (".rar", "a RAR archive", "unrar x ARCHIVE FOLDER/"),
+)
+
+
+@dataclass(frozen=True)
+class Archive:
+    """An archive found among a source's files: what it is (``a zip archive``), the ending that
+    says so (``.zip``) and the command that unpacks one (``unzip ARCHIVE -d FOLDER``)."""
+
+    what: str
+    ending: str
+    unpack: str
+
+    def detail(self, reads: str) -> str:
+        """The detail of its ``unsupported_format`` record; ``reads``: what the source reads
+        (``a DICOM source reads the files under its root``)."""
+        return (f"{self.what} ({self.ending}), whose files packer does not read: {reads}, not the files inside "
+                f"an archive; unpack it into a folder under the root (e.g. {self.unpack}) and move the archive "
+                "out of the root")
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """A single file compressed whole (``x.dcm.gz``): its compressor (``gzip``), the suffix that
+    says so (``.gz``), the name it has decompressed (``x.dcm``, lower case) and the command that
+    decompresses one in place (``gunzip``)."""
+
+    compressor: str
+    suffix: str
+    inner: str
+    command: str
+
+    @property
+    def inner_suffix(self) -> str:
+        """The lower-cased suffix of the name decompressed (``.dcm``; ``""`` for ``im0001.gz``)."""
+        dot = self.inner.rfind(".")
+        return self.inner[dot:] if 0 < dot < len(self.inner) - 1 else ""
+
+    def detail(self, what: str, reads: str) -> str:
+        """The detail of its ``unsupported_format`` record; ``what``: what it holds (``a DICOM
+        file``), ``reads``: what the source reads."""
+        return (f"{what} compressed with {self.compressor} ({self.suffix}), which packer does not read: {reads}, "
+                f"not compressed; decompress it where it lies (e.g. {self.command} *{self.suffix} in its folder)")
+
+
+def archive(name: str) -> Archive | None:
+    """The archive a file named ``name`` (lower case, no folder) is by its name, or None."""
+    for ending, what, unpack in ARCHIVES:
+        if name.endswith(ending) and len(name) > len(ending):
+            return Archive(what=what, ending=ending, unpack=unpack)
+    return None
+
+
+def compressed(name: str) -> Compressed | None:
+    """The single compressed file a file named ``name`` (lower case, no folder) is by its name
+    (not an archive: ``x.tar.gz`` is none), or None."""
+    dot = name.rfind(".")
+    if dot <= 0 or archive(name) is not None:
+        return None
+    suffix = name[dot:]
+    if suffix not in COMPRESSORS:
+        return None
+    compressor, command = COMPRESSORS[suffix]
+    return Compressed(compressor=compressor, suffix=suffix, inner=name[:dot], command=command)
