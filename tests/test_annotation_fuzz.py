@@ -109,8 +109,7 @@ def _places(sources: tuple[Dataset, ...]) -> list[SlicePlace]:
     return [SlicePlace(ds.SOPInstanceUID, 0, (float(ds.ImagePositionPatient[0]), float(ds.ImagePositionPatient[1]),
                                               float(ds.ImagePositionPatient[2])),
                        tuple(float(v) for v in ds.ImageOrientationPatient),
-                       (float(ds.PixelSpacing[0]), float(ds.PixelSpacing[1])), int(ds.Rows), int(ds.Columns),
-                       thickness=float(ds.SliceThickness))
+                       (float(ds.PixelSpacing[0]), float(ds.PixelSpacing[1])), int(ds.Rows), int(ds.Columns))
             for ds in _by_position(sources)]
 
 

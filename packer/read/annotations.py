@@ -80,10 +80,6 @@ class SlicePlace:
     spacing: tuple[float, float]
     rows: int
     columns: int
-    #: Its own Slice Thickness (mm; per frame of an enhanced object, from Pixel Measures), None where
-    #: the header gives none (Type 2: empty), or 0, a negative or no number: what tells a SEG frame
-    #: drawn on this slice from a thicker slab that merely references it (:mod:`packer.read.seg`)
-    thickness: float | None = None
 
     def affine(self) -> np.ndarray:
         """4×4 map from (row, column, 0, 1) pixel indices to patient mm: pixel (r, c) has its

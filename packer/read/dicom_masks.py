@@ -139,8 +139,7 @@ def _places(series: Series, geometry: Mapping[str, SliceGeometry]) -> tuple[Slic
         if position is None or g.orientation is None or g.spacing is None:
             return None
         out.append(SlicePlace(sop_uid=g.sop_uid, frame=frame, position=position, orientation=g.orientation,
-                              spacing=g.spacing, rows=g.rows, columns=g.columns,
-                              thickness=g.thicknesses[frame] if frame < len(g.thicknesses) else None))
+                              spacing=g.spacing, rows=g.rows, columns=g.columns))
     return tuple(out)
 
 

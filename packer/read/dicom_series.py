@@ -28,7 +28,6 @@ from packer.read.dicom_attrs import (
     floats,
     functional_item,
     sequence_items,
-    slice_thickness,
     sop_class_name,
 )
 from packer.read.dicom_objects import NM_RECONSTRUCTED
@@ -117,11 +116,6 @@ class SliceGeometry:
     #: localizer, an end slice under ``edge: skip``) is counted by in the manifest
     modality: str = ""
     sop_class: str = ""
-    #: Each frame's Slice Thickness (0018,0050) (mm): an enhanced object's from its Pixel Measures,
-    #: per frame, else shared, else the top level; None where absent, empty (Type 2), not positive or
-    #: malformed. Only a SEG's placement asks (a frame no thicker than the slice it references was
-    #: drawn on it), so an unusable value is unknown there, never a reason to refuse the file
-    thicknesses: tuple[float | None, ...] = ()
 
     @property
     def frames(self) -> int:
@@ -182,17 +176,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         frame_identity=_frame_identity(ds, frames) if frames > 1 else (),
         modality=str(element(ds, "Modality") or "").strip().upper(),
         sop_class=sop_class_name(str(element(ds, "SOPClassUID") or "").strip()),
-        thicknesses=tuple(_thickness(ds, frame) for frame in range(len(positions))),
     )
-
-
-def _thickness(ds: Dataset, frame: int) -> float | None:
-    """A frame's Slice Thickness (see :attr:`SliceGeometry.thicknesses`); None where it is unusable."""
-    try:
-        value = slice_thickness(ds, frame)
-    except DamagedElement:
-        return None
-    return value if value is not None and value > 0 else None
 
 
 def _detector(ds: Dataset) -> Dataset | None:

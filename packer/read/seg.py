@@ -28,22 +28,12 @@ Rules (the README's, stated once here):
   plane has no spacing, whatever it says). Any other frame is on *another
   grid*: ``grid="require"`` → ``mask_geometry``; ``grid="resample"`` → the whole segment is
   resampled by nearest neighbour.
-- **Drawn on its slice**: a frame that references one slice, lies on it (1e-3 mm along the
-  normal), is on its in-plane grid (all of the above but the slice spacing) and is no thicker
-  than that slice (its SliceThickness against the slice's own, both known, within 1e-4) was
-  drawn on it, and is copied onto it whatever the SEG's SpacingBetweenSlices: an annotator who
-  draws every other slice makes a SEG whose frames are two steps apart (highdicom writes that
-  gap), and the slices between, never drawn on, stay empty. A thicker frame is a slab of a
-  thicker reconstruction, and where either thickness is unknown the two cannot be told apart:
-  both keep the spacing rule above.
 - **Resampling** (nearest neighbour in patient coordinates): each slice pixel centre takes the
   SEG plane nearest along the SEG's normal, provided it lies within half the SEG's own slice
   spacing (SpacingBetweenSlices, else the smallest gap between its frame planes, else
   SliceThickness, else the series' spacing), since a SEG omits empty frames and a farther plane
   says nothing about this point; then the SEG pixel whose centre is nearest in that plane
   (``floor(x + 0.5)``: a centre exactly midway takes the higher index); 0 outside the frame.
-  Frames drawn on their slice, in a segment resampled for its other frames, are copied onto
-  that slice alone: a slice pixel nearest one of them takes nothing from a farther frame.
 - **FRACTIONAL**: a voxel is on when ``stored / MaximumFractionalValue >= threshold``
   (inclusive: 0.5 keeps a voxel stored at exactly half); a stored value above
   MaximumFractionalValue is ``mask_values``. BINARY: on where the bit is 1. LABELMAP (highdicom
@@ -82,8 +72,6 @@ SEG_CLASSES = (SEG_STORAGE, "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Lab
 ORIENTATION_TOL = 1e-4  # cosines
 SPACING_RTOL = 1e-4  # relative
 IN_PLANE_TOL_MM = 1e-3
-#: The placements that copy a frame onto its slice pixel for pixel (:meth:`_Series.place`)
-_COPIED = ("copy", "drawn")
 #: How far a SEG's SpacingBetweenSlices may differ from the series' slice spacing (relative) and
 #: still be its grid: DS text rounds both, and a 1% difference is far below a slice
 SLICE_SPACING_RTOL = 1e-2
@@ -164,19 +152,16 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
                 notes.append(f"segment {number} ({label!r}) has no frames: empty")
             continue
         placed = [(f, *geometry.place(f, seg.Rows, seg.Columns)) for f in own]
-        off = [p for p in placed if p[2] not in _COPIED]
+        off = [p for p in placed if p[2] != "copy"]
         if off and grid == "require":
             raise _placement_error(path, off[0], geometry, seg, label)
         pixels = _Pixels(path, seg, kind, number, scale, threshold)
-        # every frame copied; else the frames drawn on their slice, and the rest resampled as ever
-        pasted = placed if not off else [p for p in placed if p[2] == "drawn"]
-        for frame, index, _ in pasted:
-            assert index is not None  # "copy" and "drawn" always name their slice
-            painter.paint(structure, index, pixels.mask(frame), source=label)
         if not off:
+            for frame, index, _ in placed:
+                assert index is not None  # "copy" always names its slice
+                painter.paint(structure, index, pixels.mask(frame), source=label)
             continue
-        outside = _resample(path, own, pixels, slices, geometry, between, structure, painter, label,
-                            pasted=frozenset(f.index for f, _, _ in pasted))
+        outside = _resample(path, own, pixels, slices, geometry, between, structure, painter, label)
         if outside:
             notes.append(f"segment {number} ({label!r}): {outside} of its {len(own)} frames lie on no slice of the "
                          "series (beyond its ends, or where a slice is missing) and were not painted")
@@ -420,14 +405,11 @@ class _Series:
         return 0.5 * spacing
 
     def place(self, frame: _Frame, rows: int, columns: int) -> tuple[int | None, str]:
-        """(slice index, status): ``copy`` (same grid), ``drawn`` (drawn on the slice it references,
-        though the SEG's slice spacing is not the series': :meth:`_drawn_on`), ``grid`` (another
-        grid), ``outside`` (on no slice), ``ambiguous`` (on two), ``contradicts`` (its reference
-        and position disagree)."""
+        """(slice index, status): ``copy`` (same grid), ``grid`` (another grid), ``outside``
+        (on no slice), ``ambiguous`` (on two), ``contradicts`` (its reference and position disagree)."""
         half = self.half(frame.between or frame.thickness)
         named = {self.by_source[s] for s in frame.sources if s in self.by_source}
-        referenced = len(named) == 1
-        if referenced:
+        if len(named) == 1:
             index = named.pop()
             if frame.position is not None and abs(float(np.dot(frame.position, self.normal)) - self.depth[index]) > (
                     half * (1 + 1e-6)):
@@ -442,42 +424,19 @@ class _Series:
                 same = self._same_plane_grid(frame, int(near[0]), rows, columns)
                 return int(near[0]), "ambiguous" if same else "grid"
             index = int(near[0])
-        if self._same_grid(frame, index, rows, columns):
-            return index, "copy"
-        return index, "drawn" if referenced and self._drawn_on(frame, index, rows, columns) else "grid"
-
-    def _drawn_on(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
-        """Whether the frame, which references slice ``index`` alone, was drawn on it: it lies on it
-        (within :data:`IN_PLANE_TOL_MM` along the normal), on its pixel grid (rows, columns,
-        orientation, pixel spacing, in-plane origin), and is no thicker than it (both Slice
-        Thicknesses known; :data:`SPACING_RTOL`). Such a frame is that slice's whatever the SEG's
-        SpacingBetweenSlices: an annotator who draws every other slice makes a SEG whose frames are
-        two steps apart, and the slices between were never drawn on. A thicker frame is a slab of a
-        thicker reconstruction, and a thickness unknown cannot tell the two apart: both keep the
-        slice spacing's verdict (another grid)."""
-        place = self.slices[index]
-        if frame.position is None or frame.thickness is None or place.thickness is None:
-            return False
-        if frame.thickness > place.thickness * (1 + SPACING_RTOL):
-            return False
-        if abs(float(np.dot(frame.position, self.normal)) - self.depth[index]) > IN_PLANE_TOL_MM:
-            return False
-        return self._same_in_plane(frame, index, rows, columns) and self._same_origin(frame, index)
+        return index, "copy" if self._same_grid(frame, index, rows, columns) else "grid"
 
     def _same_plane_grid(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
         """Rows, columns, orientation, pixel spacing and (where the SEG says it) slice spacing
         equal (position along the normal aside)."""
-        return self._same_in_plane(frame, index, rows, columns) and self._same_slice_spacing(frame)
-
-    def _same_in_plane(self, frame: _Frame, index: int, rows: int, columns: int) -> bool:
-        """Rows, columns, orientation and pixel spacing equal."""
         if not self.slices:
             return False
         place = self.slices[index]
         turned = float(np.max(np.abs(frame.orientation - np.asarray(place.orientation, dtype=np.float64))))
         pairs = zip(frame.spacing, place.spacing, strict=True)
         return ((rows, columns) == (place.rows, place.columns) and turned <= ORIENTATION_TOL
-                and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs))
+                and all(abs(a - b) <= SPACING_RTOL * max(abs(a), abs(b)) for a, b in pairs)
+                and self._same_slice_spacing(frame))
 
     def _same_slice_spacing(self, frame: _Frame) -> bool:
         """False where the frame's SpacingBetweenSlices and the series' spacing (median gap) are
@@ -493,12 +452,6 @@ class _Series:
             return False
         if frame.position is None:
             return True  # placed by reference alone: its grid is its source's
-        return self._same_origin(frame, index)
-
-    def _same_origin(self, frame: _Frame, index: int) -> bool:
-        """The frame's first pixel within :data:`IN_PLANE_TOL_MM` of the slice's, in the slice plane."""
-        if frame.position is None:
-            return False
         place = self.slices[index]
         offset = frame.position - np.asarray(place.position, dtype=np.float64)
         x = np.asarray(place.orientation[:3], dtype=np.float64)
@@ -604,12 +557,9 @@ def _seg_spacing(frames: Sequence[_Frame], geometry: _Series) -> float:
 
 
 def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequence[SlicePlace],
-              geometry: _Series, between: float, structure: Structure, painter: Painter, label: str,
-              pasted: frozenset[int] = frozenset()) -> int:
+              geometry: _Series, between: float, structure: Structure, painter: Painter, label: str) -> int:
     """Paint one segment resampled by nearest neighbour onto every slice; returns how many of
-    its frames no slice pixel took (beyond the series). ``pasted``: the indices of its frames
-    already copied onto the slice they were drawn on, which reach no other: they are planes still
-    (a slice pixel nearest one takes nothing from a farther frame), and paint nothing here."""
+    its frames no slice pixel took (beyond the series)."""
     if any(f.position is None for f in frames):
         raise AnnotationError("mask_geometry", (
             f"{path}: segment {label!r} has frames without Plane Position (0020,9113) on another grid than "
@@ -644,8 +594,6 @@ def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequ
             points = centres[chosen]
             for frame in members[int(plane)]:
                 assert frame.position is not None
-                if frame.index in pasted:
-                    continue
                 offset = points - frame.position
                 col = np.floor(offset @ frame.orientation[:3] / frame.spacing[1] + 0.5).astype(np.int64)
                 row = np.floor(offset @ frame.orientation[3:6] / frame.spacing[0] + 0.5).astype(np.int64)
@@ -659,7 +607,7 @@ def _resample(path: str, frames: Sequence[_Frame], pixels: _Pixels, slices: Sequ
                 hit[inside] = cache[frame.index][row[inside], col[inside]]
                 out[chosen] |= hit
         painter.paint(structure, index, out, source=label)
-    return sum(1 for f in frames if f.index not in used and f.index not in pasted)
+    return sum(1 for f in frames if f.index not in used)
 
 
 def _planes(sorted_depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
