@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -67,7 +68,17 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     to put the file somewhere else, for a file the user named; default: another output folder), from
     the OSError;
     a file where one of its folders must be raises :class:`packer.errors.ConfigError` naming it.
+
+    Only a regular file (or an absent one) is replaced: a ``path`` that is something else, a FIFO
+    (``-o >(gzip > r.gz)``), a device (``/dev/stdout``, ``/dev/null``) or a socket, is written
+    into as it is, with no temporary and no fsync (renaming over it would replace the pipe, or as
+    root the device node, with a file). A symbolic link stays a link: the file it resolves to is
+    the one replaced (or written into, when that is no regular file).
     """
+    path = _resolved(path)
+    if _is_special(path):
+        yield from _written_into(path, elsewhere)
+        return
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}" if shared
                          else path.name + TMP_SUFFIX)
     try:
@@ -99,6 +110,43 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _resolved(path: Path) -> Path:
+    """``path``, or where it leads when it is a symbolic link (links followed to the end, as
+    opening it would), so that :func:`atomic_output` replaces the file, not the link."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _is_special(path: Path) -> bool:
+    """Whether ``path`` exists as something that is neither a regular file nor a folder (a FIFO,
+    a device, a socket): :func:`atomic_output` writes into it. False where it is absent or cannot
+    be looked up (creating it then says why)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _written_into(path: Path, elsewhere: str | None) -> Iterator[BinaryIO]:
+    """:func:`atomic_output` for a FIFO, device or socket: opened and written as it is (a pipe's
+    reader gets the bytes as they come; a device takes no fsync). A refused or full one raises
+    the :class:`packer.errors.FileSystemError` a file would."""
+    try:
+        fh = open(path, "wb")  # noqa: SIM115  (closed below, after the caller's writes)
+    except OSError as err:
+        refused = refused_write(err, path, opening=True, elsewhere=elsewhere)
+        if refused is None:
+            raise
+        raise refused from err
+    try:
+        with fh:
+            yield fh
+    except OSError as err:
+        if (refused := refused_write(err, path, elsewhere=elsewhere)) is not None:
+            raise refused from err
+        raise
 
 
 #: A durable file asks the kernel to start writing back what it holds every this many bytes.
