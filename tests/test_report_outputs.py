@@ -10,15 +10,28 @@ folder, never a real device.
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
+import cv2
+import numpy as np
+import pytest
+import yaml
 from click.testing import CliRunner
+from pydicom.uid import ComputedRadiographyImageStorage as CR
 
 from packer.cli import main as CLI
+from packer.config import load_job
+from packer.demo import write_demo_key
 from packer.files import TMP_SUFFIX, atomic_output
+from packer.htmlreport.thumbs import Pane, composite_pane, sample_panes
+from packer.pipeline.build import BuildOptions, build
+from tests.dicom_files import image_dataset, save
 from tests.photo_jobs import build_tree, write_tree
 
 
@@ -112,3 +125,78 @@ def test_packer_report_writes_into_a_fifo_named_by_o(tmp_path: Path) -> None:
     assert reader.result().startswith(b"<!DOCTYPE html>")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert leftovers(tmp_path) == []
+
+
+# ------------------------------------------------- MONOCHROME1 kept as modality values (float16)
+# PS3.3 C.7.6.3.1.2: a MONOCHROME1 image's minimum displays white. A window (uint8, uint16, or a
+# float16 normalisation) inverts it when packing; plain `output: float16` keeps the stored values,
+# and the sample's metadata says a later window must invert them: the report's thumbnail must too.
+
+RAMP = np.tile(np.linspace(0, 4000, 32), (32, 1)).astype(np.uint16)  # low values left, high right
+
+
+def _brightness(pane: Pane) -> tuple[float, float]:
+    """Mean grey of the left and right edges of a pane's PNG."""
+    png = cv2.imdecode(np.frombuffer(base64.b64decode(pane.uri.split(",", 1)[1]), np.uint8), cv2.IMREAD_GRAYSCALE)
+    return float(png[:, :3].mean()), float(png[:, -3:].mean())
+
+
+def _float16_info(**metadata: Any) -> dict[str, Any]:
+    return {"metadata": {"windows": [], **metadata}}
+
+
+def test_float16_modality_values_of_monochrome1_are_shown_inverted() -> None:
+    ramp = RAMP.astype(np.float16)[None]
+    for info in (_float16_info(photometric_interpretation="MONOCHROME1"),
+                 _float16_info(photometric_interpretation="MONOCHROME1", presentation_lut_shape="INVERSE"),
+                 _float16_info(photometric_interpretation="MONOCHROME2", presentation_lut_shape="INVERSE")):
+        left, right = _brightness(sample_panes(ramp, info, "dicom")[0])
+        assert left > 200 and right < 50, info  # the minimum white, once: MONOCHROME1 with INVERSE is not undone
+        left, right = _brightness(composite_pane(ramp, info=info))  # a duplicate pair's pane
+        assert left > 200 and right < 50, info
+
+
+def test_values_a_window_already_inverted_and_monochrome2_are_shown_as_packed() -> None:
+    windowed = {"metadata": {"photometric_interpretation": "MONOCHROME1", "windows": [{"center": 2000, "width": 4000}]}}
+    inverted_ramp = (255 - np.rint(RAMP / 4000 * 255)).astype(np.uint8)[None]  # what the window packed
+    left, right = _brightness(sample_panes(inverted_ramp, windowed, "dicom")[0])
+    assert left > 200 and right < 50
+    zscore = {"metadata": {"photometric_interpretation": "MONOCHROME1",
+                           "windows": [{"source": "zscore", "inverted": True}]}}
+    left, right = _brightness(sample_panes(-(RAMP.astype(np.float16) - 2000)[None] / 1000, zscore, "dicom")[0])
+    assert left > 200 and right < 50  # -z: already inverted
+    for info in (_float16_info(photometric_interpretation="MONOCHROME2"), _float16_info(), {}):
+        left, right = _brightness(sample_panes(RAMP.astype(np.float16)[None], info, "dicom")[0])
+        assert left < 50 and right > 200, info
+
+
+@pytest.fixture(scope="module")
+def monochrome1_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The reports of one set of MONOCHROME1 radiographs built as uint8 and as float16."""
+    tmp = tmp_path_factory.mktemp("monochrome1")
+    for i in range(6):
+        ds = image_dataset(RAMP + i, photometric="MONOCHROME1", modality="CR", sop_class=CR,
+                           PatientID=f"P{i}", RescaleSlope=1, RescaleIntercept=0, WindowCenter=2000, WindowWidth=4000)
+        save(ds, tmp / "raw" / f"P{i}" / "cr.dcm")
+    reports = {}
+    for output in ("uint8", "float16"):
+        job = tmp / f"{output}.yaml"
+        job.write_text(yaml.safe_dump({
+            "name": f"cr{output}", "sources": [{"kind": "dicom", "root": "raw", "name": "cr", "label": "none"}],
+            "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
+                      "balance": {"accept": True}},
+            "transform": {"dicom": {"windows": ["file"], "output": output, "size": [32, 32]}},
+            "pack": {"format": "webdataset"}, "output": "out", "phi": {"key_file": str(write_demo_key(tmp, 3))}}))
+        result = build(load_job(job), BuildOptions(scheduler="sync", quiet=True))
+        reports[output] = (Path(result.manifest_path).parent / "report.html").read_text()
+    return reports
+
+
+def test_a_monochrome1_radiograph_looks_the_same_in_the_report_packed_as_uint8_or_float16(
+        monochrome1_reports: dict[str, str]) -> None:
+    for output, text in monochrome1_reports.items():
+        uris = re.findall(r'<figure class="cell" data-key="[^"]*"><div class="panes"><img src="([^"]*)"', text)
+        assert uris, output
+        for uri in uris:
+            left, right = _brightness(Pane(name="", uri=uri, width=0, height=0))
+            assert left > right + 100, f"{output}: the minimum (left) must display white"

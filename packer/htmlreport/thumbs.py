@@ -10,7 +10,12 @@ Display rules (the contact sheet states them too):
   B = their mean, C≥3 shows the first three channels as RGB;
 - a 2.5D neighbour stack (metadata ``neighbors``: slices −k…+k, each with its windows) shows
   each slice's first window, named by its offset (``-1 lung``, ``+0 lung``, ``+1 lung``), then
-  the composite of the centre slice's windows (``+0 composite``), which is what it is about.
+  the composite of the centre slice's windows (``+0 composite``), which is what it is about;
+- a grey DICOM sample packed as its modality values (``output: float16`` with no window:
+  ``metadata.windows`` empty) whose metadata says it displays inverted (``photometric_interpretation``
+  MONOCHROME1 or ``presentation_lut_shape`` INVERSE: its minimum displays white, PS3.3
+  C.7.6.3.1.2, C.11.6.1.2) is drawn inverted, as the window applied later inverts it and as
+  a windowed (uint8, uint16) or normalised build of the same file packs it (:func:`shown_inverted`).
 
 A sample with a segmentation mask shows it over its last pane (the sole one, the RGB image or the
 composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
@@ -74,6 +79,26 @@ def to_display(image: np.ndarray) -> np.ndarray:
         lo, hi = 0.0, 1.0
     scaled = (values - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(values)
     return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def shown_inverted(image: np.ndarray, info: dict[str, Any]) -> bool:
+    """Whether a packed sample's values still need inverting to display: float values packed with
+    no window (DICOM ``output: float16``, modality values as stored; ``metadata.windows`` empty)
+    whose record says they display inverted (``photometric_interpretation`` MONOCHROME1, or
+    ``presentation_lut_shape`` INVERSE; both together invert once, README Transforms step 5).
+    False where a window or a normalisation rendered them: those are inverted already."""
+    metadata = info.get("metadata")
+    if np.asarray(image).dtype.kind != "f" or not isinstance(metadata, dict) or metadata.get("windows"):
+        return False
+    return (metadata.get("photometric_interpretation") == "MONOCHROME1"
+            or metadata.get("presentation_lut_shape") == "INVERSE")
+
+
+def display_channels(image: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+    """C×H×W uint8 of a packed sample as it displays: :func:`as_chw`, :func:`to_display`, and
+    inverted where its values are not yet (:func:`shown_inverted`)."""
+    chw = to_display(as_chw(image))
+    return 255 - chw if shown_inverted(image, info) else chw
 
 
 def as_chw(image: np.ndarray) -> np.ndarray:
@@ -214,7 +239,7 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
                  max_channels: int = 4, mask: np.ndarray | None = None, pad: int | None = None) -> list[Pane]:
     """The panes that show one sample (see the module docstring for the rules); ``mask``: the
     sample's H×W class ids, drawn over the last pane (named ``… + mask``)."""
-    chw = to_display(as_chw(image))
+    chw = display_channels(image, info)
     mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
     shown: list[tuple[str, np.ndarray]]
     if isinstance(mapped, dict) and mapped.get("rule") == "replicate":
@@ -252,7 +277,7 @@ def centre_slice(chw: np.ndarray, stack: tuple[int, int]) -> np.ndarray:
 def composite_pane(image: np.ndarray, max_side: int = MAX_SIDE, info: dict[str, Any] | None = None) -> Pane:
     """One pane for a sample: RGB composite for C ≥ 2, grey for C = 1; of a neighbour stack
     (``info``, its record, says so), its centre slice's."""
-    chw = to_display(as_chw(image))
+    chw = display_channels(image, info or {})
     stack = neighbour_layout(info or {}, chw.shape[0])
     if stack is not None:
         chw = centre_slice(chw, stack)
