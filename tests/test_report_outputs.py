@@ -11,6 +11,7 @@ folder, never a real device.
 from __future__ import annotations
 
 import base64
+import html
 import os
 import re
 import stat
@@ -200,3 +201,39 @@ def test_a_monochrome1_radiograph_looks_the_same_in_the_report_packed_as_uint8_o
         for uri in uris:
             left, right = _brightness(Pane(name="", uri=uri, width=0, height=0))
             assert left > right + 100, f"{output}: the minimum (left) must display white"
+
+
+# ------------------------------------------------------------ the hover text of a thumbnail
+# Its lines are the caption's fields, `field: value` each; a value holding a line break (a quoted
+# CSV cell) must not start a line of its own, which could pass for another field.
+
+
+def test_a_label_or_entity_holding_control_characters_stays_on_its_own_hover_line(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    rows = []
+    for i in range(12):
+        rel = f"E{i // 2}/i{i}.png"
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(raw / rel), np.random.default_rng(i).integers(0, 255, (8, 8), dtype=np.uint8))
+        label = '"benign\nentity_id: P999"' if i % 2 else '"malignant\tgrade\r2"'
+        entity = f'"E{i // 2}\nsource: forged"' if i < 4 else f"E{i // 2}"
+        rows.append(f"{rel},{label},{entity}")
+    (raw / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "t", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1,
+                  "balance": {"accept": True}},
+        "transform": {"image": {"size": [8, 8], "color": "gray"}}, "pack": {"format": "webdataset"},
+        "output": "out"}))
+    result = build(load_job(tmp_path / "job.yaml"), BuildOptions(scheduler="sync", quiet=True))
+    text = (Path(result.manifest_path).parent / "report.html").read_text()
+    titles = [html.unescape(t) for t in re.findall(r'<img [^>]*?title="([^"]*)"', text)]
+    assert len(titles) == 12
+    for title in titles:
+        lines = title.split("\n")
+        fields = [line.split(":", 1)[0] for line in lines[1:]]
+        assert fields == ["label", "entity_id", "source", "shown"], lines
+        assert not any(c in title for c in "\r\t"), title
+    labels = {line for title in titles for line in title.split("\n") if line.startswith("label: ")}
+    assert labels == {"label: benign␊entity_id: P999", "label: malignant␉grade␍2"}
+    assert any("entity_id: E0␊source: forged" in title for title in titles)

@@ -21,21 +21,37 @@ def _display_size(pane: Pane) -> tuple[int, int]:
     return round(pane.width * scale), round(pane.height * scale)
 
 
+#: Characters that would break a hover line (or hide in it), drawn as a visible symbol instead:
+#: C0 controls as their Unicode Control Pictures (``\n`` → ``␊``, ``\t`` → ``␉``), DEL as ``␡``, and
+#: C1 controls and Unicode's line and paragraph separators as their code (``\x85``, ``\u2028``)
+_CONTROLS = str.maketrans({**{c: chr(0x2400 + c) for c in range(0x20)}, 0x7F: "\u2421",
+                           **{c: f"\\x{c:02x}" for c in range(0x80, 0xA0)},
+                           0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def _one_line(value: object) -> str:
+    """``value`` as text that stays on one line of a thumbnail's hover text, whose lines are its
+    caption's fields: a label or entity id holding a line break (a quoted CSV cell) would otherwise
+    start a line that passes for another field (``benign\\nentity_id: P999``)."""
+    return str(value).translate(_CONTROLS)
+
+
 def _cell(item: SheetItem, small: bool, target: Target) -> str:
     field = target.caption_field  # how the caption names the target (an unlabeled sample's has none)
-    caption = (f"{item.key}\n" + (f"{field}: {item.label}\n" if field else "")
-               + f"entity_id: {item.entity_id}\nsource: {item.source}")
+    lines = [_one_line(item.key), *([f"{field}: {_one_line(item.label)}"] if field else []),
+             f"entity_id: {_one_line(item.entity_id)}", f"source: {_one_line(item.source)}"]
     if len(item.panes) > 1 or item.panes[0].name.removesuffix(" + mask") not in ("RGB", "grey"):
-        caption += f"\nchannels: {', '.join(item.channels)}"
+        lines.append(f"channels: {', '.join(_one_line(name) for name in item.channels)}")
     if item.mask is not None:
-        caption += f"\nmask: {item.mask}"
+        lines.append(f"mask: {_one_line(item.mask)}")
     if item.damaged is not None:
-        caption += f"\nDAMAGED: {item.damaged}"
+        lines.append(f"DAMAGED: {_one_line(item.damaged)}")
+    caption = "\n".join(lines)
     imgs = []
     for pane in item.small if small else item.panes:
         w, h = _display_size(pane)
         imgs.append(f'<img src="{pane.uri}" width="{w}" height="{h}" alt="{esc(pane.name)}" '
-                    f'title="{esc(caption)}&#10;shown: {esc(pane.name)}">')
+                    f'title="{esc(caption)}&#10;shown: {esc(_one_line(pane.name))}">')
     if item.damaged is not None:  # said on the sample itself, not only in the finding at the top
         return (f'<figure class="cell damaged" data-key="{esc(item.key)}" data-damaged="checksum">'
                 f'<div class="panes">{"".join(imgs)}</div><figcaption title="{esc(item.key)}: {esc(item.damaged)}">'
