@@ -165,9 +165,12 @@ def test_thumbnails_show_each_class_in_its_legend_colour_over_the_image(builds: 
     for key, sample in samples.items():
         ((uri, alt, caption),) = shown[key]
         image, mask = np.asarray(sample["image"])[0].astype(np.float64), np.asarray(sample["mask"])[0]
-        held = sorted(set(np.unique(mask).tolist()) - {0})
+        held = set(np.unique(mask).tolist()) - {0}
+        classes, padded = ", ".join(map(str, sorted(held - {PAD}))), PAD in held  # the pad id is no class
         assert alt == "grey + mask"
-        assert f"mask: {', '.join(map(str, held))}" in caption if held else "mask: empty (all 0)" in caption
+        said = (classes + (f" (and pad {PAD})" if padded else "") if classes else
+                f"empty (0 and pad {PAD})" if padded else "empty (all 0)")
+        assert f"mask: {said}" in caption, (key, caption)
         bgr = decode_data_uri(uri)
         assert bgr.shape == (*image.shape, 3)  # 40×40: drawn at full size
         rgb = bgr[..., ::-1].astype(np.float64)

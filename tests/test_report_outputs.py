@@ -30,10 +30,13 @@ from packer.cli import main as CLI
 from packer.config import load_job
 from packer.demo import write_demo_key
 from packer.files import TMP_SUFFIX, atomic_output
+from packer.htmlreport import render_html_report
 from packer.htmlreport.thumbs import Pane, composite_pane, sample_panes
 from packer.pipeline.build import BuildOptions, build
 from tests.dicom_files import image_dataset, save
 from tests.photo_jobs import build_tree, write_tree
+from tests.test_masks import _photo_set, _photo_source, _png
+from tests.test_targets import _build, _job
 
 
 class FifoReader:
@@ -237,3 +240,30 @@ def test_a_label_or_entity_holding_control_characters_stays_on_its_own_hover_lin
     labels = {line for title in titles for line in title.split("\n") if line.startswith("label: ")}
     assert labels == {"label: benign␊entity_id: P999", "label: malignant␉grade␍2"}
     assert any("entity_id: E0␊source: forged" in title for title in titles)
+
+
+# ------------------------------------------------------------ a mask's caption and the mask table
+# `fit` pads a mask with its source's pad id (here 255): padding is no class, so a padded mask of
+# background only is empty in the splits table, and its caption must say so too.
+
+
+def test_a_padded_all_background_mask_is_captioned_empty_as_the_table_counts_it(tmp_path: Path) -> None:
+    sizes = [(60, 90), (90, 60), (48, 48), (40, 64), (64, 40), (50, 50)]
+    raw = _photo_set(tmp_path, sizes)
+    _png(raw / "masks" / "3.png", np.zeros(sizes[3], np.uint8))  # all background, padded by fit
+    split = {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "balance": {"accept": True}}
+    version = _build(_job(tmp_path, [_photo_source(raw)], split=split,
+                          transform={"image": {"size": [40, 40], "resize": "fit", "color": "gray"}})).version_dir
+    text = render_html_report(version)
+    captions = {key: html.unescape(title).split("\n") for key, title in
+                re.findall(r'<figure class="cell" data-key="([^"]*)"><div class="panes"><img [^>]*?title="([^"]*)"',
+                           text)}
+    assert len(captions) == len(sizes)
+    masks = {key: next(line for line in lines if line.startswith("mask: ")) for key, lines in captions.items()}
+    counted = re.search(r'data-field="mask-empty.total" data-value="(\d+)"', text)
+    assert counted is not None and int(counted.group(1)) == 1  # the table: one empty mask
+    assert sorted(m for m in masks.values() if m.startswith("mask: empty")) == ["mask: empty (0 and pad 255)"]
+    classes = [m.removeprefix("mask: ").split(" (")[0].split(", ") for m in masks.values()
+               if not m.startswith("mask: empty")]
+    assert classes and all("255" not in ids for ids in classes), masks  # the pad is named, not listed as a class
+    assert any(m.endswith(" (and pad 255)") for m in masks.values()), masks

@@ -425,6 +425,18 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
                      checksum=sample.checksum)
 
 
+def _mask_caption(pixels: dict[int, int], data: ReportData) -> str:
+    """The class ids a mask holds, as its thumbnail's hover text says them: the id ``fit`` pads
+    with is no class, so a mask of 0 and padding only is empty, as the splits table counts it
+    (:class:`~packer.htmlreport.stats.MaskCounts`); the pad is named after the classes."""
+    pad = data.mask.pad if data.mask is not None else None
+    padded = bool(pad) and pad in pixels
+    classes = ", ".join(str(i) for i in sorted(pixels) if i and i != pad)
+    if not classes:
+        return f"empty (0 and pad {pad})" if padded else "empty (all 0)"
+    return f"{classes} (and pad {pad})" if padded else classes
+
+
 def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetItem]) -> None:
     entry = rendered.entry
     damaged = None
@@ -446,8 +458,7 @@ def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetI
     if rendered.mask_pixels is not None:
         data.mask_ids.update(rendered.mask_pixels)
     if rendered.panes is not None and rendered.small is not None:
-        held = (None if rendered.mask_pixels is None else
-                ", ".join(str(i) for i in sorted(rendered.mask_pixels) if i) or "empty (all 0)")
+        held = None if rendered.mask_pixels is None else _mask_caption(rendered.mask_pixels, data)
         items[entry.key] = SheetItem(key=entry.key, label=data.describe(entry), entity_id=entry.entity_id,
                                      source=entry.source, channels=rendered.names, panes=rendered.panes,
                                      small=rendered.small, mask=held, damaged=damaged)
