@@ -485,6 +485,17 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
     if status == "grid":
         target = geometry.slices[index] if index is not None else (geometry.slices[0] if geometry.slices else None)
         other = _describe_slice(target, geometry.spacing) if target is not None else "no slice"
+        every = _every_nth(frame, index, geometry, rows, columns)
+        if every is not None:
+            return AnnotationError("mask_geometry", (
+                f"{head} lies on slice {index} of the series, on its grid, but the SEG's SpacingBetweenSlices "
+                f"{frame.between:g} mm is {every} times the series' slice step ({geometry.spacing:.4g} mm): its "
+                f"frames lie on every {_ordinal(every)} slice. The file does not say which it is: drawn on those "
+                "slices alone (the slices between were never annotated) or a segmentation of "
+                f"{frame.between:g} mm slabs (highdicom writes the source's SliceThickness either way). Set "
+                "mask.grid: resample to paint every slice from its nearest frame (the slab reading: it paints "
+                "slices no one drew if they were skipped), or re-export the SEG with a frame for every slice "
+                "(empty where nothing was drawn), which packs as drawn"))
         return AnnotationError("mask_geometry", (
             f"{head} lies on another grid ({_describe_frame(frame, rows, columns)}) than the series' slice "
             f"({other}); set mask.grid: resample to resample it by nearest neighbour onto the series"))
@@ -505,6 +516,25 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
         fix = ("a slice of the series is missing from the export (restore that file), or the SEG was made on "
                "other slices: link it to its own series, or set mask.grid: resample to resample it")
     return AnnotationError("annotation_frames", f"{head}{depth} {what} ({span}); {fix}")
+
+
+def _every_nth(frame: _Frame, index: int | None, geometry: _Series, rows: int, columns: int) -> int | None:
+    """N (2 or more) where ``frame`` lies on slice ``index`` (which it references, or where it lies)
+    on the series' own in-plane grid and only the SEG's SpacingBetweenSlices, N times the series'
+    step, sets it apart: a SEG on every N-th slice of the series. Else None."""
+    if index is None or frame.position is None or not frame.between or not geometry.spacing:
+        return None
+    if abs(float(np.dot(frame.position, geometry.normal)) - geometry.depth[index]) > 1e-3:
+        return None
+    ratio = frame.between / geometry.spacing
+    every = round(ratio)
+    if every < 2 or abs(ratio - every) > SLICE_SPACING_RTOL * every:
+        return None
+    return every if geometry._same_grid(replace(frame, between=None), index, rows, columns) else None
+
+
+def _ordinal(n: int) -> str:
+    return {2: "other", 3: "third"}.get(n, f"{n}th")
 
 
 class _Pixels:
