@@ -488,9 +488,10 @@ def _placement_error(path: str, off: tuple[_Frame, int | None, str], geometry: _
         every = _every_nth(frame, index, geometry, rows, columns)
         if every is not None:
             return AnnotationError("mask_geometry", (
-                f"{head} lies on slice {index} of the series, on its grid, but the SEG's SpacingBetweenSlices "
-                f"{frame.between:g} mm is {every} times the series' slice step ({geometry.spacing:.4g} mm): its "
-                f"frames lie on every {_ordinal(every)} slice. The file does not say which it is: drawn on those "
+                f"{head} lies on slice {index} of the series, on its in-plane grid, but is spaced otherwise "
+                f"({_describe_frame(frame, rows, columns)}; the series' slice: {other}): the SEG's spacing is "
+                f"{every} times the series' slice step, its frames on every {_ordinal(every)} slice. The file "
+                "does not say which it is: drawn on those "
                 "slices alone (the slices between were never annotated) or a segmentation of "
                 f"{frame.between:g} mm slabs (highdicom writes the source's SliceThickness either way). Set "
                 "mask.grid: resample to paint every slice from its nearest frame (the slab reading: it paints "
