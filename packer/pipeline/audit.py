@@ -378,7 +378,9 @@ def _time_order_findings(samples: _Samples, ranges: Mapping[str, tuple[str, str]
             "split": later, f"{earlier}_samples_after": len(after),
             f"{earlier}_samples": [samples.where(i) for i in after[:MAX_MEMBERS]],
             "fix": f"these {earlier} records fall in {later}'s period (from its cutoff on; each entity is split "
-                   "whole, where its first record falls): split.entity_policy: drop_straddlers drops them instead"})
+                   "whole, with the entities whose images its images duplicate, where the first record of that "
+                   "group falls: an entity whose own first record is later was pulled back by a copy, see "
+                   "duplicates_span_entities): split.entity_policy: drop_straddlers drops them instead"})
         if show_dates:
             finding.update({"starts": starts, f"latest_{earlier}": latest})
             if later in ranges:
