@@ -128,18 +128,62 @@ def test_rle_segment_length_walk_accepts_a_real_ct_slice(tmp_path: Path) -> None
 # ---------------------------------------------------------------- a rescale that flattens what is packed
 
 
-def test_tiny_slope_with_intercept_zero_is_constant_image_under_float16_and_a_window(tmp_path: Path) -> None:
+def test_tiny_slope_with_intercept_zero_is_constant_image_as_float16_modality_values(tmp_path: Path) -> None:
     """Rescale Slope 1e-30, Intercept 0: the float64 modality values of the lowest and highest
-    stored value differ (0 and 3e-27), yet every packed value is one: float16 makes them all 0.0,
-    a 40/400 window makes them all level 102. README: constant_image."""
+    stored value differ (0 and 3e-27), yet `output: float16` without a window packs every pixel
+    as one value, 0.0. README: constant_image."""
     path = save(ct_dataset(ct_pixels((16, 16), low=1), slope=1e-30, intercept=0.0), tmp_path / "tiny.dcm")
-    for found in (issue_of(read(path, output="float16"), "constant_image", "validate"),
-                  issue_of(read(path, SOFT_TISSUE), "constant_image", "validate")):
-        assert found.message.startswith("tiny.dcm: frame 0: (0028,1053) Rescale Slope 1e-30 and (0028,1052) "
-                                        "Rescale Intercept 0"), found.message
-        assert "the header is corrupt, fix it" in found.message
-    assert "float16" in issue_of(read(path, output="float16"), "constant_image").message
-    assert "level 102" in issue_of(read(path, SOFT_TISSUE), "constant_image").message
+    found = issue_of(read(path, output="float16"), "constant_image", "validate")
+    assert found.message.startswith("tiny.dcm: frame 0: (0028,1053) Rescale Slope 1e-30 and (0028,1052) "
+                                    "Rescale Intercept 0"), found.message
+    assert "float16" in found.message and "the header is corrupt, fix it" in found.message, found.message
+
+
+def test_tiny_slope_under_a_job_window_packs_and_under_the_files_own_window_keeps_its_verdict(tmp_path: Path) -> None:
+    """The same file under a 40/400 job window packs (every pixel level 102): a window renders
+    the float64 modality values, never float16 ones, and what a job's window makes of a file is
+    the job's choice, as a bone window on soft tissue is (an earlier version refused it, blaming
+    the header, and so refused valid near-constant slices too: -3024/-3023 HU under 40/80). The
+    file's own window 40/80 rendering it as one level stays constant_image, as before (the
+    file's window is judged: fix the window, or name one)."""
+    path = save(ct_dataset(ct_pixels((16, 16), low=1), slope=1e-30, intercept=0.0), tmp_path / "tiny.dcm")
+    assert np.unique(samples_of(read(path, SOFT_TISSUE))[0].image).tolist() == [102]
+    found = issue_of(read(path), "constant_image", "validate")
+    assert "Window Center 40 / Window Width 80" in found.message, found.message
+
+
+def test_float16_modality_values_past_float16s_range_are_non_finite_not_constant(tmp_path: Path) -> None:
+    """A PET frame with Rescale Slope 1000 (stored 100..199: 100000..199000 Bq/ml) is a valid
+    header, but float16 holds nothing past 65504: every value would be inf. That is non_finite,
+    with its fix (a window and uint8/uint16), not constant_image blaming the header (inf == inf)."""
+    px = np.random.default_rng(0).integers(100, 200, (16, 16), dtype=np.int16)
+    path = save(ct_dataset(px, slope=1000.0, intercept=0.0, center=None, width=None, Modality="PT"),
+                tmp_path / "pet.dcm")
+    found = issue_of(read(path, output="float16"), "non_finite", "transform")
+    assert "199000" in found.message and "uint8/uint16 with a window" in found.message, found.message
+    assert "corrupt" not in found.message, found.message
+
+
+def test_a_job_window_that_renders_a_near_constant_slice_as_one_level_packs(tmp_path: Path) -> None:
+    """A CT slice of air (stored -2000/-1999: -3024/-3023 HU, Rescale Intercept -1024, a valid
+    header) under a 40/80 job window is all level 0: the window's choice, packed."""
+    near = np.full((16, 16), -2000, np.int16)
+    near[::2] = -1999
+    path = save(ct_dataset(near, center=None, width=None), tmp_path / "air.dcm")
+    assert np.unique(samples_of(read(path, window(40.0, 80.0), output="uint8"))[0].image).tolist() == [0]
+
+
+@pytest.mark.parametrize("windows", [(), (window(40.0, 80.0),)], ids=["float16_values", "uint8_window"])
+def test_a_series_near_constant_slice_is_context_as_an_exactly_constant_one_is(tmp_path: Path,
+                                                                                 windows: tuple[Any, ...]) -> None:
+    """Under sample: {neighbors: k} a series' constant slice is context; a slice of -3024/-3023
+    HU, one value in float16, is no less so: it packs too, float16 values or windowed."""
+    output = "uint8" if windows else "float16"
+    near = np.full((16, 16), -2000, np.int16)
+    near[::2] = -1999
+    for name, pixels in (("near.dcm", near), ("constant.dcm", np.full((16, 16), -2000, np.int16))):
+        path = save(ct_dataset(pixels, center=None, width=None), tmp_path / name)
+        assert samples_of(read(path, *windows, output=output, sample="neighbors")), name
 
 
 def test_tiny_slope_whose_values_stay_distinct_in_the_output_packs(tmp_path: Path) -> None:

@@ -299,39 +299,32 @@ def _rescale_defect(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, mod
 
 
 def _rescale_flattens(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
-                      vois: tuple[VoiTransform, ...], output: str, frame: int) -> Issue | None:
-    """``constant_image`` where a Rescale Slope/Intercept takes this frame's distinct stored values
-    (H×W, ``padding`` left out) to modality values float64 keeps apart (:func:`_rescale_defect`
-    passed them) but float16 does not, while it does keep the stored values apart: the rescale
-    collapsed them (a slope of 1e-30 with intercept 0 gives 1e-30..3e-27, all 0.0 in float16).
-    Refused where what is packed is one value too: ``float16`` output without a window (``vois``
-    empty: float16 modality values), or one level under every window (a 40/400 window: all 102).
-    A window that keeps such values apart (one as narrow as they are) packs; a window that
-    clips values the rescale kept apart is the job's choice (:func:`_flat_windows`). Monotone,
-    so the lowest and the highest stored value decide; a VOI LUT is not judged."""
+                      frame: int) -> Issue | None:
+    """``constant_image`` where ``output: float16`` without a window packs this frame's modality
+    values and a Rescale Slope/Intercept takes its distinct stored values (H×W, ``padding`` left
+    out) to modality values float64 keeps apart (:func:`_rescale_defect` passed them) but float16
+    does not, while it does keep the stored values apart: the rescale collapsed them (a slope of
+    1e-30 with intercept 0 gives 1e-30..3e-27, all 0.0 in float16), and every packed pixel would
+    be that one value. Monotone, so the lowest and the highest stored value decide. Not judged:
+    ends past float16's range (both inf: the render's ``non_finite`` says so, with its fix), a
+    window (it renders the float64 values: a job's window that clips them is the job's choice, a
+    file's own is :func:`_flat_windows`'s), a series' slice (context, as a constant one is: the
+    caller's ``by_series`` guard)."""
     real = stored[~padding] if padding.any() else stored
-    if real.size == 0 or any(voi.lut is not None for voi in vois):
+    if real.size == 0:
         return None
     low, high = real.min(), real.max()
     ends = to_modality_values(np.array([[low, high]], dtype=np.float64), modality)
-    halves = ends.astype(np.float16)
-    if low == high or halves[0, 0] != halves[0, 1] or np.float16(low) == np.float16(high):
+    with np.errstate(over="ignore"):
+        halves = ends.astype(np.float16)
+    if (low == high or not np.isfinite(halves).all() or halves[0, 0] != halves[0, 1]
+            or np.float16(low) == np.float16(high)):
         return None
-    where = (f"frame {frame}: (0028,1053) Rescale Slope {modality.slope:g} and (0028,1052) Rescale Intercept "
-             f"{modality.intercept:g} take stored values {low:g}..{high:g} to {ends[0, 0]:g}..{ends[0, 1]:g}, one "
-             f"value, {float(halves[0, 0]):g}, in float16")
-    if not vois:
-        return _issue(ref, "validate", "constant_image",
-                      f"{where}, as output float16 packs them: every pixel would be that value and the image would "
-                      "carry no information; the header is corrupt, fix it")
-    levels = [quantise(apply_voi(ends, voi, display_dtype(output))[:, :, None], output)[0, :, 0].tolist()
-              for voi in vois]
-    if any(pair[0] != pair[1] for pair in levels):
-        return None
-    named = ", ".join(f"{voi.name} → level {pair[0]}" for voi, pair in zip(vois, levels, strict=True))
     return _issue(ref, "validate", "constant_image",
-                  f"{where}, and every window renders them as one level ({named}): the image would carry no "
-                  "information; the header is corrupt, fix it")
+                  f"frame {frame}: (0028,1053) Rescale Slope {modality.slope:g} and (0028,1052) Rescale Intercept "
+                  f"{modality.intercept:g} take stored values {low:g}..{high:g} to {ends[0, 0]:g}..{ends[0, 1]:g}, "
+                  f"one value, {float(halves[0, 0]):g}, in float16, as output float16 packs them: every pixel would "
+                  "be that value and the image would carry no information; the header is corrupt, fix it")
 
 
 def _flat_windows(ref: SampleRef, stored: np.ndarray, padding: np.ndarray, modality: ModalityTransform,
@@ -436,9 +429,9 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         return _render_normalised(ref, ds, stored[:, :, 0], frame, mask, modality, cfg, specs, inverted, spacing,
                                   finish)
     if cfg.output == "float16":
-        flat = None if modality.lut is not None else _rescale_flattens(ref, stored[:, :, 0], mask, modality, (),
-                                                                         cfg.output, frame)
-        if flat is not None:
+        # a series' near-constant slice is context, as a constant one is
+        if modality.lut is None and not cfg.by_series and (
+                flat := _rescale_flattens(ref, stored[:, :, 0], mask, modality, frame)) is not None:
             return flat
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask,
@@ -452,9 +445,6 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
     vois = _resolve_vois(ref, ds, frame, modality, cfg, stored[:, :, 0], mask)
     if isinstance(vois, Issue):
         return vois
-    if modality.lut is None and (flat := _rescale_flattens(ref, stored[:, :, 0], mask, modality, vois, cfg.output,
-                                                           frame)) is not None:
-        return flat
     if not cfg.by_series:  # a series' blank slice is context, as a constant one is
         flat = _flat_windows(ref, stored[:, :, 0], mask, modality, vois, cfg.output, frame)
         if flat is not None:
