@@ -1,9 +1,10 @@
 """A NIfTI file whose header was damaged so that its voxels pack wrong is refused, naming the file:
 
 - a scl_slope so small (1e-30, scl_inter 0) that the stored values, scaled, all round to one
-  value where packer keeps modality values (float16): every voxel would pack as one value
-  (0.0 under ``windows: []``, one grey under a CT window) — ``constant_image``; a real small slope
-  (an ADC in mm²/s, a PET's Bq/ml to SUV) whose values stay apart packs;
+  float16 value where packer packs them as float16 (``windows: []``): every voxel would pack
+  as 0.0 — ``constant_image``; a real small slope (an ADC in mm²/s, a PET's Bq/ml to SUV) whose
+  values stay apart packs, and so does any scaling under a window or a normalisation, which
+  work on the float32 values (an ADC in m²/s, ~1e-9, as nibabel saves it in int16);
 - a dim or datatype damaged smaller (dim[1] 12 → 11, dim[3] one short, int16 relabelled int8),
   so that the header's voxels end before the file's (or the inflated stream's) data does and the
   bytes past them are not zero: read by the header, the volume packs sheared or as garbage —
@@ -92,21 +93,62 @@ def write(folder: Path, name: str, data: bytes) -> Path:
 # ------------------------------------------------------------------------------- scl_slope
 
 
-@pytest.mark.parametrize("transform", [VALUES_FLOAT16, CT_WINDOW_UINT8], ids=["values_float16", "ct_window_uint8"])
 @pytest.mark.parametrize("slope", [1e-30, -1e-30, 1e-20])
-def test_a_slope_that_scales_every_stored_value_to_one_packed_value_is_a_constant_image(
-        tmp_path: Path, transform: dict[str, Any], slope: float) -> None:
+def test_a_slope_that_scales_every_stored_value_to_one_float16_value_is_a_constant_image(
+        tmp_path: Path, slope: float) -> None:
     """int16 stored values -600..800 times a scl_slope of 1e-30 are distinct float32 numbers
-    (1e-27 apart), so a check of the float32 values passed them, yet every one is 0.0 in float16
-    (packer's modality values) and level 102 under a 40/400 window: the volume packed as one
-    value. The file is constant_image, naming it and the scaling, ending with the fix."""
+    (1e-27 apart), so a check of the float32 values passed them, yet every one is 0.0 in float16,
+    as ``windows: []`` packs them: the volume would pack as one value. The file is constant_image,
+    naming it and the scaling, ending with the fix."""
     path = write(tmp_path, "tiny_slope.nii", with_header(nifti_bytes(ct_volume(), AFFINE), scl_slope=slope,
                                                           scl_inter=0.0))
-    found = outcome(path, transform)
+    found = outcome(path, VALUES_FLOAT16)
     assert isinstance(found, Issue) and (found.reason, found.stage) == ("constant_image", "validate"), found
     assert str(path) in found.message and "scl_slope" in found.message and f"{slope:g}" in found.message
     assert "float16" in found.message, found.message
     assert any(word in found.message.rsplit(";", 1)[-1] for word in ("fix", "export")), found.message
+
+
+def test_a_tiny_slope_under_a_job_window_packs_as_the_window_renders_it(tmp_path: Path) -> None:
+    """The same scl_slope of 1e-30 under a 40/400 window packs, every voxel level 102: a window
+    renders the float32 values, not float16 ones, and what it makes of them is the job's choice
+    (an earlier version refused it, and so refused valid small-valued files under any window)."""
+    path = write(tmp_path, "tiny_slope.nii", with_header(nifti_bytes(ct_volume(), AFFINE), scl_slope=1e-30,
+                                                          scl_inter=0.0))
+    assert np.unique(packed(outcome(path, CT_WINDOW_UINT8))).tolist() == [102]
+
+
+NORMALISED: dict[str, dict[str, Any]] = {
+    "default_windows": {"sample": "volume"},
+    "zscore_float16": {"windows": ["zscore"], "output": "float16", "sample": "volume"},
+    "percentiles_uint8": {"windows": [{"percentiles": [1, 99]}], "output": "uint8", "sample": "volume"},
+}
+
+
+def adc_in_si_units(folder: Path) -> Path:
+    """An ADC map in m²/s (0.2e-9..3e-9) saved by nibabel as int16: nibabel picks scl_slope ~4e-14
+    and scl_inter ~1.6e-9 itself, a valid header."""
+    adc = np.random.default_rng(0).uniform(0.2e-9, 3.0e-9, (12, 10, 8))
+    image = nib.Nifti1Image(adc, AFFINE)
+    image.set_data_dtype(np.int16)
+    nib.save(image, folder / "adc.nii.gz")
+    return folder / "adc.nii.gz"
+
+
+@pytest.mark.parametrize("name", list(NORMALISED))
+def test_a_valid_small_valued_scaling_packs_under_windows_and_normalisation(tmp_path: Path, name: str) -> None:
+    """The nibabel-saved ADC map in m²/s under the default windows (percentiles 0.5/99.5), a
+    z-score or a percentile window: each normalises its float32 values, which are far apart
+    there, so it packs hundreds of levels; float16 precision is not what is packed."""
+    assert np.unique(packed(outcome(adc_in_si_units(tmp_path), NORMALISED[name]))).size > 100
+
+
+def test_a_valid_small_valued_scaling_packed_as_float16_values_is_a_constant_image(tmp_path: Path) -> None:
+    """The same ADC map under ``windows: []`` would pack every voxel as 0.0 (float16 has nothing
+    between 0 and 6e-8): constant_image, as the rule says; a window or a normalisation packs it."""
+    found = outcome(adc_in_si_units(tmp_path), VALUES_FLOAT16)
+    assert isinstance(found, Issue) and found.reason == "constant_image", found
+    assert "float16" in found.message, found.message
 
 
 @pytest.mark.parametrize(("slope", "inter"), [(1e-6, 0.0), (1e-4, 0.0), (0.001, 2000.0)],

@@ -34,7 +34,7 @@ as float32: CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
 the file ``non_finite`` (unless the job fills them: :func:`fill_non_finite`), a volume of one value
 ``constant_image``, and so does a scaling under which differing stored values all round to one
-float16 value (a scl_slope of 1e-30).
+float16 value (a scl_slope of 1e-30) where the job packs the values themselves (``windows: []``).
 """
 
 from __future__ import annotations
@@ -721,11 +721,13 @@ def fill_non_finite(volume: Volume, rule: float | str) -> FilledVoxels | None:
     return FilledVoxels(nan=nan, inf=inf, rule=rule, values=tuple(used))
 
 
-def check_values(volume: Volume, header: NiftiHeader | None = None) -> None:
+def check_values(volume: Volume, header: NiftiHeader | None = None, *, packs_values: bool = False) -> None:
     """Raise :class:`NiftiDefect` for NaN or infinite voxels (``non_finite``) or a volume of one
     value (``constant_image``): neither can be windowed or normalised into a usable sample.
-    ``header`` (the file's): where it sets a scaling, a volume whose values differ but all round
-    to one float16 value is ``constant_image`` too (:func:`_scaled_flat`)."""
+    ``header`` (the file's) and ``packs_values`` (the job packs the values themselves as float16,
+    ``windows: []``): where both hold and the header sets a scaling, a volume whose values differ
+    but all round to one float16 value is ``constant_image`` too (:func:`_scaled_flat`). A window
+    or a normalisation works on the float32 values and is not judged by it."""
     values = volume.array
     if not values.size:
         return
@@ -741,16 +743,15 @@ def check_values(volume: Volume, header: NiftiHeader | None = None) -> None:
         raise NiftiDefect("constant_image", f"every voxel is {float(values.flat[0]):g} (after scl_slope/scl_inter); "
                                             "the volume carries no information; fix the scaling fields if they are "
                                             "wrong, or remove the file", stage="validate")
-    if header is not None and header.slope is not None:
+    if packs_values and header is not None and header.slope is not None:
         _scaled_flat(low, high, header)
 
 
 def _scaled_flat(low: float, high: float, header: NiftiHeader) -> None:
     """Raise ``constant_image`` where the scaled values' extremes ``low`` < ``high`` (float32)
-    round to one float16 value, the precision packer keeps modality values in (``windows: []``):
-    a scl_slope so far out (1e-30 with scl_inter 0: values 1e-27 apart) that every stored value
-    lands on one modality value as packed, 0.0, and on one level under any window of modality
-    values (a 40/400 CT window: 102). The scaling is linear, so the extremes decide for every
+    round to one float16 value, as ``windows: []`` packs them (the caller asks only then): a
+    scl_slope so far out (1e-30 with scl_inter 0: values 1e-27 apart) that every stored value
+    lands on one value as packed, 0.0. The scaling is linear, so the extremes decide for every
     voxel. A real small slope (1e-6 for an ADC in mm²/s: values down to 6e-8 stay apart in
     float16) packs; so does a file whose scaled values pass float16's range (the packed
     ``float16`` sample's own check judges that)."""
@@ -759,10 +760,11 @@ def _scaled_flat(low: float, high: float, header: NiftiHeader) -> None:
         return
     raise NiftiDefect("constant_image", f"scl_slope {header.slope:g} and scl_inter {header.inter or 0.0:g} take its "
                                         f"stored values to {low:g}..{high:g}, which all round to one value, "
-                                        f"{float(ends[0]):g}, in float16 (the precision packer keeps modality values "
-                                        "in): every voxel would pack as one value, under any window, and the volume "
-                                        "would carry no information; the header's scaling is damaged: fix scl_slope "
-                                        "and scl_inter, or export the file again", stage="validate")
+                                        f"{float(ends[0]):g}, in float16 (as windows: [] packs them): every voxel "
+                                        "would pack as one value and the volume would carry no information; fix "
+                                        "scl_slope and scl_inter if the header's scaling is damaged, or pack the "
+                                        "file under a window or a normalisation, or export it again",
+                      stage="validate")
 
 
 

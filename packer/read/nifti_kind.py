@@ -385,7 +385,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
             if cfg.fill is not None and (done := fill_non_finite(volume, cfg.fill)) is not None:
                 filled[name] = done.to_json()
                 notes.append(done.note(name))
-            check_values(volume, header)
+            check_values(volume, header, packs_values=STORED_VALUES in cfg.windows)
             notes.extend(constant_volume_notes(volume, name))
         except NiftiDefect as defect:
             if name != IMAGE_CHANNEL and not defect.opened:  # the row names it, the disk has it not
