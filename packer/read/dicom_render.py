@@ -229,7 +229,10 @@ def _resolve_vois(ref: SampleRef, ds: Dataset, frame: int, modality: ModalityTra
                 raise ValueError("a percentiles window needs the frame's stored values")
             if values is None:
                 values = to_modality_values(stored, modality)
-            return _normalised(spec, values, padding, frame)
+            got = _normalised(spec, values, padding, frame)
+            # a fallback says so, as resolve_window's fallback_<kind>: a percentiles window standing in
+            # for a file's missing one is told from one the job asked for
+            return replace(got, source="fallback_percentiles") if fallback else got
         return resolve_window(spec, offer, fallback=fallback)
 
     vois = []

@@ -149,7 +149,8 @@ def apply_voi(values: np.ndarray, voi: VoiTransform, dtype: type[np.floating] = 
         return invert_monochrome1(y) if monochrome1 else y
     if voi.center is None or voi.width is None:
         raise ValueError(f"window {voi.name!r} has no center/width and no VOI LUT")
-    if voi.source == "percentiles" and voi.width == 0:  # both percentiles one value: the clip decides alone
+    # both percentiles one value (asked for, or standing in for a file's missing window): the clip decides alone
+    if voi.source in ("percentiles", "fallback_percentiles") and voi.width == 0:
         above = np.asarray(values, dtype=np.float64) > voi.center  # as apply_percentiles reads a volume
         return (~above if monochrome1 else above).astype(dtype)
     return apply_window(values, voi.center, voi.width, voi.function, dtype, invert=monochrome1)
