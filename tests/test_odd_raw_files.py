@@ -251,3 +251,51 @@ def test_compressed_images_and_archives_in_an_image_source_are_left_out_saying_t
     assert left["c.webp.xz"][1].startswith("an image compressed with xz (.xz)")
     assert left["more.zip"][1].startswith("a zip archive (.zip), whose files packer does not read: an image source")
     assert left["photos.tar.gz"][1].startswith("a gzip-compressed tar archive (.tar.gz)")
+
+
+def _pets(folder: Path, name: str = "pets", output: str = "data/packed") -> Path:
+    """An image job over ``folder/data`` (12 PNGs in two class folders) whose output lies under its root."""
+    data = folder / "data"
+    for i in range(12):
+        path = data / ("cat" if i % 2 else "dog") / f"{i}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(path), np.random.default_rng(i).integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    doc = {"name": name, "sources": [{"kind": "image", "root": "data", "label": "folder"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "pack": {"format": "webdataset"}, "output": output, "validate": {"max_bad_fraction": 0.5}}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_job_whose_output_lies_under_its_root_never_lists_its_own_shards(tmp_path: Path) -> None:
+    """output: data/packed under root: data. A rebuild listed the first build's shards
+    (data/packed/pets/<version>/train-000000.tar) as archives to unpack, so each rebuild of the same
+    raw files made a new version with a growing input count. The job's output folder is no input."""
+    job = _pets(tmp_path)
+    first = packer.build(job, scheduler="sync", progress=False, report=False)
+    second = packer.build(job, scheduler="sync", progress=False, report=False)
+    assert first.data["inputs"] == {"files": 12, "samples": 12}
+    assert second.data["inputs"] == first.data["inputs"]
+    assert second.data["version"] == first.data["version"]
+    assert list((tmp_path / "data" / "packed" / "pets" / first.data["version"]).glob("*.tar"))
+    found = discover(load_job(job))
+    assert not [ref.relpath for ref in found.refs if ref.relpath.startswith("packed/")]
+    assert found.excluded == [] and found.issues == [] and found.warnings == []
+
+
+def test_another_jobs_version_folder_under_the_root_is_skipped_and_said_once_without_unpack_advice(
+        tmp_path: Path) -> None:
+    """A version folder of packer's (manifest.json and _index.parquet beside its shards) under a
+    root, built by another job or moved there, holds a build's output, not raw files: its .tar
+    shards are not archives to unpack. It is skipped, and one warning says so."""
+    packer.build(_pets(tmp_path, "old", output=str(tmp_path / "elsewhere")), scheduler="sync", progress=False,
+                 report=False)
+    old = next((tmp_path / "elsewhere" / "old").iterdir())
+    shutil.copytree(old, tmp_path / "data" / "archive" / "old" / old.name)
+    found = discover(load_job(_pets(tmp_path, output=str(tmp_path / "out"))))
+    assert len(found.refs) == 12 and found.excluded == [] and found.issues == []
+    said = [w for w in found.warnings if "packer" in w and "version" in w]
+    assert len(said) == 1, found.warnings
+    assert f"archive/old/{old.name}" in said[0] and "unpack" not in said[0]

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from packer.config import MAPPING_JOB, JobConfig, SourceConfig, SplitConfig
 from packer.errors import ConfigError
 from packer.keys import KeyParts, make_key, parse_key
+from packer.manifest import INDEX_FILE, SPLITS_FILE
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
 from packer.pipeline.rawstore import (
@@ -59,7 +60,7 @@ from packer.read.kinds import SourceKind, source_kind
 from packer.read.opening import link_text
 from packer.records import Excluded, Issue, SampleRef, safe_key
 from packer.redact import note_names
-from packer.storage import is_url
+from packer.storage import MANIFEST_FILE, build_cache_dir, is_url, resolve_output
 from packer.where import failed
 
 
@@ -248,6 +249,74 @@ def _suffix(relpath: str) -> str:
     return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
 
 
+def own_output_folders(job: JobConfig) -> tuple[str, ...]:
+    """Where builds of ``job`` write, as absolute local paths or URLs: its dataset folder
+    ``<output>/<name>/`` (a URL output's too, and the local folder it is built in under the work
+    folder) and its build cache in the work folder (:func:`~packer.storage.build_cache_dir`). A
+    source root may hold them (``root: data``, ``output: data/packed``): nothing in them is
+    raw input, and a listing that took the first build's shards for archives to unpack made every
+    rebuild a new version (:func:`_without_packer_output`)."""
+    output, remote = resolve_output(job.output)
+    folders = [os.fspath(output / job.name), os.fspath(build_cache_dir(job.name, remote or os.fspath(output)))]
+    if remote is not None:
+        folders.append(f"{remote.rstrip('/')}/{job.name}")
+    return tuple(folders)
+
+
+def _relative_folders(root: Path | str, folders: Sequence[str]) -> list[str]:
+    """The relative paths under ``root`` (a local folder or a URL) of those of ``folders`` that lie
+    under it (``""`` for the root itself), real paths compared for a local root."""
+    out = []
+    if isinstance(root, str):
+        top = root.rstrip("/") + "/"
+        for folder in folders:
+            if is_url(folder) and (folder.rstrip("/") + "/").startswith(top):
+                out.append(folder.rstrip("/")[len(top):])
+        return out
+    real_root = os.path.realpath(root)
+    for folder in folders:
+        if is_url(folder):
+            continue
+        rel = os.path.relpath(os.path.realpath(folder), real_root)
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            out.append("" if rel == os.curdir else rel.replace(os.sep, "/"))
+    return out
+
+
+def _version_folders(relpaths: Iterable[str]) -> set[str]:
+    """The folders (relative paths, ``""`` for the root) among ``relpaths`` that are version folders
+    of packer's: each holds the sample index (``_index.parquet``) beside ``manifest.json`` or the
+    splits table, as every build writes them (a version whose build stopped before its manifest
+    has the two tables)."""
+    names: defaultdict[str, set[str]] = defaultdict(set)
+    for rel in relpaths:
+        folder, _, name = rel.rpartition("/")
+        if name in (INDEX_FILE, MANIFEST_FILE, SPLITS_FILE):
+            names[folder].add(name)
+    return {folder for folder, held in names.items() if INDEX_FILE in held and len(held) > 1}
+
+
+def _without_packer_output(relpaths: Sequence[str], own: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``relpaths`` without the files under the job's own output folders (``own``: relative
+    folders, :func:`own_output_folders`) and under any version folder of packer's
+    (:func:`_version_folders`: another job's, or one copied there): a build's shards are no raw
+    files, nor archives to unpack. Also the version folders skipped outside ``own``, sorted, for
+    one warning (the job's own output is skipped unsaid)."""
+    versions = _version_folders(relpaths)
+    skipped = set(own) | versions
+    if not skipped:
+        return list(relpaths), []
+
+    def under(rel: str) -> bool:
+        if "" in skipped:
+            return True
+        parts = rel.split("/")
+        return any("/".join(parts[:depth]) in skipped for depth in range(1, len(parts)))
+
+    said = sorted(v for v in versions if not any(v == o or v.startswith(o + "/") or o == "" for o in own))
+    return [rel for rel in relpaths if not under(rel)], said
+
+
 def _verdict(kind: SourceKind, relpath: str) -> bool | None:
     """Whether the file at ``relpath`` is one of ``kind``'s by its name, None when only its head can tell."""
     return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
@@ -265,7 +334,8 @@ def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> s
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
                     quiet: bool = False, unsupported: dict[str, str] | None = None,
                     unlisted: list[tuple[str, OSError]] | None = None,
-                    aliases: list[tuple[str, str]] | None = None) -> list[str]:
+                    aliases: list[tuple[str, str]] | None = None, own: Sequence[str] = (),
+                    skipped: list[str] | None = None) -> list[str]:
     """Relative paths of the files of a ``kind`` source under ``root``: those its name says are
     the kind's (:meth:`~packer.read.kinds.SourceKind.lists`), plus those whose head the kind
     recognises where the name cannot tell (a DICOM file without a suffix: :meth:`sniff`); hidden
@@ -273,11 +343,16 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
     the kind finds but cannot read (a WebP image: :meth:`unsupported`) go into ``unsupported``
     (relative path → what it is and what to do), where given; folders that cannot be listed into
     ``unlisted``, folders whose files are listed at other paths into ``aliases``
-    (:func:`_walk_relpaths`). A long walk shows a ``listing``
+    (:func:`_walk_relpaths`). Nothing under the job's own output folders (``own``, absolute:
+    :func:`own_output_folders`) or a version folder of packer's is listed; the latter go into
+    ``skipped`` (:func:`_without_packer_output`). A long walk shows a ``listing``
     progress line (files found), a long look at heads a ``sniffing`` one (files looked at),
     unless ``quiet``."""
     with stage_progress("listing", None, unit="files", quiet=quiet) as walking:
         walked = _walk_relpaths(root, follow_links, links, walking, unlisted, aliases)
+    walked, said = _without_packer_output(walked, _relative_folders(root, own))
+    if skipped is not None:
+        skipped.extend(said)
     out = []
     with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
         for rel in walked:
@@ -301,18 +376,29 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
 
 def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] | None = None, *,
                        unsupported: list[tuple[str, str, str]] | None = None,
-                       present: set[str] | None = None) -> list[RemoteFile]:
+                       present: set[str] | None = None, own: Sequence[str] = (),
+                       skipped: list[str] | None = None) -> list[RemoteFile]:
     """The raw files of a source whose root is a URL, by the rules of :func:`source_relpaths`
     (``unsupported``: (relative path, URL, what it is) of each, in order; ``present``: where the
     relative path of every object under the root goes, listed or not), sorted by relative
     path. Files only a head can tell (extension-less DICOM candidates) cost one ranged read each
     (concurrent); the others are not read. A file shorter than a head cannot be the kind's, but
     where ``unsupported`` is asked for, its head is read too (one more ranged read), so that it
-    is described by its bytes as a local root's is ("a file of 5 bytes", not "an empty file")."""
+    is described by its bytes as a local root's is ("a file of 5 bytes", not "an empty file"). As
+    there, the job's own output (``own``) and packer's version folders (into ``skipped``) are
+    not listed."""
     if not isinstance(source.root, str):
         raise TypeError(f"sources.{source.name}.root is a local folder, not a URL")
     kind = source_kind(source.kind)
     files = list_remote_files(source.root, storage_options=storage_options, where=f"sources.{source.name}.root")
+    if present is not None:
+        present.update(f.relpath for f in files)
+    kept_rels, said = _without_packer_output([f.relpath for f in files], _relative_folders(source.root, own))
+    if skipped is not None:
+        skipped.extend(said)
+    if len(kept_rels) < len(files):
+        keep = set(kept_rels)
+        files = [f for f in files if f.relpath in keep]
     verdicts = [_verdict(kind, f.relpath) for f in files]
     unsure = [f for f, verdict in zip(files, verdicts, strict=True)
               if verdict is None and kind.head_bytes
@@ -321,8 +407,6 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
     head_of = {f.relpath: head for f, head in zip(unsure, heads, strict=True)}  # an empty file: b""
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
-    if present is not None:
-        present.update(f.relpath for f in files)
     if unsupported is not None:
         taken = {f.relpath for f in kept}
         unsupported.extend((f.relpath, f.url, what) for f, verdict in zip(files, verdicts, strict=True)
@@ -381,21 +465,26 @@ def _link_out(path: Path, root: Path) -> Path | None:
 def _listed_files(source: SourceConfig, allow_outside: bool, storage_options: Mapping[str, Any] | None,
                   links: list[str] | None = None, *, quiet: bool = False,
                   unsupported: list[tuple[str, str, str]] | None = None, present: set[str] | None = None,
-                  unlisted: list[tuple[str, OSError]] | None = None, aliases: list[tuple[str, str]] | None = None
+                  unlisted: list[tuple[str, OSError]] | None = None, aliases: list[tuple[str, str]] | None = None,
+                  own: Sequence[str] = (), skipped: list[str] | None = None
                   ) -> tuple[list[tuple[str, str]], dict[str, RawObject]]:
     """(relative path, path or URL) of every raw file of the source, sorted, and for a URL root
     what the listing said about each file (by URL). ``links``: where the links to folders that
     were not entered go (without ``allow_outside``); ``unsupported``: where (relative path, path
     or URL, what it is) of each file of a format the source's kind cannot read goes, sorted;
     ``present``: for a URL root, where the relative path of every object under it goes;
-    ``aliases``: where the folders whose files are listed at other paths go (:func:`_walk_relpaths`)."""
+    ``aliases``: where the folders whose files are listed at other paths go (:func:`_walk_relpaths`);
+    ``own``, ``skipped``: the job's output folders, not listed, and where the version folders of
+    packer's skipped go (:func:`_without_packer_output`)."""
     if isinstance(source.root, str):
-        remote = list_remote_source(source, storage_options, unsupported=unsupported, present=present)
+        remote = list_remote_source(source, storage_options, unsupported=unsupported, present=present, own=own,
+                                    skipped=skipped)
         return [(f.relpath, f.url) for f in remote], {f.url: f.stat for f in remote}
     root = os.fspath(source.root)
     by_rel: dict[str, str] = {}
     relpaths = source_relpaths(source_kind(source.kind), source.root, follow_links=allow_outside, links=links,
-                               quiet=quiet, unsupported=by_rel, unlisted=unlisted, aliases=aliases)
+                               quiet=quiet, unsupported=by_rel, unlisted=unlisted, aliases=aliases, own=own,
+                               skipped=skipped)
     if unsupported is not None:
         unsupported.extend((rel, os.path.join(root, rel), what) for rel, what in sorted(by_rel.items()))
     return [(rel, os.path.join(root, rel)) for rel in relpaths], {}
@@ -1278,6 +1367,27 @@ def _unsupported_note(unsupported: Sequence[tuple[str, str, str]]) -> str:
     return f"It found {len(unsupported)} file(s) of formats it does not read ({counted}): {unsupported[0][2]}. "
 
 
+def _versions_note(versions: Sequence[str]) -> str:
+    """The sentence a source's no-files config error adds where the root holds packer's version
+    folders (:func:`_without_packer_output`), which are not listed."""
+    if not versions:
+        return ""
+    where = "the root itself" if versions[0] == "" else versions[0]
+    return (f"It holds {len(versions)} version folder(s) of a packer build ({where}), which are its output, not raw "
+            "files: point the root at the raw files the dataset was built from. ")
+
+
+def _versions_warning(source: SourceConfig, versions: Sequence[str], *, hide_names: bool = False) -> str:
+    """The warning naming the version folders of packer's under a source's root, skipped
+    (:func:`_without_packer_output`), or ``""`` for none."""
+    if not versions:
+        return ""
+    first = "" if hide_names else f" ({versions[0]}{', ...' if len(versions) > 1 else ''})"
+    return (f"sources.{source.name}: {len(versions)} folder(s) under the root are version folders of a packer "
+            f"build{first} (manifest.json and _index.parquet beside its shards): a build's output, not raw files; "
+            "they are not listed. Move them out of the root to silence this")
+
+
 def _unsupported_files(source: SourceConfig, unsupported: Sequence[tuple[str, str, str]],
                        placed: Placed, table: Path | str | None, phi: Pseudonymizer | None,
                        real_paths: dict[str, str] | None = None) -> list[Excluded]:
@@ -1335,12 +1445,13 @@ def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
                  where: str = "sources[0]", relative_to: str = "the job file", quiet: bool = False,
-                 split: SplitConfig | None = None) -> SourceFound:
+                 split: SplitConfig | None = None, own: Sequence[str] = ()) -> SourceFound:
     """The refs of one source, its table-only issues, what it left out, and its remote listing.
     ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors;
     ``relative_to``: what its relative paths are relative to, for them too. ``quiet``: no
     progress lines (:func:`~packer.progress.stage_progress`). ``split``: the job's (a file's rows
-    must agree on its ``by: column`` cell, :func:`place_rows`)."""
+    must agree on its ``by: column`` cell, :func:`place_rows`). ``own``: the job's output folders,
+    never listed (:func:`own_output_folders`)."""
     as_written = _check_root(source, where, relative_to)
     kind = source_kind(source.kind)
     table = source.label_table
@@ -1354,8 +1465,9 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     unlisted: list[tuple[str, OSError]] = []
     unsupported: list[tuple[str, str, str]] = []
     present: set[str] = set()  # a URL root's objects, listed or not: what a table row names is there or not
+    versions: list[str] = []  # packer's version folders under the root, not listed
     files, listed = _listed_files(source, allow_outside, storage_options, links, quiet=quiet, unsupported=unsupported,
-                                  present=present, unlisted=unlisted, aliases=aliases)
+                                  present=present, unlisted=unlisted, aliases=aliases, own=own, skipped=versions)
     real_paths: dict[str, str] = {}  # by sample id, where a record holds the path escaped
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi, real_paths)
     masks_out: list[Excluded] = []
@@ -1364,7 +1476,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
-                          + _unsupported_note(unsupported) + "Check the root, or remove the source from the job")
+                          + _unsupported_note(unsupported) + _versions_note(versions)
+                          + "Check the root, or remove the source from the job")
     relpaths = [rel for rel, _ in files]
     if phi is not None and phi.active:  # a folder or file name may be a patient's: no message prints it bare
         note_names(_path_names(relpaths))
@@ -1408,7 +1521,8 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
         refs = refs.take(pc.sort_indices(refs.arrow("relpath")).to_numpy())
     own_entity = entity_warning(source, refs, records.columns if records else (), rows,
                                 hide_ids=phi is not None and phi.active)
-    warnings_said = [w for w in (_mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
+    warnings_said = [w for w in (_versions_warning(source, versions, hide_names=phi is not None and phi.active),
+                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
                                  _aliased_class_warning(source, aliases, linked,
                                                         hide_names=phi is not None and phi.active))
                      if w]
@@ -1652,11 +1766,12 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     real_paths: dict[str, str] = {}
     own_entity: dict[int, str] = {}  # where in ``said`` each source's entity_warning goes: by source name
     allow_outside = job.safety.outside_root == "allow"
+    own = own_output_folders(job)
     for index, source in enumerate(job.sources):
         try:
             found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]",
                                  relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file",
-                                 quiet=quiet, split=job.split)
+                                 quiet=quiet, split=job.split, own=own)
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(found.refs)
