@@ -194,8 +194,9 @@ def test_compressed_dicom_files_and_archives_in_a_dicom_source_are_left_out_sayi
     for i in range(4):
         save(ct_dataset(ct_pixels(seed=i), PatientID=f"P{i}"), root / f"slice{i}.dcm")
     one = (root / "slice0.dcm").read_bytes()
-    (root / "slice4.dcm.gz").write_bytes(gzip.compress(one))
-    for name in [*COMPRESSED_DICOM[1:], *ARCHIVES, *NOT_DICOM]:
+    for name in ("slice4.dcm.gz", "IM0005.gz", "1.2.840.113619.2.55.3.9.gz"):  # the last two: told by their bytes
+        (root / name).write_bytes(gzip.compress(one))
+    for name in [*COMPRESSED_DICOM[2:-1], *ARCHIVES, *NOT_DICOM]:
         (root / name).write_bytes(b"\x1f\x8b not read" * 20)
     job = _job(tmp_path, root)
     result = packer.validate(job, scheduler="sync", progress=False)
@@ -299,3 +300,36 @@ def test_another_jobs_version_folder_under_the_root_is_skipped_and_said_once_wit
     said = [w for w in found.warnings if "packer" in w and "version" in w]
     assert len(said) == 1, found.warnings
     assert f"archive/old/{old.name}" in said[0] and "unpack" not in said[0]
+
+
+def test_a_compressed_file_under_a_dicom_source_is_called_a_dicom_file_only_by_its_bytes_or_a_dicom_name(
+        tmp_path: Path) -> None:
+    """A receiver's rotated logs beside its export (storescp.log.1.gz, syslog.2.gz, README.gz) were
+    called "a DICOM file compressed with gzip": a name without a suffix, or ending in digits, was
+    read as an export's image. A .gz, .bz2 or .xz is now one where its first decompressed bytes
+    carry DICM at byte 128, or its name decompressed has a DICOM suffix; a .zst (no decoder in
+    the standard library) where its name is a UID or has a DICOM suffix. Any other stays
+    unlisted, as a .log does: a stream that does not decompress too."""
+    import bz2
+    import lzma
+
+    images = _export(tmp_path / "export", patients=3)
+    one = (images / "IM0000").read_bytes()
+    big = bytes(np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8))  # bzip2 decodes whole blocks
+    called = {"IM0005.gz": gzip.compress(one), "1.2.840.113619.2.55.3.9.gz": gzip.compress(one),
+              "IM0006.bz2": bz2.compress(one[:128] + b"DICM" + big), "IM0007.xz": lzma.compress(one),
+              "broken.dcm.gz": b"\x1f\x8b cut short", "1.2.840.113619.2.55.3.10.zst": b"(\xb5/\xfd not read",
+              "scan.ima.zst": b"(\xb5/\xfd not read"}
+    log = b"I: Association Received\n" * 40
+    unlisted = {"storescp.log.1.gz": gzip.compress(log), "syslog.2.gz": gzip.compress(log),
+                "README.gz": gzip.compress(log), "VERSION.bz2": bz2.compress(log), "messages.3.xz": lzma.compress(log),
+                "IM0008.gz": b"\x1f\x8b not a gzip stream" * 10, "IM0009.zst": b"(\xb5/\xfd not read",
+                "storescp.log.4.zst": b"(\xb5/\xfd not read", "empty.gz": b""}
+    for name, data in {**called, **unlisted}.items():
+        (images / name).write_bytes(data)
+    found = discover(load_job(_job(tmp_path, tmp_path / "export")))
+    assert sorted(Path(ref.path).name for ref in found.refs) == ["IM0000", "IM0001", "IM0002"]
+    left = {Path(e.path).name: e.detail for e in found.excluded}
+    assert sorted(left) == sorted(called)
+    assert all(d.startswith("a DICOM file compressed with ") for d in left.values())
+    assert left["IM0006.bz2"].startswith("a DICOM file compressed with bzip2 (.bz2)")

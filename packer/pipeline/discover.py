@@ -15,16 +15,18 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import functools
 import hashlib
+import io
 import os
 import posixpath
 import re
 from collections import Counter, defaultdict
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from stat import S_ISFIFO, S_ISREG
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow.compute as pc
@@ -56,6 +58,7 @@ from packer.pipeline.tables import (
     written_from_base,
 )
 from packer.progress import Progress, stage_progress
+from packer.read.archives import compressed
 from packer.read.kinds import SourceKind, source_kind
 from packer.read.opening import link_text
 from packer.records import Excluded, Issue, SampleRef, safe_key
@@ -322,13 +325,31 @@ def _verdict(kind: SourceKind, relpath: str) -> bool | None:
     return kind.lists_name(relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath))
 
 
-def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None) -> str | None:
+def _opener(path: str) -> Callable[[], BinaryIO]:
+    """What opens the local file at ``path`` for reading bytes, when called."""
+    return lambda: open(path, "rb")  # the caller closes it
+
+
+def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None,
+                 read: Callable[[], BinaryIO] | None = None) -> str | None:
     """What an unlisted file at ``relpath`` is, where ``kind`` finds but cannot read it
     (:meth:`unsupported`), or, where its name could not tell and its ``head`` did not make it
-    one of the kind's, what that head says (:meth:`unrecognised`)."""
+    one of the kind's, what that head says (:meth:`unrecognised`). For a file compressed whole
+    with gzip, bzip2 or xz (``IM0035.gz``) that head is what it decompresses to, from the file
+    ``read`` opens (:meth:`~packer.read.archives.Compressed.decoded_head`; ``b""`` where it
+    cannot be opened now): its name says nothing of what it holds (``syslog.2.gz``)."""
     name, suffix = relpath.rsplit("/", 1)[-1].lower(), _suffix(relpath)
     said = kind.unsupported(name, suffix)
-    return said if said is not None or head is None else kind.unrecognised(name, suffix, head)
+    if said is not None or head is None:
+        return said
+    squeezed = compressed(name)
+    if squeezed is not None and squeezed.peekable and read is not None:
+        try:
+            with read() as fh:
+                head = squeezed.decoded_head(fh.read, kind.head_bytes)
+        except OSError:  # gone or locked since its head was read: nothing of it decoded
+            head = b""
+    return kind.unrecognised(name, suffix, head)
 
 
 def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, links: list[str] | None = None, *,
@@ -368,7 +389,9 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
                     unsupported[rel] = what
             elif verdict or (verdict is None and kind.head_bytes and kind.sniff(head)):
                 out.append(rel)
-            elif unsupported is not None and (what := _unsupported(kind, rel, head if verdict is None else None)):
+            elif unsupported is not None and (what := _unsupported(
+                    kind, rel, head if verdict is None else None,
+                    _opener(os.path.join(root, rel)))):
                 unsupported[rel] = what
             sniffing.update()
     return out
@@ -406,13 +429,23 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     heads = read_heads(source.root, [f.relpath for f in unsure], kind.head_bytes, storage_options) if unsure else []
     recognised = {f.relpath for f, head in zip(unsure, heads, strict=True) if kind.sniff(head)}
     head_of = {f.relpath: head for f, head in zip(unsure, heads, strict=True)}  # an empty file: b""
+    # a file compressed whole (IM0035.gz) is told by what it decompresses to: its start is read
+    # once more, as far as its decoder needs (bzip2: a whole block), from which _unsupported decodes
+    peeked: defaultdict[int, list[str]] = defaultdict(list)  # by how much of each to read
+    for f in unsure:
+        squeezed = compressed(f.relpath.rsplit("/", 1)[-1].lower())
+        if unsupported is not None and f.relpath not in recognised and squeezed is not None and squeezed.peekable:
+            peeked[squeezed.peek_bytes].append(f.relpath)
+    starts = {rel: start for size, rels in peeked.items()
+              for rel, start in zip(rels, read_heads(source.root, rels, size, storage_options), strict=True)}
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
     if unsupported is not None:
         taken = {f.relpath for f in kept}
         unsupported.extend((f.relpath, f.url, what) for f, verdict in zip(files, verdicts, strict=True)
                            if f.relpath not in taken and (what := _unsupported(
                                kind, f.relpath, head_of.get(f.relpath, b"") if verdict is None and kind.head_bytes
-                               else None)) is not None)
+                               else None, functools.partial(io.BytesIO, starts[f.relpath])
+                               if f.relpath in starts else None)) is not None)
     return kept
 
 

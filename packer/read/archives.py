@@ -4,16 +4,33 @@ No source kind reads inside a compressed file (other than a NIfTI kind's ``.nii.
 archive; a kind that finds one of its own files compressed (``x.dcm.gz``, ``img.png.gz``) or any
 archive (``series.zip``, ``series.tar.gz``) under its root names it as ``unsupported_format``
 (:meth:`packer.read.kinds.SourceKind.unsupported`) with the fix this module words, so that no
-such file vanishes from the counts unsaid.
+such file vanishes from the counts unsaid. What a file compressed with gzip, bzip2 or xz holds
+is told by the first bytes it decompresses to (:meth:`Compressed.decoded_head`), not guessed from
+its name: a rotated log ``syslog.2.gz`` is no DICOM file named by a UID.
 """
 
 from __future__ import annotations
 
+import bz2
+import lzma
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 #: Single-file compressors by suffix: (name, command that decompresses a file in place)
 COMPRESSORS = {".gz": ("gzip", "gunzip"), ".bz2": ("bzip2", "bunzip2"), ".xz": ("xz", "unxz"),
                ".zst": ("Zstandard", "unzstd --rm")}
+
+
+#: The compressors the standard library decodes, by suffix (a decompressor with ``decompress(data,
+#: max_length)`` and ``eof``): their files' heads can be looked at
+_DECODERS: dict[str, Callable[[], Any]] = {".gz": lambda: zlib.decompressobj(wbits=31), ".bz2": bz2.BZ2Decompressor,
+                                           ".xz": lzma.LZMADecompressor}
+#: The most of a compressed file read to decompress its head: bzip2 gives nothing before its
+#: first whole block (up to 900 kB of data, a little more compressed); gzip and xz give it at once
+PEEK_LIMIT = 1 << 20
+_PEEK_CHUNK = 64 << 10
 
 #: Archives by how their names end (longest first): (what, command that unpacks one into FOLDER)
 ARCHIVES = (
@@ -58,6 +75,40 @@ class Compressed:
     suffix: str
     inner: str
     command: str
+
+    @property
+    def peekable(self) -> bool:
+        """Whether the standard library decodes its compressor (gzip, bzip2, xz; not Zstandard),
+        so that :meth:`decoded_head` can tell what it holds."""
+        return self.suffix in _DECODERS
+
+    @property
+    def peek_bytes(self) -> int:
+        """How much of the file to fetch at once to decode its head from, where it is read whole
+        rather than as a stream (a URL root's ranged read): bzip2 needs its first whole block."""
+        return PEEK_LIMIT if self.suffix == ".bz2" else _PEEK_CHUNK
+
+    def decoded_head(self, read: Callable[[int], bytes], size: int) -> bytes:
+        """The first ``size`` bytes the file decompresses to, its bytes got from ``read`` (a
+        file's ``read``; at most :data:`PEEK_LIMIT` of them are asked for): fewer where the
+        stream ends first, and only those that decoded before it broke where it is no such
+        stream or a damaged one (``b""`` for a log named ``.gz`` by mistake, or an empty file),
+        which is no verdict on the file but what it holds as far as it can be read. Only for a
+        :attr:`peekable` one (ValueError otherwise)."""
+        if not self.peekable:
+            raise ValueError(f"{self.inner}{self.suffix}: no decoder for {self.compressor} in the standard library")
+        decoder = _DECODERS[self.suffix]()
+        out, taken = b"", 0
+        try:
+            while len(out) < size and taken < PEEK_LIMIT and not decoder.eof:
+                chunk = read(_PEEK_CHUNK)
+                if not chunk:
+                    break
+                taken += len(chunk)
+                out += decoder.decompress(chunk, size - len(out))
+        except (zlib.error, OSError, lzma.LZMAError, EOFError):  # bz2 says a bad stream with OSError
+            return out  # what decoded before the stream broke
+        return out[:size]
 
     @property
     def inner_suffix(self) -> str:

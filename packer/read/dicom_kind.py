@@ -11,6 +11,7 @@ stacks and volumes are :mod:`packer.read.series`, offered to the pixel pass as t
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -33,7 +34,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
-from packer.read.archives import archive, compressed
+from packer.read.archives import Compressed, archive, compressed
 from packer.read.dicom_attrs import quiet, record_time, text_value
 from packer.read.dicom_masks import (
     AnnotatedSeries,
@@ -118,6 +119,16 @@ def _named_as_export_image(suffix: str) -> bool:
     return not suffix or suffix[1:].isdigit()
 
 
+#: A name that is a UID (``1.2.840.113619.2.55.3.1``): digits in dot-separated parts
+_UID = re.compile(r"\d+(\.\d+)+")
+
+
+def _compressed_detail(squeezed: Compressed) -> str:
+    """The ``unsupported_format`` detail of a DICOM file compressed whole."""
+    return squeezed.detail("a DICOM file", "a DICOM source reads Part 10 files (*.dcm, or files that start with the "
+                                           "DICOM preamble)")
+
+
 class DicomKind(SourceKind):
     name = "dicom"
     key_parts = frozenset({"frame"})
@@ -144,18 +155,20 @@ class DicomKind(SourceKind):
 
     def unsupported(self, name: str, suffix: str) -> str | None:
         """An archive (``series.zip``, ``series.tar.gz``, ``.tgz``, ``.7z``, ``.rar``), or a DICOM
-        file compressed whole (``x.dcm.gz``, as some archives and TCIA mirrors ship them; an
-        export's ``IM0035.gz``; also ``.bz2``, ``.xz``, ``.zst``): no DICOM reader opens either,
-        and each was in no count. Another compressed file (``labels.csv.gz``, a ``.nii.gz``
-        beside the images) is no DICOM file, and stays unlisted as a ``.csv`` does."""
+        file compressed whole named as one (``x.dcm.gz``, as some archives and TCIA mirrors ship
+        them; also ``.bz2``, ``.xz``, ``.zst``; a ``.zst``, which the standard library cannot look
+        into, named by a UID too: ``1.2.840.1.zst``): no DICOM reader opens either, and each was
+        in no count. A ``.gz``, ``.bz2`` or ``.xz`` of another name (an export's ``IM0035.gz``) is
+        one by its bytes (:meth:`unrecognised`): a rotated log, ``syslog.2.gz``, is named alike.
+        Another compressed file (``labels.csv.gz``, a ``.nii.gz`` beside the images) is no DICOM
+        file, and stays unlisted as a ``.csv`` does."""
         packed = archive(name)
         if packed is not None:
             return packed.detail("a DICOM source reads the files under its root")
         squeezed = compressed(name)
-        inner = squeezed.inner_suffix if squeezed is not None else ""
-        if squeezed is not None and (inner in _DICOM_SUFFIXES or _named_as_export_image(inner)):
-            return squeezed.detail("a DICOM file", "a DICOM source reads Part 10 files (*.dcm, or files that start "
-                                                   "with the DICOM preamble)")
+        if squeezed is not None and (squeezed.inner_suffix in _DICOM_SUFFIXES
+                                     or not squeezed.peekable and _UID.fullmatch(squeezed.inner) is not None):
+            return _compressed_detail(squeezed)
         return None
 
     def lists_unread(self, name: str, suffix: str) -> bool:
@@ -168,7 +181,13 @@ class DicomKind(SourceKind):
         """A file named as a PACS export or DICOMDIR tree names its images
         (:func:`_named_as_export_image`) that does not start as a DICOM file: told apart from the
         export's images rather than skipped unsaid (another suffix, ``.xml``, ``.log``, is some
-        other file)."""
+        other file). A file compressed whole with gzip, bzip2 or xz (``IM0035.gz``), whose
+        ``head`` is then what it decompresses to (:meth:`~packer.read.archives.Compressed.decoded_head`),
+        is a compressed DICOM file where that starts as one (DICM at byte 128), else some other
+        file (``storescp.log.1.gz``, or a stream that does not decompress)."""
+        squeezed = compressed(name)
+        if squeezed is not None and squeezed.peekable:
+            return _compressed_detail(squeezed) if self.sniff(head) else None
         if not _named_as_export_image(suffix):
             return None
         if not head:
