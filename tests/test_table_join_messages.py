@@ -243,3 +243,42 @@ def test_rows_a_join_drops_that_name_the_files_are_said_when_no_kept_row_names_o
         discover(load_job(job), Pseudonymizer(mode="pseudonymize", dates="shift", key=b"0" * 64))
     assert "left out 4 of the 6 rows" in str(hidden.value) and "row 2 is one" in str(hidden.value)
     assert "'1000'" not in str(hidden.value) and "'2004'" not in str(hidden.value)
+
+
+def test_a_join_dropping_every_row_naming_a_file_quotes_the_joined_key_as_its_table_writes_it(tmp_path: Path) -> None:
+    """The joined table's key was quoted as the join compares it ('7' where the row says 7.0) while
+    the message asked for keys "as this table writes them": it quotes the cell as written."""
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(4)])
+    _csv(tmp_path / "t.csv", "path,subject_id,label",
+         [*(f"a{i}.png,00{42 + i},cat" for i in range(4)), "b4.png,7,cat", "b5.png,8,cat"])
+    _csv(tmp_path / "j.csv", "subject_id,site", ["7.0,s1", "8.0,s2", "42.0,s3"])
+    job = _job(tmp_path, {"root": "imgs", "table": {
+        "file": "t.csv", "join": [{"file": "j.csv", "on": "subject_id", "missing": "drop"}]},
+        "entity": {"column": "subject_id"}})
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job))
+    said = str(caught.value)
+    assert "no row of" in said and "subject_id='0042'" in said
+    assert "j.csv row 2 has subject_id='7.0'" in said and "subject_id='7'" not in said
+
+
+def test_rows_where_leaves_out_are_not_counted_as_the_joins(tmp_path: Path) -> None:
+    """Of the four rows naming a file, a join's missing: drop left out two and where: the other two
+    (rows another join does not match, which where: leaves out on the columns they have): the
+    error said the join left out "all 4 naming a file". It counts the join's and says where:'s."""
+    _files(tmp_path / "imgs", [f"a{i}.png" for i in range(4)])
+    _csv(tmp_path / "t.csv", "path,subject_id,site_id,label",
+         ["a0.png,1000,S1,cat", "a1.png,1001,S1,cat", "a2.png,2000,S2,dog", "a3.png,2001,S2,dog",
+          "b4.png,2004,S1,cat"])
+    _csv(tmp_path / "j.csv", "subject_id,age", ["2000,40", "2001,41", "2004,44"])
+    _csv(tmp_path / "k.csv", "site_id,city", ["S1,Oslo"])
+    job = _job(tmp_path, {"root": "imgs", "table": {
+        "file": "t.csv", "join": [{"file": "j.csv", "on": "subject_id", "missing": "drop"},
+                                  {"file": "k.csv", "on": "site_id", "missing": "bad"}]},
+        "entity": {"column": "subject_id"}, "where": {"label": "cat"}})
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job))
+    said = str(caught.value)
+    assert "all 4" not in said and "all 2" not in said
+    assert "the join (missing: drop) left out 2 of the 5 rows, among them 2 of the 4 naming a file under the root " \
+           "(where: left out the other 2)" in said

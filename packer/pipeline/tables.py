@@ -110,6 +110,9 @@ class Joined:
     on: tuple[str, ...]
     columns: frozenset[str]
     rows: Mapping[tuple[str, ...], int]
+    #: Its first row's number and ``on`` cells as the table writes them (spaces around them
+    #: dropped: ``7.0``, where :attr:`rows` holds ``7``), for a message to quote; None for no row
+    first: tuple[int, tuple[str, ...]] | None = None
 
     def row_of(self, record: Record) -> int | None:
         """The joined table's row that filled ``record``, None where none did."""
@@ -860,7 +863,8 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
                               f"[{', '.join([*join.on, shared[0]])}]) or drop it from one table")
         index, numbers = _join_index(join, join_rows, hide_values=hide_values)
         added = [c for c in join_columns if c not in join.on]
-        joined.append(Joined(file=join.file, on=tuple(join.on), columns=frozenset(added), rows=numbers))
+        first = (join_rows[0][0], tuple(join_rows[0][1].get(c, "").strip() for c in join.on)) if join_rows else None
+        joined.append(Joined(file=join.file, on=tuple(join.on), columns=frozenset(added), rows=numbers, first=first))
         all_columns.extend(added)
         tried: list[tuple[int, Record]] = []
         matched = 0
@@ -1292,11 +1296,12 @@ def _renamed_top_fix(source: SourceConfig, first: str, *, hide_paths: bool = Fal
 
 
 def _join_dropped_error(source: SourceConfig, records: Records, rows: int, dropped: Sequence[int], *,
-                        hide_paths: bool = False) -> ConfigError:
+                        filtered: int = 0, hide_paths: bool = False) -> ConfigError:
     """The config error where no row a join keeps names a listed file and rows a join's ``missing:
     drop`` left out do (``dropped``, by number): the cause is the join, not the path column, and a
-    key of each table shows how they differ (not under PHI pseudonymization, ``hide_paths``: a key
-    is often a patient id)."""
+    key of each table shows how they differ, each as its table writes it (not under PHI
+    pseudonymization, ``hide_paths``: a key is often a patient id). ``filtered``: the rows naming
+    a listed file that ``where:`` left out, not the join: counted apart."""
     number = dropped[0]
     why = records.dropped[number]  # "<table> row N: no row of <joined> has <key>"
     join = next((j for j in records.joined if f"no row of {j.file} has" in why), None)
@@ -1305,14 +1310,16 @@ def _join_dropped_error(source: SourceConfig, records: Records, rows: int, dropp
                    f"{', '.join(join.on) if join is not None else 'join'} columns by hand)")
     else:
         example = why
-        first = next(iter(join.rows.items()), None) if join is not None else None
-        if join is not None and first is not None:
-            said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, first[0], strict=True))
-            example += f", while {join.file} row {first[1]} has {said}"
+        if join is not None and join.first is not None:
+            said = ", ".join(f"{c}={v!r}" for c, v in zip(join.on, join.first[1], strict=True))
+            example += f", while {join.file} row {join.first[0]} has {said}"
+    naming = (f"all {len(dropped):,} naming a file under the root" if not filtered else
+              f"{len(dropped):,} of the {len(dropped) + filtered:,} naming a file under the root (where: left out "
+              f"the other {filtered:,})")
     return ConfigError(f"{records.path}: none of the rows a join keeps names a file under {source.root}: the join "
-                       f"(missing: drop) left out {len(records.dropped):,} of the {rows:,} rows, among them all "
-                       f"{len(dropped):,} naming a file under the root ({example}); check that the joined table has "
-                       "rows for these files, with their keys written as this table writes them")
+                       f"(missing: drop) left out {len(records.dropped):,} of the {rows:,} rows, among them {naming} "
+                       f"({example}); check that the joined table has rows for these files, with their keys written "
+                       "as this table writes them")
 
 
 def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str], listed: Sequence[str], *,
@@ -1404,6 +1411,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
     by_file: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     cells: list[str] = []
     dropped_here: list[int] = []  # rows a join's missing: drop left out that name a listed file
+    filtered_here = 0  # rows where: left out (a join refused them) that name a listed file
     shared_name = False
     if not records.records and listed:  # a cut download or the wrong file: not a missing_label per file
         raise ConfigError(f"{records.path}: the table has no rows (its header: "
@@ -1469,6 +1477,7 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
                 placed.rows_filtered += 1
                 if rel in listed_set:
                     placed.filtered.setdefault(rel, left_out)
+                    filtered_here += 1
             else:
                 unmatched[rel].append(number)
             continue
@@ -1484,7 +1493,8 @@ def place_rows(source: SourceConfig, records: Records, listed: Sequence[str], kn
             unplaced[rel] = refused
     if cells and listed and not any(rel in listed_set for rel in by_file) and not placed.refused and not shared_name:
         if dropped_here:  # the rows naming the files are there: a join left them out
-            raise _join_dropped_error(source, records, len(cells), dropped_here, hide_paths=hide_paths)
+            raise _join_dropped_error(source, records, len(cells), dropped_here, filtered=filtered_here,
+                                      hide_paths=hide_paths)
         raise _no_match_error(source, records, cells, listed, hide_paths=hide_paths)
     with stage_progress("table", len(by_file), unit="files", quiet=quiet) as progress:
         for rel, rows in by_file.items():
