@@ -199,7 +199,8 @@ class SourceKind:
 
     def unrecognised(self, name: str, suffix: str, head: bytes) -> str | None:
         """For a file whose name could not tell (:meth:`lists` gave None) and whose ``head``
-        (its first :attr:`head_bytes`, fewer for a shorter file) :meth:`sniff` refused: where
+        (its first :attr:`head_bytes`, fewer for a shorter file; for a ``.gz``, ``.bz2`` or ``.xz``
+        file, the first bytes of its decompressed stream) :meth:`sniff` refused: where
         such a file is most likely a damaged or unreadable one of this kind's (an empty ``IM0035``
         in a DICOM export), what it is and what to do, as the detail of its ``unsupported_format``
         record; None (the default) where it is most likely some other file, left unlisted."""
