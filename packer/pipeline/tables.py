@@ -71,6 +71,14 @@ def normalize_time(value: str | None) -> str | None:
         return None
 
 
+def time_instant(value: str | None) -> datetime | None:
+    """The instant a time reads as (:func:`normalize_time`), a date alone being its midnight, as
+    the split compares it with a date cutoff: ``2024-03-05``, ``20240305`` and
+    ``2024-03-05T00:00`` are one instant; None where it reads as no time."""
+    iso = normalize_time(value)
+    return None if iso is None else datetime.fromisoformat(iso)
+
+
 def escapes_root(relpath: str) -> bool:
     """True for a table path that leaves the source root (``..``) or is absolute."""
     return relpath == ".." or relpath.startswith("../") or posixpath.isabs(relpath)
@@ -1657,8 +1665,9 @@ class _RowReader:
             return refused
         files_of = [{k: v for k, v in row.extra if k in self.file_columns} for row in rows]
         for other, its_files in zip(rows[1:], files_of[1:], strict=True):
-            # times by what they read as (2024-03-05 14:30 is 2024-03-05T14:30:00), else as written
-            times = [row.time if row.time is not None else row.raw_time for row in (first, other)]
+            # times by the instant they read as (2024-03-05 is 20240305 and 2024-03-05T00:00, a date being
+            # its midnight as under the split's cutoffs; 2024-03-05 14:30 is 2024-03-05T14:30:00), else as written
+            times = [time_instant(row.time) or row.raw_time for row in (first, other)]
             for what, a, b in (("entity", first.entity, other.entity), ("time", *times),
                                *((column, files_of[0].get(column, ""), its_files.get(column, ""))
                                  for column in sorted(self.file_columns))):
