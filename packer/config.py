@@ -335,6 +335,11 @@ class TableConfig:
         return out
 
 
+#: A file name's suffixes, as a time read from the name leaves them out: ``.png``, ``.nii.gz``, each a
+#: dot and a letter, then letters and digits (``.5``, a fraction of a second, is none)
+SUFFIXES = re.compile(r"(?:\.[A-Za-z][A-Za-z0-9]*)+$")
+
+
 @dataclass(frozen=True)
 class PathField:
     """A value read from each file's path relative to the root (``entity: {path: REGEX}``,
@@ -345,10 +350,23 @@ class PathField:
     name: str
     pattern: str | None = None
     component: int | None = None
+    #: Read a file name without its suffixes (``time:``; not in :meth:`to_json`, which the job writes)
+    stem: bool = False
 
     def value(self, relpath: str) -> str | None:
         """The field's value in ``relpath``, None where the pattern does not match or the
-        path has no such component."""
+        path has no such component. A ``stem`` field (``time:``) reads a file name
+        (:meth:`reads_file_name`) without its suffixes (``2023-05-01.png`` and ``2023-05-01.nii.gz``
+        read ``2023-05-01``; :data:`SUFFIXES`), which no ISO time holds; any other, the entity first
+        (it keys the dataset), reads the whole name."""
+        text = self.part(relpath)
+        if text is None or not self.stem or not self.reads_file_name(relpath):
+            return text
+        return SUFFIXES.sub("", text) or text
+
+    def part(self, relpath: str) -> str | None:
+        """The part of ``relpath`` the field reads, as written: its component, or the pattern's
+        group (named like the field, else the first, else the whole match); None where there is none."""
         if self.component is not None:
             parts = relpath.split("/")
             return parts[self.component] if -len(parts) <= self.component < len(parts) else None
@@ -359,6 +377,10 @@ class PathField:
         if self.name in found.re.groupindex:
             return found.group(self.name)
         return found.group(1) if found.re.groups else found.group(0)
+
+    def reads_file_name(self, relpath: str) -> bool:
+        """True where ``component`` names ``relpath``'s file name (``-1``, or the last part's index)."""
+        return self.component is not None and self.component in (-1, relpath.count("/"))
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.pattern} if self.pattern is not None else {"component": self.component}
@@ -1062,7 +1084,7 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
         raise ConfigError(f"{where}.entity: {kind.name} files name their entity in their headers; give a header "
                           "keyword (PatientID), not a column")
     entity_path = None if entity_column else _path_field("entity", entity_raw, f"{where}.entity")
-    time_path = _path_field("time", time_raw, f"{where}.time")
+    time_path = _path_field("time", time_raw, f"{where}.time", stem=True)
     if time_path and kind.identity_in_header:
         raise ConfigError(f"{where}.time: {kind.name} files name their time in their headers; give a header keyword "
                           "(StudyDate, AcquisitionDateTime), not a path pattern")
@@ -1134,12 +1156,13 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     )
 
 
-def _path_field(name: str, raw: Any, where: str) -> PathField | None:
-    """``{path: REGEX}`` or ``{component: N}`` as a PathField; None for a column or keyword name."""
+def _path_field(name: str, raw: Any, where: str, *, stem: bool = False) -> PathField | None:
+    """``{path: REGEX}`` or ``{component: N}`` as a PathField; None for a column or keyword name.
+    ``stem``: a component that is the file name is read without its suffixes (``time:``)."""
     if not isinstance(raw, Mapping):
         return None
     if "component" in raw:
-        return PathField(name, component=int(raw["component"]))
+        return PathField(name, component=int(raw["component"]), stem=stem)
     pattern = str(raw["path"])
     try:
         compiled = re.compile(pattern)

@@ -17,6 +17,8 @@ import yaml
 
 from packer.config import load_job
 from packer.pipeline.discover import discover
+from packer.pipeline.probe import probe_ref
+from packer.records import Excluded, Issue, SampleRef
 
 CUTOFFS = {"valid": "2024-01-01", "test": "2024-07-01"}
 
@@ -67,3 +69,78 @@ def test_rows_giving_two_instants_still_make_the_file_a_bad_target(tmp_path: Pat
     assert (issue.reason, Path(issue.path).name) == ("bad_target", "a.png")
     assert issue.message == (f"{tmp_path / 't.csv'} rows 2 and 3 name 'a.png' with time {first!r} and {second!r}; "
                              "rows of one file must agree")
+
+
+# -- a time read from the file's name (time: {component: -1}) --------------------------------------
+
+
+DATED = ["P1/2023-05-01.png", "P1/2024-03-01.png", "P2/2024-08-01.png", "P3/2024-02-02.png"]
+
+
+def _probed(tmp_path: Path, names: list[str], source: dict[str, Any]) -> dict[str, SampleRef | Issue]:
+    """Each listed file's probed ref, or its Issue (missing_time comes from the probe)."""
+    _images(tmp_path / "img", names)
+    job = load_job(_job(tmp_path, {"label": "none", **source}))
+    out: dict[str, SampleRef | Issue] = {}
+    for ref in discover(job).refs:
+        probed = probe_ref(ref, job)
+        assert not isinstance(probed, Excluded)
+        out[ref.relpath] = probed
+    return out
+
+
+@pytest.mark.parametrize("component", [-1, 1])
+def test_a_file_named_by_its_date_is_timed_by_its_name_without_the_suffix(tmp_path: Path, component: int) -> None:
+    """README: -1 is the file name. 2023-05-01.png was read with its suffix, never a date, and
+    every file was missing_time; the name is read without its suffixes (1 names it too here)."""
+    probed = _probed(tmp_path, DATED, {"entity": {"component": 0}, "time": {"component": component}})
+    assert {rel: ref.time for rel, ref in probed.items() if isinstance(ref, SampleRef)} == {
+        "P1/2023-05-01.png": "2023-05-01", "P1/2024-03-01.png": "2024-03-01",
+        "P2/2024-08-01.png": "2024-08-01", "P3/2024-02-02.png": "2024-02-02"}
+
+
+def test_every_suffix_of_a_dated_name_is_left_out_and_a_fraction_of_a_second_is_kept(tmp_path: Path) -> None:
+    names = ["P1/2023-05-01.final.png", "P2/2024-02-01T10:11:12.5.png"]
+    probed = _probed(tmp_path, names, {"entity": {"component": 0}, "time": {"component": -1}})
+    assert {rel: getattr(ref, "time", None) for rel, ref in probed.items()} == {
+        "P1/2023-05-01.final.png": "2023-05-01", "P2/2024-02-01T10:11:12.5.png": "2024-02-01T10:11:12.500000"}
+
+
+def test_an_entity_read_from_the_file_name_keeps_its_suffix(tmp_path: Path) -> None:
+    """The entity keys the dataset: reading time without the suffix does not change it."""
+    probed = _probed(tmp_path, DATED, {"entity": {"component": -1}, "time": {"component": -1}})
+    assert sorted(ref.entity for ref in probed.values() if isinstance(ref, SampleRef)) == [
+        "2023-05-01.png", "2024-02-02.png", "2024-03-01.png", "2024-08-01.png"]
+
+
+def test_a_missing_time_from_the_file_name_says_the_file_name_was_read(tmp_path: Path) -> None:
+    """It said 'name the folder with an ISO date', of a file name read with its suffix."""
+    probed = _probed(tmp_path, [*DATED, "P4/shot_7.png"], {"entity": {"component": 0}, "time": {"component": -1}})
+    issue = probed["P4/shot_7.png"]
+    assert isinstance(issue, Issue) and issue.reason == "missing_time"
+    assert issue.message == (
+        f"{tmp_path / 'img' / 'P4' / 'shot_7.png'}: no readable time, but the job splits by time; the part of its "
+        "path 'P4/shot_7.png' that the source's time: {component: -1} reads, its file name 'shot_7.png' read "
+        "without its suffixes as 'shot_7', is not ISO 8601 (2024-03-05 or 2024-03-05T14:30; 2024_07_01 or "
+        "05/03/2024 are not read): name the file with an ISO date, as 2024-03-05.png, or set time: to the "
+        "component or path pattern that holds one")
+
+
+def test_a_missing_time_from_a_folder_says_the_folder_was_read(tmp_path: Path) -> None:
+    probed = _probed(tmp_path, ["2023-06-01/A_1.png", "2024_07_01/C_1.png"], {"time": {"component": 0}})
+    issue = probed["2024_07_01/C_1.png"]
+    assert isinstance(issue, Issue) and issue.reason == "missing_time"
+    assert issue.message.endswith(
+        "the part of its path '2024_07_01/C_1.png' that the source's time: {component: 0} reads, its folder "
+        "'2024_07_01', is not ISO 8601 (2024-03-05 or 2024-03-05T14:30; 2024_07_01 or 05/03/2024 are not read): "
+        "name the folder with an ISO date, or set time: to the component or path pattern that holds one")
+
+
+def test_a_missing_time_from_a_path_pattern_names_what_it_matched(tmp_path: Path) -> None:
+    names = ["2023-06-01/A_1.png", "2024_07_01/C_1.png", "x/D_1.png"]
+    probed = _probed(tmp_path, names, {"time": {"path": r"^([^/]*\d[^/]*)/"}})
+    matched, unmatched = probed["2024_07_01/C_1.png"], probed["x/D_1.png"]
+    assert isinstance(matched, Issue) and isinstance(unmatched, Issue)
+    assert "{path: '^([^/]*\\\\d[^/]*)/'} reads, its match '2024_07_01', is not ISO 8601" in matched.message
+    assert "reads, no match, is not ISO 8601" in unmatched.message
+    assert matched.message.endswith("fix the pattern, or name the file or folder with an ISO date")

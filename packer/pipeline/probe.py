@@ -23,13 +23,14 @@ from packer.storage import is_url
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple[str, ...]] | None = None,
-                   entity_path: str | None = None, time_path: str | None = None) -> Issue | None:
+                   entity_path: str | None = None, time_path: PathField | None = None) -> Issue | None:
     """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time.
 
     ``header``: (entity keyword, time keywords) where the kind reads them from each file's header
     (DICOM), so that a record names the attributes to look at, not a table cell; ``entity_path``:
     the source's path pattern where its entity comes from the file's path instead; ``time_path``:
-    the same for its time."""
+    the source's path field where its time comes from the file's path (its record says which part
+    of the path it read: a folder, the file name, a pattern's match)."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
                         message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
@@ -46,11 +47,12 @@ def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple
         return Issue.of(ref, stage="discover", reason="missing_entity",
                         message=f"{ref.path}: no entity id; the {field} empty for this file; {fix}")
     if needs_time and ref.time is None and time_path is not None:
+        read, fix = _time_part(time_path, ref.relpath)
         return Issue.of(ref, stage="discover", reason="missing_time",
                         message=f"{ref.path}: no readable time, but the job splits by time; the part of its path "
-                                f"{ref.relpath!r} that the source's time: {time_path} reads is missing or not ISO 8601 "
-                                "(2024-03-05 or 2024-03-05T14:30; 2024_07_01 or 05/03/2024 are not read): fix the "
-                                "pattern, or name the folder with an ISO date")
+                                f"{ref.relpath!r} that the source's time: {_spelled(time_path)} reads, {read}, is not "
+                                "ISO 8601 (2024-03-05 or 2024-03-05T14:30; 2024_07_01 or 05/03/2024 are not read): "
+                                f"{fix}")
     if needs_time and ref.time is None and header:
         keywords = ", ".join(header[1])
         return Issue.of(ref, stage="discover", reason="missing_time",
@@ -64,6 +66,23 @@ def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple
                                 "empty or not ISO 8601 (2024-03-05 or 2024-03-05T14:30; a day/month order such as "
                                 "05/03/2024 is ambiguous and not read): give an ISO date for this file")
     return None
+
+
+def _time_part(field: PathField, relpath: str) -> tuple[str, str]:
+    """What a path field gave a file that no time reads (its folder, its file name without its
+    suffixes, a pattern's match, or none), and how to give it one."""
+    part = field.part(relpath)
+    if field.component is None:
+        read = "no match" if part is None else f"its match {part!r}"
+        return read, "fix the pattern, or name the file or folder with an ISO date"
+    other = "or set time: to the component or path pattern that holds one"
+    if part is None:
+        return f"its component {field.component}, which the path does not have", f"move the file, {other}"
+    if field.reads_file_name(relpath):
+        stem = field.value(relpath)
+        read = f"its file name {part!r}" + (f" read without its suffixes as {stem!r}" if stem != part else "")
+        return read, f"name the file with an ISO date, as 2024-03-05.png, {other}"
+    return f"its folder {part!r}", f"name the folder with an ISO date, {other}"
 
 
 def _spelled(field: PathField) -> str:
@@ -163,5 +182,5 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = Fals
     path, timed = source.entity_path, source.time_path
     problem = check_identity(ref, needs_time=job.split.by == "time", header=header,
                              entity_path=_spelled(path) if path is not None and header is not None else None,
-                             time_path=_spelled(timed) if timed is not None else None)
+                             time_path=timed)
     return problem if problem is not None else (ref, probed.state)
