@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from packer.config import load_job
+from packer.errors import ConfigError
 from packer.pipeline.discover import discover
 from packer.pipeline.probe import probe_ref
 from packer.records import Excluded, Issue, SampleRef
@@ -144,3 +145,59 @@ def test_a_missing_time_from_a_path_pattern_names_what_it_matched(tmp_path: Path
     assert "{path: '^([^/]*\\\\d[^/]*)/'} reads, its match '2024_07_01', is not ISO 8601" in matched.message
     assert "reads, no match, is not ISO 8601" in unmatched.message
     assert matched.message.endswith("fix the pattern, or name the file or folder with an ISO date")
+
+
+# -- a DICOM source's time: keywords that can date no file -----------------------------------------
+
+
+def _dicom_job(tmp_path: Path, time: Any) -> Path:
+    from packer.demo import write_ct_slice
+
+    for i, (pid, day) in enumerate([("P1", "20230510"), ("P2", "20240210"), ("P3", "20240801")]):
+        write_ct_slice(tmp_path / "raw" / f"{pid}.dcm", patient_id=pid, study_date=day,
+                       pixels_hu=np.random.default_rng(i).normal(0, 200, (32, 32)).astype(np.float32))
+    doc = {"name": "t", "sources": [{"name": "ct", "kind": "dicom", "root": "raw", "label": "none", "time": time}],
+           "split": {"by": "time", "cutoffs": CUTOFFS},
+           "transform": {"dicom": {"windows": [{"center": 40, "width": 400}], "size": [16, 16]}, "channels": 1},
+           "phi": {"mode": "keep"}, "pack": {"format": "webdataset"}, "output": "out"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+FIX = "give a date keyword, such as StudyDate, AcquisitionDateTime or ContentDate"
+
+
+@pytest.mark.parametrize(("time", "message"), [
+    ("PatientID", "'PatientID' is of VR LO (Patient ID), not a date: time: reads DA, DT and TM attributes; "
+                  f"{FIX} (a TM beside a DA, as [StudyDate, StudyTime], adds the time of day)"),
+    (["StudyDate", "StudyInstanceUID"], "'StudyInstanceUID' is of VR UI (Study Instance UID), not a date"),
+    (["StudyTime"], "'StudyTime' is of VR TM, a time of day with no day, and no DA or DT keyword of time: gives "
+                    f"one, so no file would be dated; {FIX}, beside it: [StudyDate, StudyTime]"),
+    (["StudyTime", "SeriesTime"], "'StudyTime', 'SeriesTime' are of VR TM"),
+])
+def test_a_dicom_time_that_can_date_no_file_is_refused_when_the_job_loads(
+        tmp_path: Path, time: Any, message: str) -> None:
+    """PatientID (LO) or StudyTime alone (TM) passed the keyword check, then every file was
+    missing_time, told to 'set time: to attributes this file fills' (it fills PatientID)."""
+    job = _dicom_job(tmp_path, time)
+    with pytest.raises(ConfigError) as raised:
+        load_job(job)
+    assert str(raised.value).startswith(f"{job}: sources[0].time (source 'ct'): {message}")
+
+
+@pytest.mark.parametrize(("time", "dated"), [("StudyDate", True), (["StudyDate", "StudyTime"], True),
+                                           (["StudyTime", "StudyDate"], True), ("AcquisitionDateTime", False),
+                                           (["AcquisitionDateTime", "ContentDate", "ContentTime"], True)])
+def test_dicom_times_that_name_a_day_load_and_date_the_files_that_fill_them(
+        tmp_path: Path, time: Any, dated: bool) -> None:
+    """A TM beside a DA is the documented pairing, in either order; the demo slices fill StudyDate and
+    ContentDate, not AcquisitionDateTime (a file none dates is missing_time, the job still loads)."""
+    job = load_job(_dicom_job(tmp_path, time))
+    probed = [probe_ref(ref, job) for ref in discover(job).refs]
+    days = {ref.relpath: (ref.time or "")[:10] for ref in probed if isinstance(ref, SampleRef)}
+    timeless = {Path(i.path).name for i in probed if isinstance(i, Issue) and i.reason == "missing_time"}
+    if dated:
+        assert days == {"P1.dcm": "2023-05-10", "P2.dcm": "2024-02-10", "P3.dcm": "2024-08-01"}
+    else:
+        assert (days, timeless) == ({}, {"P1.dcm", "P2.dcm", "P3.dcm"})

@@ -976,6 +976,28 @@ def _parse_time(text: str, vr: str) -> date | time | datetime | None:
     return parsed if isinstance(parsed, date | time) else None
 
 
+#: What a DICOM source's ``time:`` may name where no keyword of the list dates a file (a time of day)
+_DATE_KEYWORDS = "StudyDate, AcquisitionDateTime or ContentDate"
+
+
+def time_keywords_problem(keywords: tuple[str, ...]) -> str | None:
+    """Why a DICOM source's ``time:`` (keywords of pydicom's dictionary) can date no file, as
+    :func:`record_time` reads it, or None: a keyword of a VR other than DA, DT and TM (``PatientID``,
+    LO), which it skips, or a list without a DA or DT (``[StudyTime]``: a TM is a time of day, which
+    only adds to a DA's day). Said with the keyword, its VR and the keywords to give instead."""
+    fix = f"give a date keyword, such as {_DATE_KEYWORDS}"
+    vrs = {keyword: dictionary_VR(keyword) for keyword in keywords}
+    for keyword, vr in vrs.items():
+        if vr not in ("DA", "DT", "TM"):
+            return (f"{keyword!r} is of VR {vr} ({dictionary_description(keyword)}), not a date: time: reads DA, DT "
+                    f"and TM attributes; {fix} (a TM beside a DA, as [StudyDate, StudyTime], adds the time of day)")
+    if not any(vr in ("DA", "DT") for vr in vrs.values()):
+        named = ", ".join(repr(keyword) for keyword in keywords)
+        return (f"{named} {'is' if len(keywords) == 1 else 'are'} of VR TM, a time of day with no day, and no DA or "
+                f"DT keyword of time: gives one, so no file would be dated; {fix}, beside it: [StudyDate, StudyTime]")
+    return None
+
+
 def record_time(ds: Dataset, keywords: tuple[str, ...]) -> str | None:
     """ISO 8601 record time from DA/TM/DT keywords, e.g. (StudyDate, StudyTime).
 

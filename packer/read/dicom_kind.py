@@ -35,7 +35,7 @@ from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.archives import Compressed, archive, compressed
-from packer.read.dicom_attrs import quiet, record_time, text_value
+from packer.read.dicom_attrs import quiet, record_time, text_value, time_keywords_problem
 from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
@@ -102,6 +102,9 @@ def _check_identity_keywords(source: SourceConfig, index: int) -> None:
         raise ConfigError(f"sources[{index}].{field} (source {source.name!r}): {key!r} is not a DICOM keyword of "
                           f"pydicom's data dictionary, so no file's header holds it{hint}; give a keyword such as "
                           f"{example}")
+    dateless = time_keywords_problem(source.time)  # a keyword of another VR, or a time of day alone
+    if dateless is not None:
+        raise ConfigError(f"sources[{index}].time (source {source.name!r}): {dateless}")
 
 
 def _entity(ref: SampleRef, source: SourceConfig, from_header: str | None) -> str | None:
