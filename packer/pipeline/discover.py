@@ -1576,8 +1576,8 @@ class SourceFound:
     warnings: list[str]
     rows_filtered: int
     unlabeled: dict[str, str]
-    #: what to warn of once the probe finds every file its own entity (:func:`header_entity_hint`)
-    entity_hint: str | None = None
+    #: what to warn of once the probe finds every kept file its own entity (:func:`header_entity_hint`)
+    entity_hint: EntityHint | None = None
     #: :func:`entity_warning`: said unless another source's files share this one's entities
     own_entity_warning: str | None = None
     #: by sample id, the real path of each record whose path is escaped (not valid UTF-8)
@@ -1609,12 +1609,13 @@ def _id_columns(columns: Sequence[str], rows: Mapping[str, TableRow], entity: st
     files share. A column of one value per file would make each file its own entity again."""
     named = [c for c in columns if _PATIENT_COLUMN.search(c) and not _PATIENT_ATTRIBUTE.search(c) and c != entity]
     cells = [dict(row.extra) for row in rows.values()] if named else []  # the rows read only for them
-    grouping = []
-    for column in named:
-        values = [c[column] for c in cells if c.get(column, "").strip()]
-        if len(set(values)) < len(values):
-            grouping.append(column)
-    return grouping
+    return [column for column in named if _groups([c.get(column, "") for c in cells])]
+
+
+def _groups(cells: Sequence[str]) -> bool:
+    """Whether some of ``cells`` (one a file; a blank one groups nothing) are the same."""
+    values = [cell for cell in cells if cell.strip()]
+    return len(set(values)) < len(values)
 
 
 def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
@@ -1635,7 +1636,7 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
         return None
     hints = [f"column {c!r}" for c in _id_columns(columns, rows or {}, source.entity)]
     if not hints:
-        hints = [hint for hint in (_path_part_hint(refs, hide_ids=hide_ids),) if hint]
+        hints = [hint for hint in (_path_part_hint(_first_relpaths(refs), hide_ids=hide_ids),) if hint]
     if not hints:
         return None
     return (f"source {source.name!r}: each of its {len(refs)} files is its own entity, so leakage protection is "
@@ -1643,14 +1644,22 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
             "id: name it in 'entity:'")
 
 
-def _path_part_hint(refs: RefTable, *, hide_ids: bool) -> str | None:
-    """A part of the paths (a folder level) that looks like a patient id and groups files: its
-    place and the ``entity: {component: N}`` that reads it; None where none does."""
-    relpaths = [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
+def _first_relpaths(refs: RefTable) -> list[str]:
+    """The relative paths of the first 1000 of ``refs``: what :func:`_path_part_hint` looks at."""
+    return [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
+
+
+def _path_part_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
+    """A part of ``relpaths`` (a folder level; the first 1000 are looked at) that looks like a
+    patient id and groups files: its place and the ``entity: {component: N}`` that reads it; None
+    where none does."""
+    relpaths = relpaths[:1000]
+    if not relpaths:
+        return None
     for part in range(-len(relpaths[0].split("/")), -1):
-        values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths[:1000]]
+        values = [rel.split("/")[part] if len(rel.split("/")) >= -part else "" for rel in relpaths]
         if len(set(values)) < len(values) and (all(_PATIENT_PART.match(v) for v in values)
-                                               or _names_its_files(values, relpaths[:1000])):
+                                               or _names_its_files(values, relpaths)):
             component = len(relpaths[0].split("/")) + part
             example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
             return f"{example} (entity: {{component: {component}}})"
@@ -1683,37 +1692,76 @@ def _file_name_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
     return f"{example} (entity: {{path: '{at}(?P<entity>{token}){sep}{end}'}})"
 
 
+@dataclass(frozen=True)
+class EntityHint:
+    """What :func:`header_entity_hint` found over a header-entity source's listed files, judged
+    again over the files the probe kept (:meth:`said`): a header ``where:`` that keeps one image a
+    patient leaves each kept file its own entity, and a column or a folder that grouped only the
+    files it left out is no reason to warn."""
+
+    kind: str
+    #: the table's columns that look like a patient id and group the listed files
+    columns: tuple[str, ...]
+    #: by relative path, each listed file's cells of ``columns``, in their order
+    cells: Mapping[str, tuple[str, ...]]
+    #: PHI pseudonymization: a path part is named by its place only (:func:`_path_part_hint`)
+    hide_ids: bool
+
+    def said(self, relpaths: Sequence[str]) -> str | None:
+        """The hint over the files at ``relpaths`` (the kept ones: their entities are the probe's):
+        the columns whose cells group them and the part of their paths that does; None where
+        none does (each file's patient holds that file alone: nothing to leak)."""
+        relpaths = sorted(relpaths)
+        kept = [self.cells[rel] for rel in relpaths if rel in self.cells]
+        columns = [column for i, column in enumerate(self.columns) if _groups([cells[i] for cells in kept])]
+        return _header_hint_text(self.kind, columns, _path_part_hint(relpaths, hide_ids=self.hide_ids))
+
+
 def header_entity_hint(source: SourceConfig, refs: RefTable, columns: Sequence[str], rows: Mapping[str, TableRow],
-                       *, hide_ids: bool = False) -> str | None:
+                       *, hide_ids: bool = False) -> EntityHint | None:
     """For a kind that reads entities from headers (DICOM): what :func:`own_entity_warnings` says
-    once the probe finds every file its own entity, where a table column whose cells group the
-    files (``rows``: the table's rows by file) or a part of the paths looks like a patient id: an
-    anonymiser that wrote one PatientID per image while the table's ``patient_id`` and the
-    folders group them spreads each patient over the splits. None where nothing looks so."""
+    once the probe finds every kept file its own entity, where a table column whose cells group
+    the files (``rows``: the table's rows by file) or a part of the paths looks like a patient id:
+    an anonymiser that wrote one PatientID per image while the table's ``patient_id`` and the
+    folders group them spreads each patient over the splits. None where nothing looks so over
+    the listed files; otherwise judged again over the files the probe keeps (:meth:`EntityHint.said`)."""
     if not source_kind(source.kind).identity_in_header or source.entity_path is not None or len(refs) < 2:
         return None
-    hints = [f"column {column!r}" for column in _id_columns(columns, rows, None)]
-    place, _, read = (_path_part_hint(refs, hide_ids=hide_ids) or "").partition(" (")
-    named = " and ".join([*hints[:1], *([place] if place else [])])
+    grouping = _id_columns(columns, rows, None)
+    if not grouping and _path_part_hint(_first_relpaths(refs), hide_ids=hide_ids) is None:
+        return None
+    cells = {rel: tuple(dict(row.extra).get(column, "") for column in grouping) for rel, row in rows.items()} \
+        if grouping else {}
+    return EntityHint(source.kind, tuple(grouping), cells, hide_ids)
+
+
+def _header_hint_text(kind: str, columns: Sequence[str], path_hint: str | None) -> str | None:
+    """The sentence of :func:`own_entity_warnings` naming the first of ``columns`` and the path
+    part of ``path_hint`` (:func:`_path_part_hint`) that look like a patient id, and the fix; None
+    for neither."""
+    place, _, read = (path_hint or "").partition(" (")
+    named = " and ".join([*(f"column {column!r}" for column in columns[:1]), *([place] if place else [])])
     if not named:
         return None
     if place:
         fix = f"read the entity from the path, {read.removesuffix(')')}"
     else:
-        fix = (f"a {source.kind} source reads its entity from a header keyword or from its paths, not a table "
+        fix = (f"a {kind} source reads its entity from a header keyword or from its paths, not a table "
                "column: name the header keyword that holds the patient id (entity: KEYWORD), or, where the "
                "paths hold it, entity: {path: REGEX} or entity: {component: N}")
     return (f"{named[0].upper() + named[1:]} {'look' if ' and ' in named else 'looks'} like a patient id, grouping "
             f"the files: {fix}")
 
 
-def own_entity_warnings(hints: Mapping[str, str], sources: Sequence[str], entities: Sequence[int],
-                        files: Sequence[int] | None = None) -> list[str]:
+def own_entity_warnings(hints: Mapping[str, EntityHint], sources: Sequence[str], entities: Sequence[int],
+                        relpaths: Sequence[str | None], files: Sequence[int] | None = None) -> list[str]:
     """The warnings of :func:`header_entity_hint` (``hints``: by source name) for each source
-    whose probed files are each their own entity: ``sources``, ``entities``: each sample's source
-    name and entity code, as :meth:`~packer.pipeline.sampletable.SampleTable.codes` gives them;
-    ``files``: how many files each sample stands for (a volume: its series'; default one each),
-    so that one volume a patient is a patient's files together, not files each their own."""
+    whose probed files are each their own entity: ``sources``, ``entities``, ``relpaths``: each
+    sample's source name, entity code (as :meth:`~packer.pipeline.sampletable.SampleTable.codes`
+    gives them) and relative path; ``files``: how many files each sample stands for (a volume: its
+    series'; default one each), so that one volume a patient is a patient's files together, not
+    files each their own. The hint is judged over the kept samples' files alone, as the entities
+    are (:meth:`EntityHint.said`): those a header ``where:`` left out group nothing that can leak."""
     said = []
     by_source: dict[str, Counter[int]] = defaultdict(Counter)
     for n, (name, entity) in enumerate(zip(sources, entities, strict=True)):
@@ -1721,10 +1769,13 @@ def own_entity_warnings(hints: Mapping[str, str], sources: Sequence[str], entiti
             by_source[name][entity] += files[n] if files is not None else 1
     for name, found in by_source.items():
         total = sum(found.values())
-        if total >= 2 and all(count == 1 for count in found.values()):
+        if total < 2 or any(count != 1 for count in found.values()):
+            continue
+        hint = hints[name].said([rel or "" for rel, of in zip(relpaths, sources, strict=True) if of == name])
+        if hint is not None:
             said.append(f"source {name!r}: each of its {total} files is its own entity (its headers name a "
                         "different one each), so leakage protection is off: no patient can be kept in one split. "
-                        f"{hints[name]}")
+                        f"{hint}")
     return said
 
 
@@ -1748,7 +1799,7 @@ class Discovery:
     unlabeled: dict[str, str] = field(default_factory=dict)
     #: by source name, what to warn of once the probe finds every file its own entity
     #: (:func:`header_entity_hint`, :func:`own_entity_warnings`)
-    entity_hints: dict[str, str] = field(default_factory=dict)
+    entity_hints: dict[str, EntityHint] = field(default_factory=dict)
     #: by sample id, the path as the OS gives it of each record whose ``path`` holds it escaped
     #: (a name that is not valid UTF-8: :func:`_shown_name`), for ``packer locate``
     real_paths: dict[str, str] = field(default_factory=dict)
@@ -1795,7 +1846,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
     listed: dict[str, RawObject] = {}
     rows_filtered = 0
     unlabeled: dict[str, str] = {}
-    hints: dict[str, str] = {}
+    hints: dict[str, EntityHint] = {}
     real_paths: dict[str, str] = {}
     own_entity: dict[int, str] = {}  # where in ``said`` each source's entity_warning goes: by source name
     allow_outside = job.safety.outside_root == "allow"

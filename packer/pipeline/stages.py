@@ -237,7 +237,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
             # a volume stands for its series' files: counted as files, not as one
             files = [len(held.files.get(key, ((),))) for key in samples.column("key")] if held.files else None
             for said in own_entity_warnings(entity_hints, [source_names[c] for c in source_codes.tolist()],
-                                            entity_codes.tolist(), files):
+                                            entity_codes.tolist(), samples.column("relpath"), files):
                 print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)  # under --quiet too
                 warned.append(("entities", said))
         decoded_issues, probed_out = one_record_per_file([i for c in chunks for i in c.issues],
