@@ -213,12 +213,20 @@ def demo_data(directory: Path, seed: int) -> None:
     build must report (zero-byte, truncated and text '.dcm' files, a DICOM without pixels, a
     truncated JPEG, a table row whose file is missing)."""
     from packer.demo import write_demo_tree
-    from packer.errors import ConfigError, blocking_file
+    from packer.errors import ConfigError, blocking_file, refused_write
 
     blocker = blocking_file(directory)
     if blocker is not None:
         raise ConfigError(f"{directory}: {blocker} is a file, not a folder; choose another DIRECTORY")
-    tree = write_demo_tree(directory, seed=seed)
+    try:
+        tree = write_demo_tree(directory, seed=seed)
+    except OSError as err:  # a full or read-only disk: demo-data's fix is another DIRECTORY, not build's --out
+        # a write() on a full disk names no file: name the folder it was writing into
+        refused = refused_write(err, err.filename or f"a file in {directory}",
+                                elsewhere="choose another DIRECTORY for packer demo-data")
+        if refused is None:
+            raise
+        raise refused from err
     click.echo(f"wrote {tree.dicom_files} DICOM files, {tree.images} images and {len(tree.defects)} "
                f"planted defects under {tree.root}")
     for defect in tree.defects:

@@ -1,0 +1,58 @@
+"""What the command line says when it stops: each message names the file or folder at fault and a fix
+that the command it came from can follow."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import main
+
+
+def refuse_writes_under(monkeypatch: pytest.MonkeyPatch, folder: Path, code: int, *, named: bool) -> None:
+    """Path.write_bytes/write_text under ``folder`` fail with ``code``: ``named`` as an open() on a read-only
+    mount does (the error carries the file name), or not, as a write() on a full disk does (it carries none)."""
+    real_bytes, real_text = Path.write_bytes, Path.write_text
+
+    def refused(self: Path) -> OSError:
+        return OSError(code, os.strerror(code), str(self)) if named else OSError(code, os.strerror(code))
+
+    def write_bytes(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.is_relative_to(folder):
+            raise refused(self)
+        return real_bytes(self, *args, **kwargs)
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.is_relative_to(folder):
+            raise refused(self)
+        return real_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+
+@pytest.mark.parametrize(("code", "named", "said"), [
+    (errno.ENOSPC, False, "the file system is full (No space left on device); free space there, or "),
+    (errno.EROFS, True, "the file system is read-only (Read-only file system); "),
+])
+def test_demo_data_refused_by_the_file_system_names_what_it_could_not_write_and_another_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, named: bool, said: str) -> None:
+    """demo-data has no --out: its fix is another DIRECTORY, and where the file system did not say which
+    file it refused (a full disk's write()), the message names the folder it was writing into."""
+    target = tmp_path / "demo"
+    refuse_writes_under(monkeypatch, target, code, named=named)
+    result = CliRunner().invoke(main, ["demo-data", str(target)])
+    assert result.exit_code == 6, result.output
+    message = result.output.split("packer: error: ", 1)[1].strip()
+    assert "packer build" not in message and "--out" not in message
+    if named:  # the file the file system named, under DIRECTORY
+        written = message.removeprefix("cannot write ").split(": ", 1)[0]
+        assert Path(written).is_relative_to(target) and Path(written).suffix, message
+    else:
+        assert message.startswith(f"cannot write a file in {target}: "), message
+    assert message.endswith(f"{said}choose another DIRECTORY for packer demo-data"), message
