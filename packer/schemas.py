@@ -130,21 +130,58 @@ def _key_path(error: jsonschema.ValidationError, doc: Any = None) -> str:
     return text
 
 
+#: difflib.get_close_matches' default cutoff: a key less similar than this is not suggested.
+_CLOSE = 0.6
+
+
+def _edits(a: str, b: str) -> int:
+    """The Damerau-Levenshtein distance (optimal string alignment) between ``a`` and ``b``: insertions,
+    deletions, substitutions and swaps of two neighbouring letters, one edit each."""
+    previous: list[int] = []
+    row = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        before, previous, row = previous, row, [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], before[j - 2] + 1)
+    return row[len(b)]
+
+
+def _shared_letters(a: str, b: str) -> int:
+    """How many letters ``a`` and ``b`` have in common, counting repeats (a swap keeps them all)."""
+    return sum(min(a.count(c), b.count(c)) for c in set(a))
+
+
 @dataclass(frozen=True)
 class _UnknownKey:
     """A key the schema node at ``where`` does not allow, and the keys it does allow."""
 
     where: tuple[str | int, ...]
     key: str
-    allowed: frozenset[str]
+    allowed: tuple[str, ...]  # in the schema's order
     present: frozenset[str]
 
     @property
     def suggestion(self) -> str | None:
-        """The closest allowed key (difflib, ignoring case), if any is close."""
-        lowered = {name.lower(): name for name in sorted(self.allowed)}
-        close = difflib.get_close_matches(self.key.lower(), list(lowered), n=1)
-        return lowered[close[0]] if close else None
+        """The closest allowed key, ignoring case, if any is close (difflib's ratio, as
+        ``get_close_matches``). Keys equally close by that ratio ('lable': 'label' and 'table' both
+        0.8) go to the one of the key's own length, then the fewest edits (a swapped pair of letters
+        is one), then the most letters shared, then the first in the schema; difflib would take the
+        larger string."""
+        typed = self.key.lower()
+
+        def rank(item: tuple[int, str]) -> tuple[float, bool, int, int, int]:
+            order, name = item
+            lowered = name.lower()
+            return (difflib.SequenceMatcher(None, typed, lowered).ratio(), len(lowered) == len(typed),
+                    -_edits(typed, lowered), _shared_letters(typed, lowered), -order)
+
+        ranked = sorted(enumerate(self.allowed), key=rank, reverse=True)
+        if not ranked or rank(ranked[0])[0] < _CLOSE:
+            return None
+        return ranked[0][1]
 
     def message(self, source: str) -> str:
         suggestion = self.suggestion
@@ -172,8 +209,9 @@ def _is_unknown_key_error(error: jsonschema.ValidationError) -> bool:
             and isinstance(error.instance, dict) and isinstance(error.schema, dict))
 
 
-def _allowed(error: jsonschema.ValidationError) -> frozenset[str]:
-    return frozenset(error.schema.get("properties", {}))
+def _allowed(error: jsonschema.ValidationError) -> tuple[str, ...]:
+    """The keys the schema node allows, in its order."""
+    return tuple(error.schema.get("properties", {}))
 
 
 def _rejects_mappings(error: jsonschema.ValidationError) -> bool:
@@ -202,7 +240,7 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
     branches = error.validator_value if isinstance(error.validator_value, list) else []
     rejected: list[set[str] | None] = []  # per branch: the keys it rejects, None = rejects the whole mapping
     deeper: list[list[jsonschema.ValidationError]] = []  # per branch: its errors inside the mapping's values
-    allowed: set[str] = set()
+    allowed: dict[str, None] = {}  # the branches' keys, in their order
     for index in range(len(branches)):
         mine = [c for c in error.context or () if c.relative_schema_path and c.relative_schema_path[0] == index]
         here = [c for c in mine if tuple(c.absolute_path) == where]
@@ -211,13 +249,13 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[_UnknownKey]:
             rejected.append(None)
             continue
         unexpected = [c for c in here if _is_unknown_key_error(c)]
-        allowed.update(*(_allowed(c) for c in unexpected))
+        allowed.update(dict.fromkeys(key for c in unexpected for key in _allowed(c)))
         rejected.append({key for c in unexpected for key in _extras(c)})
     object_branches = [r for r in rejected if r is not None]
     if not object_branches:
         return []
     present = frozenset(error.instance)
-    unknown = [_UnknownKey(where, key, frozenset(allowed), present) for key in error.instance
+    unknown = [_UnknownKey(where, key, tuple(allowed), present) for key in error.instance
                if key not in allowed and all(key in r for r in object_branches)]
     if unknown:
         return unknown

@@ -56,3 +56,45 @@ def test_demo_data_refused_by_the_file_system_names_what_it_could_not_write_and_
     else:
         assert message.startswith(f"cannot write a file in {target}: "), message
     assert message.endswith(f"{said}choose another DIRECTORY for packer demo-data"), message
+
+
+PETS_JOB = """name: pets
+sources:
+  - kind: image
+    root: raw
+    label: folder
+split:
+  by: entity
+  ratios: {train: 0.8, valid: 0.1, test: 0.1}
+  seed: 17
+transform:
+  image: {size: [16, 16], color: rgb}
+pack: {format: webdataset}
+output: out
+"""
+
+
+def misspell(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+@pytest.mark.parametrize(("old", "typo", "where", "meant"), [
+    ("    label: folder", "    lable: folder", "sources[0].lable", "label"),  # a transposition, not 'table'
+    ("    label: folder", "    lables: folder", "sources[0].lables", "labels"),
+    ("split:", "splt:", "splt", "split"),
+    ("  seed: 17", "  sed: 17", "split.sed", "seed"),
+    ("  seed: 17", "  sede: 17", "split.sede", "seed"),
+    ("  ratios:", "  ratio:", "split.ratio", "ratios"),
+    ("output: out", "ouptut: out", "ouptut", "output"),
+])
+def test_an_unknown_key_names_the_allowed_key_the_user_most_likely_meant(
+        tmp_path: Path, old: str, typo: str, where: str, meant: str) -> None:
+    """Where two allowed keys are equally similar by difflib's measure ('lable': 'label' and 'table'), the one
+    of the same length and the fewest edits (a swapped pair of letters is one), then sharing the most letters,
+    is named: 'table' would lead to a second, different error."""
+    job = tmp_path / "job.yaml"
+    job.write_text(misspell(PETS_JOB, old, typo))
+    result = CliRunner().invoke(main, ["validate", str(job), "--quick", "-q"])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"packer: error: {job}: {where}: unknown key (did you mean {meant!r}?)\n"
