@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -98,3 +100,29 @@ def test_an_unknown_key_names_the_allowed_key_the_user_most_likely_meant(
     result = CliRunner().invoke(main, ["validate", str(job), "--quick", "-q"])
     assert result.exit_code == 2, result.output
     assert result.output == f"packer: error: {job}: {where}: unknown key (did you mean {meant!r}?)\n"
+
+
+def pets_job(tmp_path: Path, text: str = PETS_JOB) -> Path:
+    """Eight small photos, four a class, under raw/<class>/, and a job over them."""
+    for cls in ("cat", "dog"):
+        (tmp_path / "raw" / cls).mkdir(parents=True)
+        for i in range(4):
+            cv2.imwrite(str(tmp_path / "raw" / cls / f"{i}.png"), np.full((8, 8, 3), 30 * i + (cls == "dog"), np.uint8))
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    return job
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="/proc (Linux) takes no folder of one's own")
+def test_a_cache_folder_that_cannot_be_made_exits_6_without_promising_decoded_files_in_it(tmp_path: Path) -> None:
+    """Refused before any file was decoded, the build has no cache to resume from: the message must not say
+    that decoded files stay there and that the next build decodes only the rest."""
+    job = pets_job(tmp_path)
+    result = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q",
+                                       "--cache-dir", "/proc/packer-no-cache"])
+    assert result.exit_code == 6, result.output
+    message = result.output.split("packer: error: ", 1)[1].strip()
+    assert message.startswith("cannot write /proc/packer-no-cache/pets-"), message
+    assert message.endswith("choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"), \
+        message
+    assert not (tmp_path / "out").exists()  # and nothing was left behind

@@ -309,12 +309,15 @@ def build(job: JobConfig, options: BuildOptions | None = None) -> BuildResult:
     tune_client_allocator()  # see packer.allocator
     options = options or BuildOptions()
     watched: list[_Watched] = []
+    begun = _Begun()
     try:
         with system_arrow_pool(), _one_build_at_a_time(job, options) as locked, contextlib.ExitStack() as held:
-            return _build(job, options, watched, locked=locked, held=held)
+            return _build(job, options, watched, begun, locked=locked, held=held)
     except (_ReportNotWritten, _RegistryNotWritten, _RefusedBeforeWork):
         raise
     except FileSystemError as err:
+        if not begun.stages:  # refused before any file was decoded (the cache folder itself, say): no cache to keep
+            raise
         raise FileSystemError(f"{err}. Files decoded before it stopped stay in the build cache, except those whose "
                               "samples were already copied into shards; the next build into the same output "
                               "folder decodes only the rest") from err
@@ -520,10 +523,18 @@ class _RefusedBeforeWork(FileSystemError):
     """The output folder could not be made: nothing was decoded yet."""
 
 
-def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, locked: bool,
+@dataclass
+class _Begun:
+    """How far :func:`_build` got: ``stages``, the stages that decode files into the build cache ran."""
+
+    stages: bool = False
+
+
+def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun: _Begun, *, locked: bool,
            held: contextlib.ExitStack) -> BuildResult:
     """:func:`build`'s work; adds to ``watched`` the folders it writes into (the build cache, the
-    staging folder), for :func:`build` to name the one that vanished. ``locked``: the dataset
+    staging folder), for :func:`build` to name the one that vanished; notes in ``begun`` when the
+    stages start decoding files into the build cache. ``locked``: the dataset
     folder's lock is held (other configurations' staging folders are then an interrupted
     build's, and removed). ``held``: what the build holds until :func:`build` returns (the build
     cache folder's lock: :func:`_one_build_per_cache`)."""
@@ -582,6 +593,7 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], *, lo
         executor.require_shared([(str(written_probe), f"the output folder ({named})",
                                   "mount it at the same path on every worker, or choose a folder they all share "
                                   f"({surface().option('out', 'DIR')})", "file")])
+        begun.stages = True
         run = run_stages(job, executor, through="pack", cache_dir=cache_dir, quiet=options.quiet,
                          storage_options=options.storage_options, staging=staging, leakage_dir=dataset_root,
                          keep_spill=options.keep_spill)
