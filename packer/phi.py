@@ -222,6 +222,8 @@ def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
                 "bytes?); a key is a line of text, e.g. the 64 hex characters packer key new writes. No dataset "
                 f"was built with this file (it was refused), so replacing it loses nothing: packer key new --force "
                 f"{cfg.key_file}") from err
+        except IsADirectoryError as err:  # key_file: keys, the folder instead of the key in it
+            raise ConfigError(_folder_message(cfg.key_file)) from err
         except OSError as err:
             raise ConfigError(f"phi.key_file: cannot read {cfg.key_file} ({err.strerror}); make it readable by this "
                               f"user, or export {ENV_KEY} and remove phi.key_file from the job") from err
@@ -241,6 +243,28 @@ def load_key(cfg: PhiConfig, job_dir: Path | None = None) -> PhiKey | None:
         return PhiKey(key=env_key, source=env_where)
     raise ConfigError("phi.mode is pseudonymize (the default for DICOM sources) but no key was given; "
                       + how_to(job_dir))
+
+
+def _folder_message(folder: Path) -> str:
+    """The message for a ``phi.key_file`` that names a folder: the key files in it (a file with ``key``
+    in its name) to name instead, or how to make one."""
+    try:
+        keys = sorted(str(p) for p in folder.iterdir() if "key" in p.name.lower() and p.is_file())
+    except OSError as err:  # a folder this user may not list: nothing to name in it
+        keys = []
+        listed = f" (cannot list it: {err.strerror})"
+    else:
+        listed = ""
+    said = f"phi.key_file: {folder} is a folder, not a key file; "
+    if keys:
+        shown = keys[:_KEYS_SHOWN] + ([f"{len(keys) - _KEYS_SHOWN} more"] if len(keys) > _KEYS_SHOWN else [])
+        return said + "set phi.key_file to the key file in it: " + " or ".join(shown)
+    return (said + f"it holds no key file{listed}: set phi.key_file to the key an earlier build of this dataset "
+            f"used, or make one with packer key new {folder / 'NAME.key'} and set phi.key_file to that file")
+
+
+#: How many key files in a folder named by phi.key_file its message lists.
+_KEYS_SHOWN = 5
 
 
 def unused_key_warning(cfg: PhiConfig) -> str | None:

@@ -126,3 +126,25 @@ def test_a_cache_folder_that_cannot_be_made_exits_6_without_promising_decoded_fi
     assert message.endswith("choose another cache folder (packer build --cache-dir DIR, or set PACKER_WORK_DIR)"), \
         message
     assert not (tmp_path / "out").exists()  # and nothing was left behind
+
+
+@pytest.mark.parametrize(("inside", "fix"), [
+    ({}, "it holds no key file: set phi.key_file to the key an earlier build of this dataset used, or make one "
+         "with packer key new {keys}/NAME.key and set phi.key_file to that file"),
+    ({"pets.key": "ab" * 32 + "\n", "README.txt": "keys live here\n", "old-key.txt": "cd" * 32 + "\n"},
+     "set phi.key_file to the key file in it: {keys}/old-key.txt or {keys}/pets.key"),
+])
+def test_a_key_file_that_names_a_folder_is_told_to_name_the_key_file_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inside: dict[str, str], fix: str) -> None:
+    """`key_file: keys`, the folder instead of the key in it: it was told to make the folder readable by this
+    user, which it is."""
+    monkeypatch.delenv("PACKER_PHI_KEY", raising=False)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name, text in inside.items():
+        (keys / name).write_text(text)
+    job = pets_job(tmp_path, PETS_JOB + "phi:\n  mode: pseudonymize\n  key_file: keys\n")
+    result = CliRunner().invoke(main, ["validate", str(job), "--quick", "-q", "--scheduler", "sync"])
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"packer: error: {job}: phi.key_file: {keys} is a folder, not a key file; "
+                             f"{fix.format(keys=keys)}\n")
