@@ -103,11 +103,12 @@ def test_an_unknown_key_names_the_allowed_key_the_user_most_likely_meant(
 
 
 def pets_job(tmp_path: Path, text: str = PETS_JOB) -> Path:
-    """Eight small photos, four a class, under raw/<class>/, and a job over them."""
+    """Ten small noise photos, five a class, under raw/<class>/, and a job over them."""
+    rng = np.random.default_rng(0)
     for cls in ("cat", "dog"):
         (tmp_path / "raw" / cls).mkdir(parents=True)
-        for i in range(4):
-            cv2.imwrite(str(tmp_path / "raw" / cls / f"{i}.png"), np.full((8, 8, 3), 30 * i + (cls == "dog"), np.uint8))
+        for i in range(5):
+            cv2.imwrite(str(tmp_path / "raw" / cls / f"{i}.png"), rng.integers(0, 255, (8, 8, 3), dtype=np.uint8))
     job = tmp_path / "job.yaml"
     job.write_text(text)
     return job
@@ -148,3 +149,23 @@ def test_a_key_file_that_names_a_folder_is_told_to_name_the_key_file_in_it(
     assert result.exit_code == 2, result.output
     assert result.output == (f"packer: error: {job}: phi.key_file: {keys} is a folder, not a key file; "
                              f"{fix.format(keys=keys)}\n")
+
+
+def test_a_rebuild_that_writes_the_missing_html_report_again_says_so(tmp_path: Path) -> None:
+    """A version whose report.html is gone (deleted, or a SIGTERM between manifest.json and report.html)
+    gets it back from the same command; the summary said "nothing rewritten". A rebuild that finds the
+    report as this build renders it leaves it alone, and says nothing was rewritten."""
+    job = pets_job(tmp_path)
+    first = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert first.exit_code == 0, first.output
+    (report,) = (tmp_path / "out" / "pets").glob("*/report.html")
+    report.unlink()
+    second = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert second.exit_code == 0, second.output
+    assert report.is_file()
+    assert second.output.splitlines()[0].endswith(
+        "(already built: shards and manifest as they were; its local reports rewritten where this build's differ: "
+        "report.html)"), second.output
+    third = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "-q"])
+    assert third.exit_code == 0, third.output
+    assert third.output.splitlines()[0].endswith("(already built: nothing rewritten)"), third.output

@@ -63,6 +63,7 @@ class WrittenReport:
     unreadable: tuple[tuple[str, str], ...] = ()  # selected samples it could not read: (key, why)
     selected: int = 0  # samples it set out to read
     index_note: str | None = None  # why the index could not be read (the shards were scanned: nothing checked)
+    wrote: bool = True  # whether it wrote the file (False: the file held these bytes already, left alone)
 
 
 def render_html_report(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None = None,
@@ -145,14 +146,13 @@ def write_report(manifest_path_or_dir: str | Path, output: Path | None = None, *
     target = Path(output) if output is not None else folder / HTML_REPORT_FILE
     text, report = _render(manifest_path_or_dir, manifest=None, limits=limits, quiet=quiet)
     data = text.encode("utf-8")
-    written = WrittenReport(path=target, damaged=tuple(report.damaged), checked=report.checked,
-                            unreadable=tuple(report.unreadable), selected=report.selected,
-                            index_note=report.index_note)
-    if _holds(target, data):
-        return written
-    with atomic_output(target, shared=True, elsewhere=elsewhere) as fh:  # packer report beside another, or a build
-        fh.write(data)
-    return written
+    wrote = not _holds(target, data)
+    if wrote:
+        with atomic_output(target, shared=True, elsewhere=elsewhere) as fh:  # packer report beside another, or a build
+            fh.write(data)
+    return WrittenReport(path=target, damaged=tuple(report.damaged), checked=report.checked,
+                         unreadable=tuple(report.unreadable), selected=report.selected,
+                         index_note=report.index_note, wrote=wrote)
 
 
 def _holds(path: Path, data: bytes) -> bool:

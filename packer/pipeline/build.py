@@ -150,7 +150,8 @@ class BuildResult:
     #: build's copies of the bytes its manifest records
     restored: tuple[str, ...] = ()
     #: the local reports of an already built version (``reused``) that this build's differ from (its
-    #: bad files, or those left out, changed without changing the dataset), each replaced or removed
+    #: bad files, or those left out, changed without changing the dataset), each replaced or removed;
+    #: report.html among them where this build wrote it (it was missing, or renders otherwise now)
     reports_rewritten: tuple[str, ...] = ()
     registry_copy: Path | None = None
     #: whether this build wrote the registry copy (False: the copy of the same dataset was already there)
@@ -685,10 +686,13 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     del prepared, samples, issues, assignment, shards, written, body
     html_report = None
     if options.html_report:
-        from packer.htmlreport import write_html_report
+        from packer.htmlreport import write_report
 
         try:
-            html_report = write_html_report(version_dir, quiet=options.quiet)
+            html = write_report(version_dir, quiet=options.quiet)
+            html_report = html.path
+            if reused and html.wrote:  # missing (a build stopped before it) or rendered otherwise: listed with the rest
+                rewritten = (*rewritten, html.path.name)
         except FileSystemError as err:
             raise _ReportNotWritten(f"{err}. The dataset itself is complete in {version_dir}, manifest included; "
                                     f"once there is room, `packer report {version_dir}` writes the report") from err
