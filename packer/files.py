@@ -72,11 +72,12 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     Only a regular file (or an absent one) is replaced: a ``path`` that is something else, a FIFO
     (``-o >(gzip > r.gz)``), a device (``/dev/stdout``, ``/dev/null``) or a socket, is written
     into as it is, with no temporary and no fsync (renaming over it would replace the pipe, or as
-    root the device node, with a file). A symbolic link stays a link: the file it resolves to is
-    the one replaced (or written into, when that is no regular file).
+    root the device node, with a file); so is a symbolic link that leads to one (``/dev/stdout``,
+    a shell's ``/dev/fd/63``). A link to a regular file is replaced by the new file, never written
+    through: the file it leads to may be shared (a DVC or git-annex cache object, keyed by its old
+    bytes), and rewriting it in place would change it under every other name it has.
     """
-    path = _resolved(path)
-    if _is_special(path):
+    if _is_special(path):  # stat follows links to the end, /proc's pipe:[N] links included
         yield from _written_into(path, elsewhere)
         return
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}" if shared
@@ -110,12 +111,6 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
         raise
     if durable:
         fsync_dir(path.parent)
-
-
-def _resolved(path: Path) -> Path:
-    """``path``, or where it leads when it is a symbolic link (links followed to the end, as
-    opening it would), so that :func:`atomic_output` replaces the file, not the link."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _is_special(path: Path) -> bool:

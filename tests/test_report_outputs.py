@@ -3,9 +3,10 @@
 The output: :func:`packer.files.atomic_output` replaces a regular file atomically (a temporary
 beside it, renamed over it), but a path that is no regular file is written *into*: a FIFO
 (``packer report V -o >(gzip > r.gz)``), ``/dev/stdout``, ``/dev/null``; renaming over one would
-replace the pipe or, as root, the device node with a file. A symbolic link stays a link: the
-file it points to is what is replaced. The special files here are FIFOs and links in a temporary
-folder, never a real device.
+replace the pipe or, as root, the device node with a file; so is a link that leads to one. A
+link to a regular file is replaced by the new file and the file it led to is left as it was: it
+may be a DVC or git-annex cache object shared by other names. The special files here are FIFOs
+and links in a temporary folder, never a real device.
 """
 
 from __future__ import annotations
@@ -74,27 +75,47 @@ def test_a_fifo_is_written_into_and_stays_a_fifo(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
-def test_a_link_to_a_file_stays_a_link_and_its_file_is_replaced_atomically(tmp_path: Path) -> None:
-    real = tmp_path / "reports" / "report.html"
-    real.parent.mkdir()
-    real.write_bytes(b"old")
-    before = os.stat(real).st_ino
-    link = tmp_path / "latest.html"
-    link.symlink_to(real)
+def test_a_link_to_a_file_is_replaced_and_the_file_it_led_to_is_left_alone(tmp_path: Path) -> None:
+    """DVC's ``cache.type: symlink`` makes every tracked file a link into a content-addressed cache
+    (files 0444, folders writable): writing through the link rewrote the cache object keyed by the
+    old report's bytes, for every workspace sharing it. The link is replaced, as a file would be."""
+    cached = tmp_path / "cache" / "ab" / "cdef0123"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"old")
+    cached.chmod(0o444)
+    link = tmp_path / "version" / "report.html"
+    link.parent.mkdir()
+    link.symlink_to(cached)
     with atomic_output(link, shared=True) as fh:
         fh.write(b"new")
-    assert link.is_symlink() and os.readlink(link) == str(real)
-    assert real.read_bytes() == b"new"
-    assert os.stat(real).st_ino != before  # a new file renamed over it, never written in place
-    assert leftovers(tmp_path) == [] and leftovers(real.parent) == []
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert cached.read_bytes() == b"old"
+    assert leftovers(link.parent) == [] and leftovers(cached.parent) == []
 
 
-def test_a_dangling_link_gets_its_file_and_stays_a_link(tmp_path: Path) -> None:
+def test_a_dangling_link_is_replaced_by_the_file(tmp_path: Path) -> None:
     link = tmp_path / "latest.html"
     link.symlink_to("report.html")  # relative, as ln -s writes it
     with atomic_output(link) as fh:
         fh.write(b"new")
-    assert link.is_symlink() and (tmp_path / "report.html").read_bytes() == b"new"
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_a_pipe_named_by_a_proc_fd_link_is_written_into(tmp_path: Path) -> None:
+    """``-o >(gzip > r.gz)`` hands packer ``/dev/fd/63``, a link to ``/proc/PID/fd/63``, which
+    reads as ``pipe:[N]``: resolving the link's text gives a path that does not exist, so the
+    special file is found by following the link (stat), not by resolving it."""
+    read_end, write_end = os.pipe()
+    try:
+        named = Path(f"/proc/self/fd/{write_end}")
+        assert "pipe:" in os.readlink(named)
+        with atomic_output(named) as fh:
+            fh.write(b"<!DOCTYPE html>")
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.read() == b"<!DOCTYPE html>"
 
 
 def test_a_link_to_a_fifo_writes_into_the_fifo(tmp_path: Path) -> None:
