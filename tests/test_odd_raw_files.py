@@ -286,6 +286,20 @@ def test_a_job_whose_output_lies_under_its_root_never_lists_its_own_shards(tmp_p
     assert found.excluded == [] and found.issues == [] and found.warnings == []
 
 
+def test_a_root_that_is_the_jobs_own_dataset_folder_keeps_its_raw_files(tmp_path: Path) -> None:
+    """name: data, output: the folder above it, so the raw root is the job's dataset folder
+    ``<output>/<name>`` and versions land beside the raw class folders. Skipping the job's own
+    output folder whole skipped every raw file ("no image files under ... Check the root"); only
+    its version folders are output."""
+    job = _pets(tmp_path, name="data", output=str(tmp_path))
+    first = packer.build(job, scheduler="sync", progress=False, report=False)
+    second = packer.build(job, scheduler="sync", progress=False, report=False)
+    assert first.data["inputs"] == {"files": 12, "samples": 12}
+    assert second.data["inputs"] == first.data["inputs"] and second.data["version"] == first.data["version"]
+    found = discover(load_job(job))
+    assert len(found.refs) == 12 and found.excluded == [] and found.warnings == []
+
+
 def test_another_jobs_version_folder_under_the_root_is_skipped_and_said_once_without_unpack_advice(
         tmp_path: Path) -> None:
     """A version folder of packer's (manifest.json and _index.parquet beside its shards) under a

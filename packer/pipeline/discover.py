@@ -304,19 +304,23 @@ def _without_packer_output(relpaths: Sequence[str], own: Sequence[str]) -> tuple
     folders, :func:`own_output_folders`) and under any version folder of packer's
     (:func:`_version_folders`: another job's, or one copied there): a build's shards are no raw
     files, nor archives to unpack. Also the version folders skipped outside ``own``, sorted, for
-    one warning (the job's own output is skipped unsaid)."""
+    one warning (the job's own output is skipped unsaid). A root that is itself the job's dataset
+    folder (``output: data``, ``name: rsna``, ``root: data/rsna``) keeps its raw files: only its
+    version folders, the job's own, are skipped (unsaid)."""
     versions = _version_folders(relpaths)
-    skipped = set(own) | versions
+    own_root = "" in own
+    skipped = {o for o in own if o} | versions
     if not skipped:
         return list(relpaths), []
 
     def under(rel: str) -> bool:
-        if "" in skipped:
-            return True
         parts = rel.split("/")
         return any("/".join(parts[:depth]) in skipped for depth in range(1, len(parts)))
 
-    said = sorted(v for v in versions if not any(v == o or v.startswith(o + "/") or o == "" for o in own))
+    def owned(version: str) -> bool:
+        return (own_root and "/" not in version) or any(version == o or version.startswith(o + "/") for o in own if o)
+
+    said = sorted(v for v in versions if not owned(v))
     return [rel for rel in relpaths if not under(rel)], said
 
 
