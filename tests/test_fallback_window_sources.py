@@ -30,3 +30,14 @@ def test_each_kind_of_fallback_window_is_marked_a_fallback(tmp_path: Path) -> No
     assert fallen == ["fallback_percentiles"]
     assert asked == ["percentiles"]
     np.testing.assert_array_equal(image, same)  # the same window, only its provenance differs
+
+
+def test_the_report_counts_a_percentiles_fallback_as_a_normalisation() -> None:
+    """The report's intensity note ("normalised by each sample's own statistics") reads the
+    windows whose source is a normalisation: a percentiles fallback scales by the sample's own
+    percentiles too, so it is one (it vanished from the note when it got its fallback_ source)."""
+    from packer.htmlreport.stats import normalisation_stats
+
+    info = {"metadata": {"windows": [{"name": "p1-99", "source": "fallback_percentiles", "low": -3.0, "high": 9.5},
+                                     {"name": "own", "source": "file", "center": 40, "width": 80}]}}
+    assert normalisation_stats(info, ["a", "b"]) == [("p1-99", {"low": -3.0, "high": 9.5})]

@@ -164,7 +164,7 @@ def normalisation_stats(info: dict[str, Any], names: Sequence[str]) -> list[tupl
         return []
     out = []
     for name, window in zip(names, windows, strict=False):
-        if isinstance(window, dict) and window.get("source") in ("percentiles", "zscore"):
+        if isinstance(window, dict) and window.get("source") in ("percentiles", "zscore", "fallback_percentiles"):
             stats = {k: float(window[k]) for k in ("low", "high", "mean", "std")
                      if isinstance(window.get(k), int | float)}
             out.append((str(window.get("name") or name), stats))
