@@ -262,12 +262,13 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
 
 
 def load_split(manifest: str | os.PathLike[str], split: str, *,
-               storage_options: Mapping[str, Any] | None = None, cache: ShardCache | None = None,
+               storage_options: Mapping[str, Any] | Sequence[str] | None = None, cache: ShardCache | None = None,
                sources: Sequence[str] | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
-    read with ``storage_options``). The manifest is read by :func:`packer.manifest.read_manifest`:
+    read with ``storage_options``: a mapping, or the command line's ``KEY=VALUE`` strings,
+    :func:`storage_options_given`). The manifest is read by :func:`packer.manifest.read_manifest`:
     IntegrityError when it cannot be read, is from a newer packer, names a file outside its
     version folder, breaks ``schemas/manifest.schema.json`` (the message names the field; a
     sealed manifest, whose content still hashes to its dataset_hash, is checked against the
@@ -289,15 +290,33 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     # the content must still hash to its dataset_hash (an edited label_map would otherwise deliver
     # other classes), and a sealed manifest was checked against the schema by the build that
     # wrote it: not again here (jsonschema's import is 0.1 s of a start; the hash, 0.2 ms)
-    doc = read_manifest(manifest, storage_options=storage_options, schema_if_sealed=False)
+    options = storage_options_given(storage_options)
+    doc = read_manifest(manifest, storage_options=options, schema_if_sealed=False)
     unread = _unread_field(doc.data, split)
     if unread is None:
         try:
-            return _split_info(doc, split, storage_options, cache, sources)
+            return _split_info(doc, split, options, cache, sources)
         except (KeyError, TypeError, AttributeError, IndexError) as err:
-            _refuse_unread(manifest, storage_options, doc, f"the manifest lacks what this packer reads ({err!r})",
-                           err)
-    _refuse_unread(manifest, storage_options, doc, f"manifest field {unread}", None)
+            _refuse_unread(manifest, options, doc, f"the manifest lacks what this packer reads ({err!r})", err)
+    _refuse_unread(manifest, options, doc, f"manifest field {unread}", None)
+
+
+def storage_options_given(storage_options: object) -> dict[str, Any]:
+    """``storage_options`` as the loader keeps them (None: none): a mapping, or the command line's
+    ``KEY=VALUE`` strings (a list or tuple), parsed as ``--storage-option`` parses them
+    (:func:`packer.storage.parse_storage_options`: JSON values, dotted keys nest), as
+    ``packer.build`` takes them. Anything else, a lone string included, is a ConfigError naming
+    its type only: the options hold credentials, and the message must never repeat them."""
+    if storage_options is None:
+        return {}
+    if isinstance(storage_options, Mapping):
+        return dict(storage_options)
+    if isinstance(storage_options, list | tuple) and all(isinstance(pair, str) for pair in storage_options):
+        return storage.parse_storage_options(storage_options)
+    raise ConfigError(f"storage_options: a {type(storage_options).__name__} (not shown: it may hold credentials); "
+                      "give a mapping of the filesystem's options, as in "
+                      "storage_options={'endpoint_url': 'http://127.0.0.1:9000'}, or a list of the command line's "
+                      "KEY=VALUE strings, as in storage_options=['endpoint_url=http://127.0.0.1:9000']")
 
 
 def _refuse_unread(manifest: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, doc: Manifest,
@@ -384,7 +403,7 @@ _SHARD_FIELDS = (("file", _is_name, "a file name"), ("sha256", _is_sha256, "64 h
                  ("bytes", _is_count, "a byte count"), ("samples", _is_count, "a sample count"))
 
 
-def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | None, cache: ShardCache | None,
+def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any], cache: ShardCache | None,
                 sources: Sequence[str] | None) -> SplitInfo:
     """:func:`load_split` after reading the manifest."""
     from packer.badsamples import failed_build
@@ -433,7 +452,7 @@ def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | 
                                     samples=entry.samples))
         else:
             shards.append(ShardInfo(file=entry.file, path=Path(entry.file), bytes=entry.bytes, sha256=entry.sha256,
-                                    samples=entry.samples, url=where, storage_options=dict(storage_options or {}),
+                                    samples=entry.samples, url=where, storage_options=dict(storage_options),
                                     cache=cache))
     total = doc.splits[split]["samples"]
     if total != sum(s.samples for s in shards):
@@ -443,7 +462,7 @@ def _split_info(doc: Manifest, split: str, storage_options: Mapping[str, Any] | 
                      label_map=dict(doc.label_map), dtype=dtype,
                      shape=tuple(shape) if shape is not None else None, shards=tuple(shards), samples=total,
                      shapes={src: tuple(tuple(int(d) for d in s) for s in v) for src, v in shapes.items()},
-                     index=doc.index, storage_options=dict(storage_options or {}),
+                     index=doc.index, storage_options=dict(storage_options),
                      target=Target.of_manifest(doc.data), mask=doc.data.get("mask"), layout=schema["layout"])
 
 

@@ -1,0 +1,74 @@
+"""What packer's Python surface takes, as README's "From Python" documents it: the command line's
+``KEY=VALUE`` storage options wherever a dict is taken, the ``Manifest`` that ``packer.build``
+returns wherever a dataset's location is taken, numpy integers as the whole numbers they hold,
+and, for a value of the wrong type (a dask ``Client`` for ``scheduler``, a number for a path), a
+typed ConfigError naming the argument as the call takes it, never a bare TypeError from deep
+inside pathlib or dask."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+import packer
+from packer.errors import ConfigError
+from packer.loader import ShardDataset
+from packer.manifest import Manifest
+from tests.test_cli_frictions import photo, photo_job
+
+ONE_SPLIT = {"by": "entity", "ratios": {"train": 1.0}, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    """Six photos of six entities, all in train, built in-process."""
+    folder = tmp_path_factory.mktemp("built")
+    job = photo_job(folder, [(f"p{i}.png", photo(i), f"E{i}") for i in range(6)], split=ONE_SPLIT)
+    return packer.build(job, scheduler="sync", progress=False, report=False)
+
+
+@pytest.fixture
+def in_memory(built: Manifest, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The built version copied to fsspec's memory filesystem: its manifest's URL."""
+    memory = fsspec.filesystem("memory")
+    folder = f"/{request.node.name[:40]}/v"
+    assert isinstance(built.folder, Path)
+    for path in built.folder.iterdir():
+        if path.is_file():
+            memory.pipe(f"{folder}/{path.name}", path.read_bytes())
+    yield f"memory://{folder}/manifest.json"
+    memory.rm(folder, recursive=True)
+
+
+# --- storage_options: the command line's KEY=VALUE strings, as README says ShardDataset takes them
+
+
+def test_shard_dataset_takes_storage_options_as_the_command_lines_key_value_strings(in_memory: str) -> None:
+    """ShardDataset(..., storage_options=["skip_instance_cache=true"]) was a bare ValueError from
+    dict(); the strings are parsed as --storage-option parses them (JSON values, dotted keys nest)
+    and reach every remote shard, as the same options given as a mapping do."""
+    as_strings = ShardDataset(in_memory, "train", shuffle=False, storage_options=["skip_instance_cache=true"])
+    as_mapping = ShardDataset(in_memory, "train", shuffle=False, storage_options={"skip_instance_cache": True})
+    assert as_strings.info.storage_options == as_mapping.info.storage_options == {"skip_instance_cache": True}
+    assert all(shard.storage_options == {"skip_instance_cache": True} for shard in as_strings.info.shards)
+    assert [item["key"] for item in as_strings] == [item["key"] for item in as_mapping]
+    assert len(as_strings) == 6
+    nested = ShardDataset(in_memory, "train", storage_options=("skip_instance_cache=false", "a.b=3"))
+    assert nested.info.storage_options == {"skip_instance_cache": False, "a": {"b": 3}}
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("secret=S3CR3T-VALUE", "storage_options: a str (not shown: it may hold credentials)"),
+    (["key=AKIAEXAMPLE", 7], "storage_options: a list (not shown: it may hold credentials)"),
+    (["S3CR3T-VALUE"], "storage_options: an option without KEY= (not shown: it may hold credentials)"),
+])
+def test_shard_dataset_refuses_other_storage_options_by_type_without_repeating_them(
+        built: Manifest, given: Any, said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)) as raised:
+        ShardDataset(built.location, "train", storage_options=given)
+    assert "S3CR3T" not in str(raised.value) and "AKIAEXAMPLE" not in str(raised.value)
