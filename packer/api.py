@@ -24,6 +24,7 @@ the caller gave it: the keyword argument (``scheduler='...'``) from Python, the 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import sys
 import warnings
@@ -106,7 +107,7 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
 
     _refuse_worker_reimport("build")
     with _one_job():
-        _check_workers(workers)
+        workers = _check_workers(workers)
         _check_flags(progress=progress, report=report, resume=resume, keep_spill=keep_spill)
         options_given = _storage_options(storage_options)
         config = load(job, base_dir=base_dir)
@@ -262,7 +263,7 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
 
     _refuse_worker_reimport("validate")
     with _one_job() as noted:
-        _check_workers(workers)
+        workers = _check_workers(workers)
         _check_flags(quick=quick, progress=progress)
         options_given = _storage_options(storage_options)
         config = load(job, base_dir=base_dir)
@@ -335,12 +336,17 @@ def _storage_options(storage_options: object) -> dict[str, Any] | None:
                       "KEY=VALUE strings")
 
 
-def _check_workers(workers: object) -> None:
-    """``workers`` as ``--workers`` takes it (a whole number, at least 1) or None: 0 once meant
-    the default silently and a negative count waited forever for a cluster that never started."""
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+def _check_workers(workers: object) -> int | None:
+    """``workers`` as ``--workers`` takes it (a whole number, at least 1) or None, as a Python int:
+    any integer type (``np.int64(2)``, a numpy value read as the Python value it holds, as a job's
+    are), not a bool (numpy's is no ``numbers.Integral``). 0 once meant the default silently and a
+    negative count waited forever for a cluster that never started."""
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
         raise ConfigError(f"workers={workers!r}: the local cluster needs a whole number of worker processes, "
                           "at least 1 (None: one per core, at most 8)")
+    return int(workers)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pytest
 
 import packer
@@ -72,3 +73,27 @@ def test_shard_dataset_refuses_other_storage_options_by_type_without_repeating_t
     with pytest.raises(ConfigError, match=re.escape(said)) as raised:
         ShardDataset(built.location, "train", storage_options=given)
     assert "S3CR3T" not in str(raised.value) and "AKIAEXAMPLE" not in str(raised.value)
+
+
+# --- workers: a whole number of any integer type, as README reads numpy values
+
+
+def test_workers_takes_a_numpy_integer_as_the_whole_number_it_holds(tmp_path: Path) -> None:
+    """workers=np.int64(1) was refused as "not a whole number"; it is the 1 it holds, passed on as
+    a Python int (the local cluster starts with it: a one-worker check of a real job passes)."""
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(2)], split=ONE_SPLIT)
+    checked = packer.validate(job, quick=True, workers=np.int64(1), progress=False)
+    assert checked.exit_code == 0
+
+
+@pytest.mark.parametrize("workers", [np.int32(2), np.uint8(2), np.int64(8)])
+def test_any_integer_type_is_taken_before_the_job_is_read(workers: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        packer.validate({"name": "x"}, workers=workers, progress=False)
+    assert not str(raised.value).startswith("workers=")  # the job's own error: it lists no sources
+
+
+@pytest.mark.parametrize("workers", [np.int64(0), np.True_, True, 2.0, np.float64(2), "2"])
+def test_workers_that_are_not_a_whole_number_of_at_least_one_are_refused_by_name(workers: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^workers=.*: the local cluster needs a whole number"):
+        packer.validate({"name": "x"}, workers=workers, progress=False)
