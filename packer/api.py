@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import reprlib
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -274,11 +275,12 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
     return ValidationResult(data_check=checked, noted=noted)
 
 
-def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as tarfile.open: read qualified
+def open(location: str | os.PathLike[str] | Manifest, *,  # noqa: A001 - packer.open, as tarfile.open: read qualified
          storage_options: Mapping[str, Any] | None = None) -> Manifest:
     """The manifest of a built version: ``location`` is its version folder, its ``manifest.json``
     or a registry copy (``manifests/<name>/<version>.json``), a local path or a URL (``s3://...``,
-    read with ``storage_options``).
+    read with ``storage_options``), or a :class:`~packer.manifest.Manifest` (what :func:`build`
+    returns), read again from its ``location``.
 
     Checked as the loader and ``packer inspect`` check it: the schema, the format version, and
     that the content still hashes to ``dataset_hash`` (the shards are not re-hashed: that is
@@ -287,7 +289,8 @@ def open(location: str | os.PathLike[str], *,  # noqa: A001 - packer.open, as ta
     """
     with called_from(PYTHON_API, unless_set=True):
         options_given = _storage_options(storage_options)
-        return read_manifest(location, storage_options=options_given)
+        where = location.location if isinstance(location, Manifest) else _path_arg("location", location)
+        return read_manifest(where, storage_options=options_given)
 
 
 def _refuse_worker_reimport(call: str) -> None:
@@ -334,6 +337,15 @@ def _storage_options(storage_options: object) -> dict[str, Any] | None:
                       "give a mapping of the filesystem's options, as in "
                       "storage_options={'endpoint_url': 'http://127.0.0.1:9000'}, or a list of the command line's "
                       "KEY=VALUE strings")
+
+
+def _path_arg(name: str, value: object) -> str | os.PathLike[str]:
+    """``value`` as a path argument takes it: a str or an ``os.PathLike`` of one (a ConfigError
+    naming ``name=`` otherwise: pathlib's own TypeError named neither the argument nor the fix)."""
+    if isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str):
+        return value
+    raise ConfigError(f"{name}={reprlib.repr(value)}: give a path or a URL (a str or a pathlib.Path), not a "
+                      f"{type(value).__name__}")
 
 
 def _check_workers(workers: object) -> int | None:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,8 +65,15 @@ def local_path(location: Location) -> Path | None:
     """The local path of a plain path or a ``file://`` URL; ``None`` for any other URL.
 
     Raises ``ConfigError`` for a ``file://`` URL naming another host, and for an fsspec chained
-    URL (``simplecache::s3://bucket/p``): packer names, joins, lists and publishes plain URLs.
+    URL (``simplecache::s3://bucket/p``): packer names, joins, lists and publishes plain URLs;
+    and for anything that is no path or URL at all (a number, bytes, a list), which pathlib
+    refused with a bare TypeError naming neither the value nor the fix.
     """
+    if not isinstance(location, str | os.PathLike) or not isinstance(os.fspath(location), str):
+        given, its = reprlib.repr(location), getattr(location, "location", None)
+        also = f"; pass its .location ({reprlib.repr(its)})" if isinstance(its, str) else ""
+        raise ConfigError(f"{given}: a dataset's location is a path or a URL (a str or an os.PathLike of one), not "
+                          f"a {type(location).__name__}{also}")
     _refuse_chained(location)
     if not is_url(location):
         return Path(location)

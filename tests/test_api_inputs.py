@@ -97,3 +97,35 @@ def test_any_integer_type_is_taken_before_the_job_is_read(workers: Any) -> None:
 def test_workers_that_are_not_a_whole_number_of_at_least_one_are_refused_by_name(workers: Any) -> None:
     with pytest.raises(ConfigError, match=r"^workers=.*: the local cluster needs a whole number"):
         packer.validate({"name": "x"}, workers=workers, progress=False)
+
+
+# --- the Manifest packer.build returns, wherever a dataset's location is taken
+
+
+def test_shard_dataset_and_packer_open_take_the_manifest_packer_build_returns(built: Manifest) -> None:
+    """README names the build's result `manifest` and documents ShardDataset(manifest, split);
+    ShardDataset(manifest, "train") and packer.open(manifest) were a bare TypeError from pathlib.
+    The object stands for its location: the same dataset, checked again as on any open."""
+    from_object = ShardDataset(built, "train", shuffle=False)
+    from_location = ShardDataset(built.location, "train", shuffle=False)
+    assert from_object.info == from_location.info and len(from_object) == 6
+    assert [item["key"] for item in from_object] == [item["key"] for item in from_location]
+    opened = packer.open(built)
+    assert opened.location == built.location and opened.dataset_hash == built.dataset_hash
+
+
+def test_a_remote_manifest_object_is_read_from_its_url_with_the_options_given(in_memory: str) -> None:
+    manifest = packer.open(in_memory, storage_options=["skip_instance_cache=true"])
+    dataset = ShardDataset(manifest, "train", storage_options=["skip_instance_cache=true"])
+    assert dataset.info.manifest == in_memory and len(dataset) == 6
+    assert packer.open(manifest).dataset_hash == manifest.dataset_hash
+
+
+@pytest.mark.parametrize("location", [5, 2.5, None, b"/tmp/x", ["a", "b"]])
+def test_a_location_that_is_no_path_or_url_is_a_config_error_naming_it(location: Any) -> None:
+    """packer.open(5) and ShardDataset(5, ...) were bare TypeErrors from pathlib."""
+    with pytest.raises(ConfigError, match=r"location|manifest") as raised:
+        packer.open(location)
+    assert "a path or a URL" in str(raised.value)
+    with pytest.raises(ConfigError, match="a path or a URL"):
+        ShardDataset(location, "train")

@@ -261,14 +261,16 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
                       "transform.nifti.output; images are uint8)")
 
 
-def load_split(manifest: str | os.PathLike[str], split: str, *,
+def load_split(manifest: str | os.PathLike[str] | Manifest, split: str, *,
                storage_options: Mapping[str, Any] | Sequence[str] | None = None, cache: ShardCache | None = None,
                sources: Sequence[str] | None = None) -> SplitInfo:
     """Read ``manifest.json`` (the file or its folder) and return ``split``'s shards.
 
     ``manifest`` is a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/...``,
     read with ``storage_options``: a mapping, or the command line's ``KEY=VALUE`` strings,
-    :func:`storage_options_given`). The manifest is read by :func:`packer.manifest.read_manifest`:
+    :func:`storage_options_given`), or the :class:`~packer.manifest.Manifest` that ``packer.build``
+    and ``packer.open`` return, read again from its ``location``. The manifest is read by
+    :func:`packer.manifest.read_manifest`:
     IntegrityError when it cannot be read, is from a newer packer, names a file outside its
     version folder, breaks ``schemas/manifest.schema.json`` (the message names the field; a
     sealed manifest, whose content still hashes to its dataset_hash, is checked against the
@@ -285,7 +287,10 @@ def load_split(manifest: str | os.PathLike[str], split: str, *,
     whose sources' samples have different dtypes is read through a view of ``sources`` of one
     dtype (``ConfigError`` otherwise, naming each source's dtype).
     """
-    from packer.manifest import read_manifest  # pyarrow: not in every worker
+    from packer.manifest import Manifest, read_manifest  # pyarrow: not in every worker
+
+    if isinstance(manifest, Manifest):  # what packer.build returns: checked again as any open checks it
+        manifest = manifest.location
 
     # the content must still hash to its dataset_hash (an edited label_map would otherwise deliver
     # other classes), and a sealed manifest was checked against the schema by the build that
