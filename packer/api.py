@@ -108,7 +108,8 @@ def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: i
 
     _refuse_worker_reimport("build")
     with _one_job():
-        workers = _check_workers(workers)
+        workers, scheduler = _check_workers(workers), _scheduler(scheduler)
+        _paths(out=out, cache_dir=cache_dir, base_dir=base_dir)
         _check_flags(progress=progress, report=report, resume=resume, keep_spill=keep_spill)
         options_given = _storage_options(storage_options)
         config = load(job, base_dir=base_dir)
@@ -264,7 +265,8 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
 
     _refuse_worker_reimport("validate")
     with _one_job() as noted:
-        workers = _check_workers(workers)
+        workers, scheduler = _check_workers(workers), _scheduler(scheduler)
+        _paths(base_dir=base_dir)
         _check_flags(quick=quick, progress=progress)
         options_given = _storage_options(storage_options)
         config = load(job, base_dir=base_dir)
@@ -339,13 +341,47 @@ def _storage_options(storage_options: object) -> dict[str, Any] | None:
                       "KEY=VALUE strings")
 
 
-def _path_arg(name: str, value: object) -> str | os.PathLike[str]:
+def _path_arg(name: str, value: object, *, url: bool = True) -> str | os.PathLike[str]:
     """``value`` as a path argument takes it: a str or an ``os.PathLike`` of one (a ConfigError
-    naming ``name=`` otherwise: pathlib's own TypeError named neither the argument nor the fix)."""
+    naming ``name=`` otherwise: pathlib's own TypeError named neither the argument nor the fix).
+    ``url``: whether the argument also takes a URL (the message says what it takes)."""
     if isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str):
         return value
-    raise ConfigError(f"{name}={reprlib.repr(value)}: give a path or a URL (a str or a pathlib.Path), not a "
-                      f"{type(value).__name__}")
+    what = "a path or a URL" if url else "a path"
+    raise ConfigError(f"{name}={reprlib.repr(value)}: give {what} (a str or a pathlib.Path), not a value of "
+                      f"type {type(value).__name__}")
+
+
+def _paths(**paths: object) -> None:
+    """Each of ``paths`` None or a path (:func:`_path_arg`); ``out`` may be a URL."""
+    for name, value in paths.items():
+        if value is not None:
+            _path_arg(name, value, url=name == "out")
+
+
+def _scheduler(scheduler: object) -> str | None:
+    """``scheduler`` as the cluster code takes it: None (a local cluster), ``"sync"``, a dask
+    scheduler's address, or its scheduler file, also as an ``os.PathLike`` (a bare file name
+    is made ``./name``, so that it is read as the file even without ``.json``). A dask
+    ``Client`` or cluster object is refused naming the address to pass instead (packer opens
+    its own client: the caller's stays the caller's); anything else names the forms taken. It
+    was a bare TypeError ("argument of type 'Client' is not iterable") from the cluster code."""
+    if scheduler is None or isinstance(scheduler, str):
+        return scheduler
+    if isinstance(scheduler, os.PathLike) and isinstance(os.fspath(scheduler), str):
+        path = os.fspath(scheduler)
+        return path if os.sep in path or path.endswith(".json") else os.path.join(os.curdir, path)
+    kind = type(scheduler).__name__
+    address = getattr(scheduler, "scheduler_address", None)  # a dask cluster (its .scheduler is the Scheduler)
+    fix = "cluster.scheduler_address"
+    if not isinstance(address, str):
+        address, fix = getattr(getattr(scheduler, "scheduler", None), "address", None), "client.scheduler.address"
+    if isinstance(address, str):
+        raise ConfigError(f"scheduler=<{kind}>: a dask {kind}, not an address; pass scheduler={fix} ({address!r}) "
+                          "to run on its cluster (packer connects a client of its own)")
+    raise ConfigError(f"scheduler={reprlib.repr(scheduler)}: give a dask scheduler's address ('tcp://host:8786'), "
+                      "the file `dask scheduler --scheduler-file FILE` wrote (a str or a pathlib.Path), or 'sync' "
+                      f"(in-process), not a value of type {kind}; leave scheduler None for a local cluster")
 
 
 def _check_workers(workers: object) -> int | None:

@@ -8,7 +8,7 @@ inside pathlib or dask."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +129,79 @@ def test_a_location_that_is_no_path_or_url_is_a_config_error_naming_it(location:
     assert "a path or a URL" in str(raised.value)
     with pytest.raises(ConfigError, match="a path or a URL"):
         ShardDataset(location, "train")
+
+
+# --- scheduler= and the path arguments: a value of the wrong type is a ConfigError naming the argument
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """An in-process dask cluster and a client of it, as a notebook holds them."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+    client = Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.mark.parametrize("call", [packer.build, packer.validate])
+def test_a_dask_client_or_cluster_for_scheduler_says_to_pass_its_address(
+        tmp_path: Path, dask_client: Any, call: Callable[..., Any]) -> None:
+    """scheduler=client was a bare "TypeError: argument of type 'Client' is not iterable" from
+    deep in the cluster code; it is refused before any work, naming scheduler= and the address
+    to pass instead."""
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(2)], split=ONE_SPLIT)
+    address = dask_client.scheduler.address
+    for given, fix in ((dask_client, "client.scheduler.address"), (dask_client.cluster, "cluster.scheduler_address")):
+        with pytest.raises(ConfigError) as raised:
+            call(job, scheduler=given, progress=False)
+        said = str(raised.value)
+        assert said.startswith(f"scheduler=<{type(given).__name__}>: a dask {type(given).__name__}, not an address")
+        assert f"pass scheduler={fix} ({address!r})" in said
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scheduler_file_given_as_a_path_is_read_as_the_same_file_given_as_a_str(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: scheduler takes the file `dask scheduler --scheduler-file` wrote; a pathlib.Path of it
+    was a bare TypeError. It is that file, even a bare name without .json in the current folder."""
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(2)], split=ONE_SPLIT)
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "sched").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    for given, said in ((tmp_path / "missing.json", "no such scheduler file"),
+                        (tmp_path / "empty.json", "it is not a scheduler file's JSON"),
+                        (Path("sched"), "it names no scheduler address")):
+        with pytest.raises(ConfigError, match=r"^scheduler='[^']*': " + re.escape(said)):
+            packer.validate(job, scheduler=given, progress=False)
+    with pytest.raises(ConfigError, match=r"^scheduler='[^']*': " + re.escape("no such scheduler file")):
+        packer.validate(job, scheduler=str(tmp_path / "missing.json"), progress=False)  # the same as a str
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"scheduler": 5}, "scheduler=5: give a dask scheduler's address"),
+    ({"scheduler": b"tcp://h:1"}, "scheduler=b'tcp://h:1': give a dask scheduler's address"),
+    ({"out": 5}, "out=5: give a path or a URL"),
+    ({"cache_dir": 5}, "cache_dir=5: give a path (a str or a pathlib.Path), not a value of type int"),
+    ({"base_dir": 5}, "base_dir=5: give a path (a str or a pathlib.Path), not a value of type int"),
+    ({"out": b"/tmp/x"}, "out=b'/tmp/x': give a path or a URL"),
+])
+def test_arguments_that_are_no_path_or_address_are_config_errors_naming_them(
+        tmp_path: Path, kwargs: dict[str, Any], said: str) -> None:
+    """out=5, cache_dir=5, base_dir=5 and scheduler=5 were bare TypeErrors from pathlib or dask."""
+    job = photo_job(tmp_path, [(f"p{i}.png", photo(i), f"E{i}") for i in range(2)], split=ONE_SPLIT)
+    with pytest.raises(ConfigError, match=re.escape(said)) as raised:
+        packer.build(job, progress=False, report=False, **kwargs)
+    assert raised.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cluster_code_refuses_a_scheduler_that_is_no_string_by_name() -> None:
+    """Its callers other than packer.api (the build's and the check's own entry points) get a
+    ConfigError, not "argument of type 'PosixPath' is not iterable"."""
+    from packer.pipeline.cluster import check_scheduler
+
+    with pytest.raises(ConfigError, match=r"^--scheduler: a PosixPath, not a dask scheduler's address"):
+        check_scheduler(Path("scheduler.json"))  # type: ignore[arg-type]

@@ -1033,6 +1033,9 @@ def check_scheduler(scheduler: str | None) -> None:
     started: the other checks' advice (a shared build cache for a cluster) would be beside the point."""
     if scheduler is None or scheduler == "sync":
         return
+    if not isinstance(scheduler, str):  # packer.api turns a Path, a Client or a cluster into this or its error
+        raise ConfigError(f"{surface().name('scheduler')}: a {type(scheduler).__name__}, not a dask scheduler's "
+                          "address (tcp://host:port), its scheduler file or sync")
     _check_scheduler_file(scheduler)
     if "://" not in scheduler and (os.sep in scheduler or scheduler.endswith(".json")):  # a scheduler file
         return
