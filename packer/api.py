@@ -29,7 +29,7 @@ import os
 import reprlib
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -58,11 +58,17 @@ if TYPE_CHECKING:  # the pipeline (dask, pyarrow) loads when a build or a check 
     from packer.pipeline.datacheck import ValidateResult
     from packer.records import Issue
 
-__all__ = ["Job", "ValidationResult", "build", "check_built", "load", "open", "run_build", "validate"]
+__all__ = ["Job", "StorageOptions", "ValidationResult", "build", "check_built", "load", "open", "run_build",
+           "validate"]
 
 #: What the calls take as a job: a job file (path), the mapping a job file's YAML parses to, or
 #: a loaded job.
 Job: TypeAlias = str | os.PathLike[str] | Mapping[str, Any] | JobConfig
+
+#: What the calls take as ``storage_options``: a mapping of the filesystem's options, or the command
+#: line's ``KEY=VALUE`` strings (a list or tuple; a lone str is refused at run time, as it would be
+#: taken for its characters).
+StorageOptions: TypeAlias = Mapping[str, Any] | Sequence[str] | None
 
 
 def load(job: Job, *, base_dir: str | os.PathLike[str] | None = None) -> JobConfig:
@@ -90,9 +96,9 @@ def load(job: Job, *, base_dir: str | os.PathLike[str] | None = None) -> JobConf
 
 
 def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int | None = None,
-              scheduler: str | None = None, progress: bool = True, report: bool = True, resume: bool = True,
-              keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
-              storage_options: Mapping[str, Any] | None = None,
+              scheduler: str | os.PathLike[str] | None = None, progress: bool = True, report: bool = True,
+              resume: bool = True, keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+              storage_options: StorageOptions = None,
               base_dir: str | os.PathLike[str] | None = None) -> BuildResult:
     """Build ``job`` and return the run's facts: what :func:`build` returns comes from its
     manifest, and ``packer build`` prints its summary from them (reused or not, stage times,
@@ -132,9 +138,9 @@ def check_built(result: BuildResult) -> None:
 
 
 def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int | None = None,
-          scheduler: str | None = None, progress: bool = True, report: bool = True, resume: bool = True,
-          keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
-          storage_options: Mapping[str, Any] | None = None,
+          scheduler: str | os.PathLike[str] | None = None, progress: bool = True, report: bool = True,
+          resume: bool = True, keep_spill: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+          storage_options: StorageOptions = None,
           base_dir: str | os.PathLike[str] | None = None) -> Manifest:
     """Build the dataset ``job`` describes, as ``packer build`` does; return its manifest.
 
@@ -159,7 +165,7 @@ def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int |
                        base_dir=base_dir)
     check_built(result)
     if result.published is not None:  # the dataset lives at the URL now; the local folder was the work folder
-        return read_manifest(result.published.manifest_url, storage_options=storage_options)
+        return read_manifest(result.published.manifest_url, storage_options=_storage_options(storage_options))
     return read_manifest(result.manifest_path)
 
 
@@ -250,8 +256,9 @@ class ValidationResult:
                                    f"{bad['max_fraction']:.1%}); ValidationResult.issues lists them")
 
 
-def validate(job: Job, *, quick: bool = False, workers: int | None = None, scheduler: str | None = None,
-             progress: bool = True, storage_options: Mapping[str, Any] | None = None,
+def validate(job: Job, *, quick: bool = False, workers: int | None = None,
+             scheduler: str | os.PathLike[str] | None = None, progress: bool = True,
+             storage_options: StorageOptions = None,
              base_dir: str | os.PathLike[str] | None = None) -> ValidationResult:
     """Check ``job``'s data without building, as ``packer validate`` does: every file read and
     decoded (headers only with ``quick``), the split applied and audited. Writes nothing.
@@ -278,7 +285,7 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None, sched
 
 
 def open(location: str | os.PathLike[str] | Manifest, *,  # noqa: A001 - packer.open, as tarfile.open: read qualified
-         storage_options: Mapping[str, Any] | None = None) -> Manifest:
+         storage_options: StorageOptions = None) -> Manifest:
     """The manifest of a built version: ``location`` is its version folder, its ``manifest.json``
     or a registry copy (``manifests/<name>/<version>.json``), a local path or a URL (``s3://...``,
     read with ``storage_options``), or a :class:`~packer.manifest.Manifest` (what :func:`build`

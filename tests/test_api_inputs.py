@@ -7,7 +7,14 @@ inside pathlib or dask."""
 
 from __future__ import annotations
 
+import collections.abc
+import inspect
+import os
 import re
+import subprocess
+import sys
+import sysconfig
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +24,11 @@ import numpy as np
 import pytest
 
 import packer
+from packer import api
 from packer.errors import ConfigError
 from packer.loader import ShardDataset
 from packer.manifest import Manifest
+from tests.helpers import REPO
 from tests.test_cli_frictions import photo, photo_job
 
 ONE_SPLIT = {"by": "entity", "ratios": {"train": 1.0}, "seed": 3}
@@ -205,3 +214,63 @@ def test_the_cluster_code_refuses_a_scheduler_that_is_no_string_by_name() -> Non
 
     with pytest.raises(ConfigError, match=r"^--scheduler: a PosixPath, not a dask scheduler's address"):
         check_scheduler(Path("scheduler.json"))  # type: ignore[arg-type]
+
+
+# --- the public types, as a user's type checker sees them
+
+
+@pytest.mark.parametrize("call", [api.build, api.run_build, api.validate, api.open])
+def test_storage_options_are_annotated_as_the_mapping_or_the_key_value_strings_the_calls_take(
+        call: Callable[..., Any]) -> None:
+    assert inspect.signature(call).parameters["storage_options"].annotation == "StorageOptions"
+    assert set(typing.get_args(api.StorageOptions)) == {
+        collections.abc.Mapping[str, Any], collections.abc.Sequence[str], type(None)}
+
+
+USER_SCRIPT = """\
+from pathlib import Path
+
+from packer import api
+from packer.manifest import Manifest
+
+
+def build() -> Manifest:
+    return api.build("job.yaml", scheduler=Path("scheduler.json"), storage_options=["anon=true"])
+
+
+def reopen(manifest: Manifest) -> Manifest:
+    return api.open(manifest, storage_options={"anon": True})
+
+
+def wrong() -> str:
+    return api.open("v")
+"""
+
+
+def test_a_users_mypy_strict_sees_packers_signatures_through_an_editable_install(tmp_path: Path) -> None:
+    """packer shipped no PEP 561 marker (packer/py.typed): a user's `mypy --strict`, with packer
+    installed as `make install` installs it (an editable install: a .pth naming the checkout,
+    beside the wheel's packer/_schemas folder), said 'module is installed, but missing library
+    stubs or py.typed marker' and typed every packer name as Any. With the marker it reads
+    the annotations: the documented calls pass, and a wrong return type is caught."""
+    assert (REPO / "packer" / "py.typed").is_file()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "packer/py.typed"], cwd=REPO)
+    assert ignored.returncode == 1  # not ignored: hatch's wheel (packages = ["packer"]) ships every file in it
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    python = env / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_editable_impl_packer.pth").write_text(f"{REPO}\n")
+    (site / "packer" / "_schemas").mkdir(parents=True)  # what the wheel's force-include installs
+    (tmp_path / "user.py").write_text(USER_SCRIPT)
+    mypy = Path(sysconfig.get_paths()["scripts"]) / "mypy"
+    if not mypy.exists():
+        mypy = Path(sys.executable).with_name("mypy")
+    done = subprocess.run([str(mypy), "--strict", "--python-executable", str(python), "--cache-dir",
+                           str(tmp_path / "cache"), "user.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")},
+                          timeout=300)
+    lines = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert len(lines) == 1, done.stdout
+    assert lines[0].startswith("user.py:16: error: Incompatible return value type (got \"Manifest\", expected \"str\")")
