@@ -11,8 +11,8 @@ channel each after the row's own file, as BraTS' t1/t1ce/t2/flair) and its label
 (``mask: {column}``); both must lie on the row's grid (``channel_geometry``, ``mask_geometry``),
 or with ``mask: {grid: resample}`` the label map is resampled to it in patient coordinates.
 A volume of another format under the root (NRRD, MetaImage, MGH, MINC, an Analyze or NIfTI-1
-``.hdr``/``.img`` pair) is left out as ``unsupported_format``, saying how to convert it to NIfTI
-(:meth:`NiftiKind.unsupported`).
+``.hdr``/``.img`` pair), compressed whole or not (``.mnc.gz``, FSL's ``.hdr.gz``/``.img.gz``), is
+left out as ``unsupported_format``, saying how to convert it to NIfTI (:meth:`NiftiKind.unsupported`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read import at_boundary
+from packer.read.archives import Compressed, compressed
 from packer.read.kinds import Probed, SourceKind, register
 from packer.read.nifti import (
     NiftiDefect,
@@ -109,6 +110,33 @@ UNSUPPORTED_VOLUME_FORMATS = {
 }
 #: NIfTI files under a compression packer does not list (it reads .nii and gzip's .nii.gz).
 _RECOMPRESS = {".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": "zip", ".z": "compress"}
+#: The formats of two files, whose other half a compressing tool compresses too (FSL's
+#: NIFTI_PAIR_GZ and ANALYZE_GZ write ``.hdr.gz`` and ``.img.gz``): both are decompressed
+_PAIRED = frozenset({".hdr", ".img", ".nhdr", ".mhd"})
+#: The encodings an NRRD ``.nhdr`` header gives its detached data file (``x.raw.gz``), by suffix:
+#: such a file is read through its header as it is, never decompressed first
+_NRRD_ENCODINGS = {".gz": "gzip", ".bz2": "bzip2"}
+
+
+def _compressed_volume(squeezed: Compressed) -> str | None:
+    """What a volume file of another format compressed whole (BrainWeb's ``.mnc.gz``, FSL's
+    ``.hdr.gz``/``.img.gz``) is and what to do: its uncompressed name's record
+    (:data:`UNSUPPORTED_VOLUME_FORMATS`) with the decompression before the conversion; None where
+    that name is no volume format (``notes.txt.gz``)."""
+    inner = squeezed.inner_suffix
+    said = UNSUPPORTED_VOLUME_FORMATS.get(inner)
+    if said is None:
+        return None
+    how = f"{squeezed.compressor} ({squeezed.suffix})"
+    if inner == ".raw" and squeezed.suffix in _NRRD_ENCODINGS:
+        return (f"raw voxels compressed with {how}, as the detached data file of an NRRD .nhdr header (encoding: "
+                f"{_NRRD_ENCODINGS[squeezed.suffix]}), {_NOT_READ}; convert the header that names it to NIfTI (see "
+                "that file's record; this file stays as it is, its header says how it is encoded), then move this "
+                "file out of the root")
+    what, _, fix = said.partition(f", {_NOT_READ}; ")
+    them = "it and the other half of its pair where they lie" if inner in _PAIRED else "it where it lies"
+    return (f"{what} compressed with {how}, {_NOT_READ}; decompress {them} (e.g. {squeezed.command} "
+            f"*{squeezed.suffix} in its folder), then {fix}")
 
 
 @dataclass(frozen=True)
@@ -185,11 +213,15 @@ class NiftiKind(SourceKind):
 
     def unsupported(self, name: str, suffix: str) -> str | None:
         """NRRD, MetaImage, MGH, MINC and Analyze-pair files (:data:`UNSUPPORTED_VOLUME_FORMATS`),
-        and NIfTI files compressed other than with gzip; DICOM files are the DICOM kind's (never
-        named here: they are recognised by content, not suffix)."""
+        also compressed whole (``.mnc.gz``, ``.hdr.gz``: :func:`_compressed_volume`), and NIfTI
+        files compressed other than with gzip; DICOM files are the DICOM kind's (never named here:
+        they are recognised by content, not suffix)."""
         if name.endswith(f".nii{suffix}") and suffix in _RECOMPRESS:
             return (f"a NIfTI file compressed with {_RECOMPRESS[suffix]} ({suffix}), {_NOT_READ}; decompress it "
                     "and gzip it (or keep the .nii)")
+        squeezed = compressed(name)
+        if squeezed is not None:
+            return _compressed_volume(squeezed)
         return UNSUPPORTED_VOLUME_FORMATS.get(suffix)
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> NiftiTransformConfig:
