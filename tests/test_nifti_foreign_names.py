@@ -6,6 +6,14 @@ formats as their tools ship them gzipped -- BrainWeb's and ICBM's ``.mnc.gz``, F
 NIFTI_PAIR_GZ and ANALYZE_GZ ``.hdr.gz`` + ``.img.gz`` -- were looked up by their last suffix
 (``.gz``) alone, matched nothing, and vanished: neither listed, nor excluded, nor bad. Each now
 gets the record its uncompressed name gets, saying to decompress it first, then convert it.
+
+BIDS label maps. In a BIDS tree the part of a name after its last ``_`` is the file's type (its
+suffix) and the parts before it are entities (``sub-01_ses-1_desc-brain``): a brain mask
+``sub-01_ses-1_desc-brain_mask.nii.gz`` and the derivatives' ``*_dseg.nii.gz`` and
+``*_probseg.nii.gz`` are label maps whose rest names no image (the image is ``sub-01_ses-1_T1w``),
+so a source without a table packed them as input images. A BIDS name whose suffix is ``mask``,
+``dseg`` or ``probseg`` is now left out as ``label_map`` beside an image of its subject, as the
+other label-map names are beside theirs.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import numpy as np
 import yaml
 
 from packer.config import load_job
-from packer.pipeline.discover import discover
+from packer.pipeline.discover import MaskPartners, discover, mask_named
 from packer.read.nifti_kind import UNSUPPORTED_VOLUME_FORMATS
 
 AFFINE = np.diag([1.0, 1.0, 2.0, 1.0])
@@ -133,3 +141,53 @@ def test_a_table_naming_a_gzipped_pair_gets_what_a_table_naming_the_pair_gets(tm
     assert {why for why, _ in out.values()} == {"unsupported_format"}
     plain, squeezed = out["b.hdr"][1], out["c.hdr.gz"][1]
     assert squeezed.startswith(plain.split(", which packer does not read")[0] + " compressed with gzip (.gz)")
+
+
+BIDS_IMAGES = ["sub-01/ses-1/anat/sub-01_ses-1_T1w.nii.gz", "sub-02/anat/sub-02_T2w.nii.gz",
+               "derivatives/fmriprep/sub-01/anat/sub-01_desc-preproc_T1w.nii.gz"]
+BIDS_LABELS = {"sub-01/ses-1/anat/sub-01_ses-1_desc-brain_mask.nii.gz": "BIDS suffix '_mask'",
+               "derivatives/seg/sub-01/anat/sub-01_space-orig_dseg.nii.gz": "BIDS suffix '_dseg'",
+               "derivatives/fmriprep/sub-01/anat/sub-01_label-GM_probseg.nii.gz": "BIDS suffix '_probseg'",
+               "derivatives/fmriprep/sub-02/anat/sub-02_desc-aseg_dseg.nii": "BIDS suffix '_dseg'"}
+
+
+def test_a_bids_tree_without_a_table_leaves_its_masks_and_segmentations_out_as_label_maps(tmp_path: Path) -> None:
+    root = tmp_path / "bids"
+    for i, rel in enumerate([*BIDS_IMAGES, *BIDS_LABELS]):
+        _volume(root / rel, i)
+    found = discover(load_job(_job(tmp_path, root)))
+    assert sorted(ref.relpath for ref in found.refs) == sorted(BIDS_IMAGES)
+    out = {Path(e.path).relative_to(root).as_posix(): (e.why, e.detail.split(":", 1)[0]) for e in found.excluded}
+    assert out == {rel: ("label_map", why) for rel, why in BIDS_LABELS.items()}
+    assert any("4 file(s) named as masks or label maps left out" in w and "BIDS suffix '_dseg' (2)" in w
+               for w in found.warnings), found.warnings
+
+
+def test_a_bids_label_map_is_one_by_its_suffix_among_bids_entities_only() -> None:
+    partners = MaskPartners.of([*BIDS_IMAGES, *BIDS_LABELS, "sub-03_dseg.nii.gz", "brain_dseg.nii.gz",
+                                "brain.nii.gz", "sub-01_T1w_probseg.nii.gz", "sub-01_desc-dseg_T1w.nii.gz"])
+    for rel, why in BIDS_LABELS.items():
+        assert mask_named(rel, partners) == why, rel
+    assert mask_named("sub-01/anat/sub-01_T1w.nii.gz", partners) is None
+    assert mask_named("sub-01_desc-dseg_T1w.nii.gz", partners) is None  # dseg is an entity's value, not the suffix
+    assert mask_named("brain_dseg.nii.gz", partners) is None  # no BIDS entities: not widened beyond BIDS
+    assert mask_named("sub-01_T1w_probseg.nii.gz", partners) is None  # T1w is no entity: no BIDS name
+    # beside no image of its subject (sub-03 has none) a label map is what the source holds of it: packed
+    assert mask_named("sub-03_dseg.nii.gz", partners) is None
+    assert mask_named("sub-03_dseg.nii.gz") == "BIDS suffix '_dseg'"  # partners unchecked: the name alone
+
+
+def test_a_root_of_bids_segmentations_alone_is_packed_and_a_table_decides_where_there_is_one(tmp_path: Path) -> None:
+    """The derivatives' segmentation folder chosen as the root holds no image of their subjects:
+    its label maps are what was asked for. With a table, the table decides."""
+    seg = tmp_path / "seg"
+    for i in range(2):
+        _volume(seg / f"sub-0{i}" / "anat" / f"sub-0{i}_desc-aseg_dseg.nii.gz", i)
+    assert len(discover(load_job(_job(tmp_path, seg))).refs) == 2
+    root = tmp_path / "bids"
+    for i, rel in enumerate([*BIDS_IMAGES, *BIDS_LABELS]):
+        _volume(root / rel, i)
+    (root / "cases.csv").write_text("path,entity\n" + "".join(f"{rel},p{i}\n" for i, rel in enumerate(BIDS_LABELS)))
+    found = discover(load_job(_job(tmp_path, root, table={"file": str(root / "cases.csv"), "files": "table"})))
+    assert sorted(ref.relpath for ref in found.refs) == sorted(BIDS_LABELS)
+    assert not any(e.why == "label_map" for e in found.excluded)

@@ -697,6 +697,11 @@ _IMAGE_FOLDER = re.compile(r"(?:^|[_\-. ])(?:images?|imgs?|inputs?|originals?)(?
 MASK_NAME = re.compile(r"(?:^|[_\-. ])(mask|masks|seg|segm|segmentation|label|labels|labelmap|gt)(?:[_\-. ]?\d+)?$",
                        re.IGNORECASE)
 _WORD_BREAKS = ("_", "-", ".", " ")
+#: A BIDS name (extension removed) of a label map: entities (``sub-01_ses-1_desc-brain``, the
+#: first ``sub-<label>``) and the file's type after the last ``_`` (its BIDS suffix): ``mask`` (a
+#: brain mask), ``dseg`` (a discrete segmentation) or ``probseg`` (a probabilistic one). Its rest
+#: names no image (the image is ``sub-01_ses-1_T1w``): it counts beside an image of its subject
+_BIDS_LABEL_MAP = re.compile(r"^(sub-[a-zA-Z0-9]+)(?:_[a-zA-Z0-9]+-[a-zA-Z0-9]+)*_(mask|dseg|probseg)$")
 
 
 def _stem(name: str) -> str:
@@ -760,7 +765,8 @@ class MaskPartners:
     def of(cls, relpaths: Iterable[str]) -> MaskPartners:
         named = [(head, _stem(name)) for rel in relpaths if _mask_folder(rel) is None
                  for head, _, name in (rel.rpartition("/"),)]
-        images = [(head, stem) for head, stem in named if MASK_NAME.search(stem) is None]
+        images = [(head, stem) for head, stem in named
+                  if MASK_NAME.search(stem) is None and _BIDS_LABEL_MAP.match(stem) is None]
         folders = frozenset(head for head, _ in images)
         image_folders = frozenset(holder for folder in folders if folder
                                   for holder, _, last in (folder.rpartition("/"),) if _IMAGE_FOLDER.search(last))
@@ -779,7 +785,9 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     masks folder whose file has no image of its own name (``masks/p0_mask.nii.gz`` beside
     ``images/p0.nii.gz``) is still named by its file's name. ``benign (1)_mask.png``
     beside ``benign (1).png``, ``BraTS20_Training_001_seg.nii.gz`` beside ``..._t1.nii.gz``,
-    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A face-mask
+    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A BIDS name whose
+    suffix is ``mask``, ``dseg`` or ``probseg`` (:data:`_BIDS_LABEL_MAP`) is one beside an image of
+    its subject (``sub-01_desc-brain_mask.nii.gz`` beside ``sub-01_T1w.nii.gz``). A face-mask
     set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
     itself, is an image."""
     head, _, name = relpath.rpartition("/")
@@ -787,6 +795,9 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     folder = _mask_folder(relpath)
     if folder is not None and (partners is None or _folder_has_partner(relpath, stem, partners)):
         return folder
+    bids = _BIDS_LABEL_MAP.match(stem)
+    if bids is not None and (partners is None or _named_by_image(bids.group(1), partners)):
+        return f"BIDS suffix '_{bids.group(2)}'"
     found = MASK_NAME.search(stem)
     if found is None:
         return None
