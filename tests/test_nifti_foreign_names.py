@@ -14,10 +14,15 @@ suffix) and the parts before it are entities (``sub-01_ses-1_desc-brain``): a br
 so a source without a table packed them as input images. A BIDS name whose suffix is ``mask``,
 ``dseg`` or ``probseg`` is now left out as ``label_map`` beside an image of its subject, as the
 other label-map names are beside theirs.
+
+Label maps by declaration. A NIfTI header whose ``intent_code`` is 1002 (NIFTI_INTENT_LABEL) or
+1003 (NIFTI_INTENT_NEURONAME) says its voxels are labels, whatever the file is called: without a
+table it is left out as ``label_map`` when its header is read; with one, the table decides.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,8 @@ import numpy as np
 import yaml
 
 from packer.config import load_job
+from packer.exclusions import EXCLUDED_FILE, read_excluded
+from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.discover import MaskPartners, discover, mask_named
 from packer.read.nifti_kind import UNSUPPORTED_VOLUME_FORMATS
 
@@ -191,3 +198,40 @@ def test_a_root_of_bids_segmentations_alone_is_packed_and_a_table_decides_where_
     found = discover(load_job(_job(tmp_path, root, table={"file": str(root / "cases.csv"), "files": "table"})))
     assert sorted(ref.relpath for ref in found.refs) == sorted(BIDS_LABELS)
     assert not any(e.why == "label_map" for e in found.excluded)
+
+
+def _labelled(path: Path, seed: int, intent: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img = nib.Nifti1Image(np.random.default_rng(seed).integers(0, 4, (6, 7, 5)).astype(np.int16), AFFINE)
+    img.header["intent_code"] = intent
+    nib.save(img, str(path))
+    return path
+
+
+def test_a_nifti_file_whose_header_declares_labels_is_left_out_as_a_label_map_without_a_table(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    _volume(root / "brain.nii.gz", 0)
+    _labelled(root / "aparc.nii.gz", 1, 1002)  # named as no label map: its header says it is one
+    _labelled(root / "atlas.nii.gz", 2, 1003)
+    _labelled(root / "stats.nii.gz", 3, 3)  # NIFTI_INTENT_TTEST: values, an image
+    version = build(load_job(_job(tmp_path, root)), BuildOptions(scheduler="sync", quiet=True)).version_dir
+    records = {Path(r["path"]).name: r for r in read_excluded(version / EXCLUDED_FILE)}
+    assert sorted(records) == ["aparc.nii.gz", "atlas.nii.gz"]
+    assert {r["why"] for r in records.values()} == {"label_map"}
+    assert records["aparc.nii.gz"]["detail"].startswith(
+        "its header's intent_code is 1002 (NIFTI_INTENT_LABEL): the file declares its voxels labels")
+    assert records["atlas.nii.gz"]["detail"].startswith("its header's intent_code is 1003 (NIFTI_INTENT_NEURONAME)")
+    assert "name it in a table's mask column" in records["aparc.nii.gz"]["detail"]
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["inputs"]["samples"] == 2 and manifest["inputs"]["excluded"] == {"label_map": 2}
+
+
+def test_a_table_decides_for_a_file_whose_header_declares_labels(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    _volume(root / "brain.nii.gz", 0)
+    _labelled(root / "aparc.nii.gz", 1, 1002)
+    (root / "cases.csv").write_text("path,entity\nbrain.nii.gz,p0\naparc.nii.gz,p1\n")
+    version = build(load_job(_job(tmp_path, root, table=str(root / "cases.csv"))),
+                    BuildOptions(scheduler="sync", quiet=True)).version_dir
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["inputs"]["samples"] == 2 and not manifest["inputs"].get("excluded")

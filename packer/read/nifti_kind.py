@@ -65,7 +65,7 @@ from packer.read.nifti_samples import (
     slice_samples,
     volume_sample,
 )
-from packer.records import Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, Sample, SampleRef
 from packer.transform.channels import check_channels, sharing_channels, stack_fixes
 from packer.transform.volume import Volume, canonical_order, resample_to_grid, resampled_shape
 
@@ -110,6 +110,10 @@ UNSUPPORTED_VOLUME_FORMATS = {
 }
 #: NIfTI files under a compression packer does not list (it reads .nii and gzip's .nii.gz).
 _RECOMPRESS = {".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": "zip", ".z": "compress"}
+#: The header intents that declare a file's voxels labels (a label map, whatever its name):
+#: NIFTI_INTENT_LABEL (an index into a label table) and NIFTI_INTENT_NEURONAME (into a list of
+#: brain structures); a source without a table leaves such a file out as ``label_map``
+LABEL_INTENTS = {1002: "NIFTI_INTENT_LABEL", 1003: "NIFTI_INTENT_NEURONAME"}
 #: The formats of two files, whose other half a compressing tool compresses too (FSL's
 #: NIFTI_PAIR_GZ and ANALYZE_GZ write ``.hdr.gz`` and ``.img.gz``): both are decompressed
 _PAIRED = frozenset({".hdr", ".img", ".nhdr", ".mhd"})
@@ -288,10 +292,12 @@ class NiftiKind(SourceKind):
                                where="transform.nifti.windows" if stacked == 1 else "transform.nifti.sample")
 
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
-              placement: bool, placed: Any = None) -> Probed | Issue:
+              placement: bool, placed: Any = None) -> Probed | Issue | Excluded:
         cfg: NiftiTransformConfig = job.settings(self.name)
         try:
             img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)
+            if header.intent_code in LABEL_INTENTS and source.label_table is None:
+                return _declared_label_map(ref, header.intent_code)
             check_resampled_size(header, cfg, job.limits)
         except NiftiDefect as defect:
             return issue(ref, defect)
@@ -331,6 +337,17 @@ class NiftiKind(SourceKind):
 
     def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
         return samples  # the reader cut each sample's mask from the case's label map, on the sample's grid
+
+
+def _declared_label_map(ref: SampleRef, intent: int) -> Excluded:
+    """The ``label_map`` record of a file of a source without a table whose header declares its
+    voxels labels (:data:`LABEL_INTENTS`): the name rules of discovery cannot see it
+    (:func:`packer.pipeline.discover.mask_named`), its header can."""
+    return Excluded.of(ref, stage="read", why="label_map",
+                       detail=f"its header's intent_code is {intent} ({LABEL_INTENTS[intent]}): the file declares its "
+                              "voxels labels, a label map, which the source, having no table, would pack as an image "
+                              "of its own; name it in a table's mask column to pack it as its image's mask, or list "
+                              "it in the source's table to pack it as an image")
 
 
 def _slice_channels(source: str, channels: int) -> str:
