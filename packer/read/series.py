@@ -568,17 +568,70 @@ def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tu
                      other: tuple[float, int, int]) -> str:
     """Why two slices (their (depth, file, frame) places) may share a position, as far as their
     headers tell: two files of one SOP Instance UID left in the series are different images
-    (:func:`_one_per_instance` keeps one of a copy), which picking one of would mix them."""
+    (:func:`_one_per_instance` keeps one of a copy), which picking one of would mix them; two
+    files whose headers tell them apart (:func:`_contrasts`: Echo Numbers, b-value, Image Type, ...)
+    are two images of each position (echoes, b-values, magnitude and phase) that one stack cannot
+    hold; else a file twice or a second acquisition."""
     (_, a), (_, b) = members[one[1]], members[other[1]]
     if one[1] == other[1]:  # frames of one multi-frame object: not a copy, nor another acquisition
         return _one_object(a, one[2], other[2], "at one place")
-    if one[1] != other[1] and a.sop_uid and a.sop_uid == b.sop_uid:
-        keep = next((f" {{{name}: {x}}}" for name, x, y in _facts(a, b)
-                     if x != y and x and name in IMAGE_IDENTITY[1:]), " (an Echo Numbers value, say)")
+    if a.sop_uid and a.sop_uid == b.sop_uid:
         return (f"one SOP Instance UID shared by different images ({'; '.join(_differences(a, b))}), not one "
                 "image exported twice: an export that gave each position one UID; export the series again "
-                f"with a UID per image, or keep one image per position with the source's where:{keep}")
+                f"with a UID per image, or keep one image per position with the source's where:"
+                f"{_keep(a, b) or ' (an Echo Numbers value, say)'}")
+    told = _contrasts(a, b)
+    if told:
+        kind = ("two acquisitions in one series" if len(told) == 1 and told[0].startswith("AcquisitionNumber ")
+                else "several echoes, b-values, image types (magnitude and phase, original and derived) or temporal "
+                     "positions in one series")
+        return (f"two images of one position that their headers tell apart ({'; '.join(told)}), not one file "
+                f"twice: {kind}, which one stack cannot hold; keep one image per position with the source's "
+                f"where:{_keep(a, b)}, a source (or job) for each")
     return "one file twice in the export, or two acquisitions in one series"
+
+
+#: The header facts (:func:`_facts`) that tell two images of one position apart as a ``where:``
+#: can keep one of them, in the order a record suggests them: Instance Number differs between
+#: any two files, and rows, columns and kernel have been checked alike before positions are
+_CONTRASTS = (*IMAGE_IDENTITY[1:], "ImageType", "AcquisitionNumber")
+
+
+def _contrasts(a: SliceGeometry, b: SliceGeometry) -> list[str]:
+    """What tells the images of two files at one position apart beyond their Instance Number
+    (``EchoNumbers 1 against 2``), in :data:`_CONTRASTS` order; ``[]`` where nothing does."""
+    facts = {name: (x, y) for name, x, y in _facts(a, b) if x != y}
+    return [f"{name} {facts[name][0] or '(none)'} against {facts[name][1] or '(none)'}"
+            for name in _CONTRASTS if name in facts]
+
+
+def _image_type_value(mine: Sequence[str], theirs: Sequence[str]) -> str:
+    """One value of Image Type ``mine`` that ``theirs`` lacks, as ``where: {ImageType: ...}`` keeps
+    the images of ``mine`` by it: ORIGINAL where ``theirs`` is derived, else the first of value 3
+    on (the image's flavour: M or P, TRACEW, ADC), else any; "" where none."""
+    only = [(n, value) for n, value in enumerate(mine) if value and value not in theirs]
+    ranked = sorted(only, key=lambda item: (item[1] != "ORIGINAL", item[0] < 2, item[0]))
+    return ranked[0][1] if ranked else ""
+
+
+def _keep(a: SliceGeometry, b: SliceGeometry) -> str:
+    """The ``where:`` that keeps one of the images ``a`` and ``b`` and not the other (`` {EchoNumbers:
+    1}``: ``a``'s value, ``b``'s where ``a`` has none), by the first of :data:`_CONTRASTS` that tells
+    them apart; by Image Type, each side's value (`` {ImageType: ORIGINAL} (or {ImageType: TRACEW})``);
+    "" where none does."""
+    for name, x, y in sorted(_facts(a, b), key=lambda f: _CONTRASTS.index(f[0]) if f[0] in _CONTRASTS else 99):
+        if x == y or name not in _CONTRASTS:
+            continue
+        if name == "ImageType":
+            mine, theirs = _image_type_value(a.image_type, b.image_type), _image_type_value(b.image_type,
+                                                                                             a.image_type)
+            if mine or theirs:
+                shown = [f"{{ImageType: {v}}}" for v in (mine, theirs) if v]
+                return f" {shown[0]}" + (f" (or {shown[1]})" if len(shown) > 1 else "")
+            continue
+        if x or y:
+            return f" {{{name}: {x or y}}}"
+    return ""
 
 
 def _frames_told(geometry: SliceGeometry, one: int, other: int) -> str:
