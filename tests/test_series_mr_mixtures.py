@@ -10,6 +10,7 @@ image, not a reformat or a projection to leave out.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,12 @@ from pydicom.uid import MRImageStorage
 
 from packer.badsamples import read_bad_samples
 from packer.config import SeriesConfig
+from packer.exclusions import read_excluded
 from packer.loader import ShardDataset
+from packer.read.dicom_kind import _localizers_left_out
 from packer.read.dicom_series import IMAGE_IDENTITY, SliceGeometry
 from packer.read.series import assemble
-from packer.records import SampleRef
+from packer.records import Excluded, SampleRef
 from tests.dicom_files import image_dataset, save
 from tests.test_targets import _build, _job
 
@@ -147,3 +150,76 @@ def test_a_two_echo_export_is_refused_naming_echo_numbers_and_packs_one_echo_by_
     assert all("EchoNumbers 1 against 2" in r["message"] and "where: {EchoNumbers: 1}" in r["message"] for r in bad)
     (volume,) = _packed(_volume_job(tmp_path / "one", raw, {"EchoNumbers": 1}))
     assert tuple(volume["image"].shape) == (1, 5, 16, 16) and _slices(volume) == _sums(raw, "echo1_")
+
+
+def test_a_derived_trace_stack_at_the_b0_slices_positions_is_a_second_image_of_each_not_a_reformat() -> None:
+    """Siemens writes a DWI's b0 images ORIGINAL and its b1000 trace images DERIVED ... TRACEW, in
+    one series at the same positions: the trace images were left out as reformats and the b0
+    stack packed alone, with no bad sample. They are refused together, naming ImageType."""
+    out = assemble(_mixture([{"image_type": B0}, {"image_type": TRACE}]), CFG)
+    assert out.series == () and len(out.issues) == 8
+    assert {i.reason for i in out.issues} == {"series_duplicate_position"}
+    for issue in out.issues:
+        assert "ImageType ORIGINAL\\PRIMARY\\DIFFUSION\\NONE\\ND\\NORM against DERIVED" in issue.message
+        assert "where: {ImageType: ORIGINAL}" in issue.message and "{ImageType: TRACEW}" in issue.message
+    # the same without drop_localizers: the same reason, not series_localizer
+    strict = assemble(_mixture([{"image_type": B0}, {"image_type": TRACE}]), replace(CFG, drop_localizers=False))
+    assert {i.reason for i in strict.issues} == {"series_duplicate_position"}
+
+
+@pytest.mark.parametrize("case", ["lone", "other-plane", "between", "other-grid"])
+def test_derived_images_off_the_originals_places_are_still_left_out(case: str) -> None:
+    """A lone derived image (a MIP) at a slice's position, derived images in another plane, derived
+    images between the original slices, or on another grid (a reformat) are not second images of
+    the original slices: left out, and the originals pack."""
+    files = [(_ref(z + 1), _geometry(3.0 * z, number=z + 1)) for z in range(4)]
+    mpr = ("DERIVED", "SECONDARY", "MPR")
+    derived = {"lone": [_geometry(3.0, number=20, image_type=mpr)],
+               "other-plane": [_geometry(3.0 * z, number=20 + z, image_type=mpr, orientation=SAGITTAL)
+                               for z in range(4)],
+               "between": [_geometry(3.0 * z + 1.5, number=20 + z, image_type=mpr) for z in range(3)],
+               "other-grid": [_geometry(3.0 * z, number=20 + z, image_type=mpr, rows=32) for z in range(4)]}[case]
+    files += [(_ref(20 + n), g) for n, g in enumerate(derived)]
+    out = assemble(files, CFG)
+    (series,) = out.series
+    assert [r.sample_id for r in series.refs] == [f"id{z + 1:03d}" for z in range(4)]
+    assert {i.reason for i in out.issues} == {"series_localizer"} and len(out.issues) == len(derived)
+
+
+def test_a_derived_image_left_out_is_told_a_volume_job_takes_it_by_image_type() -> None:
+    """The record of a derived image left out sent the user to sample: slice, though a volume job
+    with where: {ImageType: ...} stacks derived images as a series of their own."""
+    files = [(_ref(z + 1), _geometry(3.0 * z, number=z + 1)) for z in range(4)]
+    files.append((_ref(9), _geometry(1.0, number=9, image_type=("DERIVED", "SECONDARY", "MIP"))))
+    (left,) = _localizers_left_out(assemble(files, CFG).issues, drop=True,
+                                   headers={ref.sample_id: geometry for ref, geometry in files})
+    assert isinstance(left, Excluded) and left.why == "not_requested"
+    assert "where: {ImageType: DERIVED}" in left.detail and "sample: slice" not in left.detail
+
+
+def _dwi(folder: Path) -> None:
+    """A Siemens DWI trace series as exported: 5 b0 images (ORIGINAL) and 5 b1000 trace images
+    (DERIVED ... TRACEW) at the same positions, one Series Instance UID and Acquisition Number,
+    each image its own SOP Instance; the b-value only in the Siemens private header."""
+    for n, (image_type, b) in enumerate(((B0, 0), (TRACE, 1000))):
+        for z in range(5):
+            ds = _mr(folder, f"b{b}_{z}.dcm", 3.0 * z, 5 * n + z + 1, image_type)
+            ds.private_block(0x0019, "SIEMENS MR HEADER", create=True).add_new(0x0C, "IS", b)  # B_value
+            save(ds, folder / f"b{b}_{z}.dcm")
+
+
+def test_a_siemens_dwi_trace_series_is_refused_as_a_whole_and_packs_by_image_type(tmp_path: Path) -> None:
+    """Packed with sample: volume, the series made a b0-only volume and left the 5 trace images
+    out as reformats telling the user to use sample: slice. Each file is now a bad sample naming
+    ImageType; where: {ImageType: TRACEW} packs the trace stack as a volume, ORIGINAL the b0 stack."""
+    raw = tmp_path / "raw"
+    _dwi(raw)
+    result = _build(_volume_job(tmp_path / "all", raw))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert len(bad) == 10 and {r["reason"] for r in bad} == {"series_duplicate_position"}
+    assert all("ImageType" in r["message"] and "{ImageType: TRACEW}" in r["message"] for r in bad)
+    assert not (result.version_dir / "excluded.jsonl").exists() or not read_excluded(
+        result.version_dir / "excluded.jsonl")
+    for wanted, name in (("TRACEW", "b1000"), ("ORIGINAL", "b0")):
+        (volume,) = _packed(_volume_job(tmp_path / wanted, raw, {"ImageType": wanted}))
+        assert tuple(volume["image"].shape) == (1, 5, 16, 16) and _slices(volume) == _sums(raw, f"{name}_")

@@ -668,7 +668,8 @@ def _localizers_left_out(records: Sequence[Issue], drop: bool, headers: Mapping[
         fix = ("a scout, not a slice of the stack: to pack localizers, pack them in a job with sample: slice and "
                "where: {ImageType: LOCALIZER}") if "LOCALIZER" in said else (
             "a derived image (a reformat, a projection), not an original slice of the stack: to pack derived "
-            "images, pack them in a job with sample: slice and where: {ImageType: DERIVED}")
+            "images, give the source where: {ImageType: DERIVED} (or a value of Image Type only they have): a volume "
+            "or neighbour job then stacks them as a series of their own (a lone one under series.min_slices: 1)")
         header = headers.get(record.sample_id)
         out.append(Excluded(sample_id=record.sample_id, path=record.path, stage="validate", why="not_requested",
                             detail=f"{said}; {fix}", modality=header.modality if header else "",

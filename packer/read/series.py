@@ -16,7 +16,8 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
 - **checks**, each failure a reason of its own, given to every file of the series:
   ``series_localizer`` (localizer or derived images among original ones, or localizers among
   the derived images of a reformat: left out and reported, or with ``drop_localizers: false``
-  the series fails), ``series_no_position``
+  the series fails; derived images at the original slices' own positions on their grid, two or
+  more, are second images of those slices, not left out: :func:`_second_images`), ``series_no_position``
   (a slice without position or orientation, or with cosines that are not orthonormal),
   ``series_orientation`` (orientations differ by more than 1e-4 per cosine),
   ``series_kernels`` (slices of two or more Convolution Kernels: reconstructions never mixed),
@@ -150,12 +151,49 @@ def _is_localizer(geometry: SliceGeometry) -> bool:
 def _stack_of(members: list[tuple[SampleRef, SliceGeometry]]) -> list[tuple[SampleRef, SliceGeometry]]:
     """The files of ``members`` that are the series' slices, the others localizers (or derived
     images) that ``drop_localizers`` leaves out: the original images where there are any (a
-    reformat exported among them is left out too); else, in a reformat (derived images only),
-    every file but the localizers, which a scanner exports into such a series as well and which
-    were stacked into the reformat's volume (or turned it down as series_orientation); ``[]``
-    where every file is a localizer (a scout series)."""
+    reformat or a projection exported among them is left out too), with the derived images that
+    are second images of their slices (:func:`_second_images`: a DWI's trace images beside its b0,
+    which then meet the originals at their positions, series_duplicate_position); else, in a
+    reformat (derived images only), every file but the localizers, which a scanner exports into
+    such a series as well and which were stacked into the reformat's volume (or turned it down as
+    series_orientation); ``[]`` where every file is a localizer (a scout series)."""
     originals = [(ref, g) for ref, g in members if not _is_localizer(g)]
-    return originals or [(ref, g) for ref, g in members if "LOCALIZER" not in g.image_type]
+    if not originals:
+        return [(ref, g) for ref, g in members if "LOCALIZER" not in g.image_type]
+    seconds = _second_images(originals, [(ref, g) for ref, g in members
+                                         if _is_localizer(g) and "LOCALIZER" not in g.image_type])
+    return [(ref, g) for ref, g in members if not _is_localizer(g) or ref.sample_id in seconds]
+
+
+def _second_images(originals: Sequence[tuple[SampleRef, SliceGeometry]],
+                   derived: Sequence[tuple[SampleRef, SliceGeometry]]) -> set[str]:
+    """The sample ids of the ``derived`` images that are second images of original slices, not
+    reformats or projections: each lies on an original's grid (its orientation within
+    :data:`ORIENTATION_TOLERANCE`, rows, columns and pixel spacing) at that original's own
+    position (within :data:`POSITION_TOLERANCE` along the normal, half a pixel across it), and
+    there are two or more of them (a Siemens DWI's TRACEW images beside its b0). A lone one (a MIP
+    that happens to sit at a slice), or any in another plane, between the slices or on another
+    grid, is not: ``set()``."""
+    on: set[str] = set()
+    for ref, d in derived:
+        if d.orientation is None or any(p is None for p in d.positions):
+            continue
+        normal = _normal(d.orientation)
+        across = OFF_LINE_PIXELS * (min(d.spacing) if d.spacing else 1.0)
+        places = np.asarray([p for _, o in originals
+                             if o.orientation is not None and o.rows == d.rows and o.columns == d.columns
+                             and _same_spacing(d.spacing, o.spacing) == o.spacing
+                             and float(np.abs(np.asarray(o.orientation) - np.asarray(d.orientation)).max())
+                             <= ORIENTATION_TOLERANCE
+                             for p in o.positions if p is not None], dtype=np.float64).reshape(-1, 3)
+        if not len(places):
+            continue
+        offsets = [places - np.asarray(p, dtype=np.float64) for p in d.positions]
+        if all(bool(((np.abs(off @ normal) <= POSITION_TOLERANCE)
+                     & (np.linalg.norm(off - np.outer(off @ normal, normal), axis=1) <= across)).any())
+               for off in offsets):
+            on.add(ref.sample_id)
+    return on if len(on) >= 2 else set()
 
 
 def _fail(refs: Sequence[SampleRef], reason: str, what: str, uid_key: str, part: str = "") -> list[Issue]:
