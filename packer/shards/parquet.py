@@ -401,7 +401,7 @@ def _salvage(source: Any, parquet: pq.ParquetFile, rows: Sequence[int], columns:
     for name, shape_column, dtype_column in ((IMAGE_COLUMN, "shape", "dtype"), ("mask", "mask_shape", "mask_dtype")):
         if checksums and name in cells:
             sizes[name] = _cell_sizes(cells, shape_column, dtype_column)
-            raw[name] = _plain_cells(source, parquet, name, sizes=sizes[name])
+            raw[name] = _plain_cells(source, name, sizes=sizes[name])
 
     def cell(name: str, row: int) -> Any:
         """A row's cell of a small column as a Python value: the shard's own, else the one taken."""
@@ -445,30 +445,74 @@ def _cell_sizes(cells: Mapping[str, list[Any]], shape_column: str = "shape", dty
     return sizes
 
 
-def _plain_cells(source: Any, parquet: pq.ParquetFile, column: str, *,
-                 sizes: Mapping[int, int]) -> dict[int, memoryview]:
+def _plain_cells(source: Any, column: str, *, sizes: Mapping[int, int]) -> dict[int, memoryview]:
     """The cells of an uncompressed, PLAIN-encoded byte-array ``column``
     (packer's ``image``), by row, read from its column chunk's pages: each page's header says
     where its values are and how many rows it holds; each value is a 4-byte length and its bytes.
     ``sizes``: each row's length where its shape and dtype cells say it (a damaged length is
     corrected by it). Stops (leaving the later rows out) at a page header that does not parse, or
     within a page at a length that runs past it. Only for a caller whose checksums check every
-    cell returned: a damaged page can still make a wrong cell, never a silently delivered one."""
-    meta = parquet.metadata
+    cell returned: a damaged page can still make a wrong cell, never a silently delivered one.
+    The column chunks are found by the file's footer as :func:`_column_chunks` reads it (none
+    where the footer does not parse: every row's cell is then left out)."""
     found: dict[int, memoryview] = {}
     row0 = 0
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        chunk = next((group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == column),
-                     None)
-        if chunk is None or chunk.compression != "UNCOMPRESSED":
-            row0 += group.num_rows
-            continue
-        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-        data = memoryview(_read_range(source, start, chunk.total_compressed_size))
-        found.update(_chunk_cells(data, row0, group.num_rows, sizes))
-        row0 += group.num_rows
+    for rows, chunk in _column_chunks(source, column):
+        if chunk is not None:
+            data = memoryview(_read_range(source, *chunk))
+            found.update(_chunk_cells(data, row0, rows, sizes))
+        row0 += rows
     return found
+
+
+#: The last bytes of a Parquet file (with an unencrypted footer): the footer's length and the magic
+_TAIL, _MAGIC = 8, b"PAR1"
+
+
+def _column_chunks(source: Any, column: str) -> list[tuple[int, tuple[int, int] | None]]:
+    """For each row group of a Parquet file, in order: its row count and where the uncompressed
+    column chunk of ``column`` (its dotted path in the schema) lies (offset, size), None where it is not there,
+    compressed or placed outside the file; [] where the footer does not parse. Read from the
+    footer's own bytes (thrift compact protocol, :func:`_thrift_struct`), never through pyarrow's
+    column chunk metadata: pyarrow 26 aborts the process (an uncaught C++ exception, no Python
+    error) building that for a footer whose bytes were damaged, such as a list column's size
+    statistics with a histogram of another length."""
+    size = _file_size(source)
+    if size < len(_MAGIC) + _TAIL:
+        return []
+    tail = _read_range(source, size - _TAIL, _TAIL)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or not 0 < length <= size - _TAIL - len(_MAGIC):
+        return []
+    try:
+        footer, _ = _thrift_struct(memoryview(_read_range(source, size - _TAIL - length, length)), 0)
+    except (ValueError, IndexError):
+        return []
+    groups = footer.get(4)  # FileMetaData.row_groups
+    if not isinstance(groups, list):
+        return []
+    found: list[tuple[int, tuple[int, int] | None]] = []
+    for group in groups:
+        rows = group.get(3) if isinstance(group, dict) else None  # RowGroup.num_rows
+        if not isinstance(rows, int) or rows < 0:
+            return found
+        chunks = group.get(1)  # RowGroup.columns: ColumnChunk.meta_data is its field 3
+        metas = [chunk.get(3) for chunk in chunks if isinstance(chunk, dict)] if isinstance(chunks, list) else []
+        meta = next((m for m in metas if isinstance(m, dict) and m.get(3) == column.encode().split(b".")), None)
+        found.append((rows, _chunk_place(meta, size)))
+    return found
+
+
+def _chunk_place(meta: dict[int, Any] | None, size: int) -> tuple[int, int] | None:
+    """(offset, size) of the uncompressed column chunk a ColumnMetaData ``meta`` describes (its
+    dictionary page first where it has one), within a file of ``size`` bytes; None otherwise."""
+    if meta is None or meta.get(4) != 0:  # codec 0: UNCOMPRESSED
+        return None
+    dictionary, data, length = meta.get(11), meta.get(9), meta.get(7)
+    start = dictionary if isinstance(dictionary, int) and dictionary > 0 else data
+    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or length < 0 or start + length > size:
+        return None
+    return start, length
 
 
 #: The most bytes a damaged page header is searched past for the first cell of its page
@@ -578,6 +622,14 @@ def _read_range(source: Any, offset: int, size: int) -> bytes:
     return bytes(source.read(size))
 
 
+def _file_size(source: Any) -> int:
+    """The length of a Parquet file given as :func:`_read_range` takes it."""
+    if isinstance(source, (str, Path)):
+        return os.path.getsize(source)
+    source.seek(0, os.SEEK_END)
+    return int(source.tell())
+
+
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
@@ -592,9 +644,9 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 
 def _thrift_struct(data: memoryview, pos: int, depth: int = 0) -> tuple[dict[int, Any], int]:
-    """A thrift compact-protocol struct at ``pos`` (a Parquet page header): its integer, bool
-    and struct fields by field id (others skipped), and the position after it. ValueError or
-    IndexError where the bytes are not one."""
+    """A thrift compact-protocol struct at ``pos`` (a Parquet page header, or a file's footer):
+    its fields by field id (integers, bools, bytes, lists and structs; a double as None), and the
+    position after it. ValueError or IndexError where the bytes are not one."""
     if depth > 8:
         raise ValueError("thrift structs nested too deep")
     fields: dict[int, Any] = {}
@@ -615,6 +667,9 @@ def _thrift_struct(data: memoryview, pos: int, depth: int = 0) -> tuple[dict[int
 
 
 def _thrift_value(data: memoryview, pos: int, kind: int, depth: int) -> tuple[Any, int]:
+    """A value of thrift compact type ``kind`` at ``pos`` and the position after it. Each list
+    element is read from ``data`` (none is skipped unread), so a damaged count ends in an
+    IndexError at the end of the bytes, not in a loop that long."""
     if kind in (1, 2):  # bool true / false, in the field header
         return kind == 1, pos
     if kind == 3:
@@ -622,11 +677,15 @@ def _thrift_value(data: memoryview, pos: int, kind: int, depth: int) -> tuple[An
     if kind in (4, 5, 6):  # i16, i32, i64: zigzag varints
         raw, pos = _varint(data, pos)
         return (raw >> 1) ^ -(raw & 1), pos
-    if kind == 7:
+    if kind == 7:  # a double: not one a reader here needs
+        if pos + 8 > len(data):
+            raise IndexError("a thrift double runs past the end")
         return None, pos + 8
-    if kind == 8:
+    if kind == 8:  # binary (and string)
         length, pos = _varint(data, pos)
-        return None, pos + length
+        if pos + length > len(data):
+            raise IndexError(f"a thrift binary of {length} bytes runs past the end")
+        return bytes(data[pos:pos + length]), pos + length
     if kind in (9, 10):  # list, set
         head = data[pos]
         pos += 1
@@ -634,15 +693,17 @@ def _thrift_value(data: memoryview, pos: int, kind: int, depth: int) -> tuple[An
         if count == 15:
             count, pos = _varint(data, pos)
         element = head & 0x0F
+        values = []
         for _ in range(count):
             if element in (1, 2):  # a bool element is one byte of its own
-                pos += 1
+                value, pos = data[pos] == 1, pos + 1
             else:
-                _, pos = _thrift_value(data, pos, element, depth + 1)
-        return None, pos
+                value, pos = _thrift_value(data, pos, element, depth + 1)
+            values.append(value)
+        return values, pos
     if kind == 12:
         return _thrift_struct(data, pos, depth + 1)
-    raise ValueError(f"thrift type {kind} is not one a page header holds")
+    raise ValueError(f"thrift type {kind} is not one a Parquet page header or footer holds")
 
 
 def _target_cell(targets: Any, r: int | None) -> np.ndarray | None:
