@@ -730,7 +730,7 @@ def _parquet_samples(folder: VersionFolder, shard: str, size: int,
     with contextlib.ExitStack() as stack:
         try:
             handle = pq.ParquetFile(_parquet_source(folder, shard, size, stack))
-        except (pa.ArrowException, OSError) as err:
+        except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: a footer's name that is not UTF-8
             found.add(shard, f"not a readable Parquet file ({err}); {_REBUILD}")
             return
         rows = handle.metadata.num_rows

@@ -221,3 +221,43 @@ def test_no_flipped_bit_anywhere_in_the_footer_ends_the_process(version: Path, t
         assert killed is None, f"signal {killed} reading {SHARD} with one of the footer bytes {flips[0]}-{flips[-1]} " \
                                f"flipped"
         assert wrong == [], f"not one outcome per row with footer bytes {wrong} flipped"
+
+
+@pytest.fixture(scope="module")
+def unnamed(version: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the version whose first train shard's footer names a column in bytes that are not
+    UTF-8 (the top bit of the first letter of ``label_name`` flipped: pyarrow raises
+    UnicodeDecodeError, a ValueError, opening the file)."""
+    copy = tmp_path_factory.mktemp("unnamed") / "v"
+    shutil.copytree(version, copy)
+    for path in copy.iterdir():
+        path.chmod(0o644)
+    shard = copy / SHARD
+    data = shard.read_bytes()
+    at = data.index(b"label_name", footer_bytes(data).start)
+    shard.write_bytes(bytes(data[:at]) + bytes([data[at] ^ 0x80]) + data[at + 1:])
+    with pytest.raises(UnicodeDecodeError):
+        pq.ParquetFile(shard)
+    return copy
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_column_name_that_is_not_utf8_fails_the_shard_in_the_loader(unnamed: Path, on_error: str) -> None:
+    dataset = ShardDataset(unnamed, "train", shuffle=False, on_error=on_error)
+    if on_error == "raise":
+        with pytest.raises(ShardReadError, match=rf"^{SHARD}: .*bad_shard: not a readable Parquet file"):
+            list(dataset)
+        return
+    train = json.loads((unnamed / "manifest.json").read_text())["splits"]["train"]
+    assert train["shards"][0]["file"] == SHARD
+    delivered = list(dataset)
+    assert dataset.skipped == train["shards"][0]["samples"]
+    assert len(delivered) == train["samples"] - train["shards"][0]["samples"]
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["quick", "deep"])
+def test_verify_names_the_shard_with_a_column_name_that_is_not_utf8(unnamed: Path, deep: bool) -> None:
+    result = verify_dataset(unnamed, deep=deep)
+    assert not result.ok and {p.shard for p in result.problems} == {SHARD}
+    said = " ".join(p.message for p in result.problems)
+    assert ("not a readable Parquet file" if deep else "could not be reached in the damaged shard") in said

@@ -242,7 +242,7 @@ def read_parquet_samples(source: Any, rows: Sequence[int], *, expect_rows: int |
         missing = [c for c in columns if c not in parquet.schema_arrow.names]
         columns += [name for name in ("target", "target_mask", "mask", "mask_shape", "mask_dtype")
                     if name in parquet.schema_arrow.names]
-    except (OSError, pa.ArrowException) as err:
+    except (OSError, pa.ArrowException, ValueError) as err:  # ValueError: a footer's name that is not UTF-8
         yield from _fail(rows, "bad_shard", f"not a readable Parquet file ({err})")
         return
     if missing:
