@@ -187,7 +187,12 @@ class CachedChunk:
 #: near-ties of axes broken by a fixed rule; a blank volume of a 4-D NIfTI packs again.
 #: 59: the SEG placement of 57 and 58 is taken back (frames placed as at 56); a bracketed multilabel
 #: word is a token, not a list.
-CACHE_FORMAT = 59
+#: 60: RLE segments longer than the image, NIfTI bytes past the header's voxels and rescales that
+#: collapse float16 modality values are refused; compressed and unreadable suffix-less files of an
+#: export are listed; the job's own output and packer version folders are not; a percentiles
+#: fallback records fallback_percentiles; derived images on the originals' positions meet them;
+#: BIDS and intent-declared NIfTI label maps are left out; file-name times are read without suffixes.
+CACHE_FORMAT = 60
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
