@@ -29,7 +29,7 @@ import os
 import reprlib
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -163,6 +163,11 @@ def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int |
     result = run_build(job, out=out, workers=workers, scheduler=scheduler, progress=progress, report=report,
                        resume=resume, keep_spill=keep_spill, cache_dir=cache_dir, storage_options=storage_options,
                        base_dir=base_dir)
+    from packer.pipeline.build import dataset_warnings
+
+    # what packer build warns of under its summary (an empty split, shapes no batch stacks), under --quiet
+    # too: this call prints no summary, so on stderr, as the stages printed theirs, and before a failure
+    _print_warnings(message for _, message in dataset_warnings(result.manifest))
     check_built(result)
     if result.published is not None:  # the dataset lives at the URL now; the local folder was the work folder
         return read_manifest(result.published.manifest_url, storage_options=_storage_options(storage_options))
@@ -300,6 +305,12 @@ def open(location: str | os.PathLike[str] | Manifest, *,  # noqa: A001 - packer.
         options_given = _storage_options(storage_options)
         where = location.location if isinstance(location, Manifest) else _path_arg("location", location)
         return read_manifest(where, storage_options=options_given)
+
+
+def _print_warnings(messages: Iterable[str]) -> None:
+    """Print ``messages`` on stderr as warnings, as the stages print theirs (``progress=False`` too)."""
+    for message in messages:
+        print(f"packer: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _refuse_worker_reimport(call: str) -> None:

@@ -64,8 +64,7 @@ def main() -> None:
 
 
 def _print_summary(result: Any) -> None:
-    from packer.pipeline.sampletable import several_dtypes, several_shapes
-    from packer.pipeline.split import empty_splits
+    from packer.pipeline.build import dataset_warnings
     from packer.targets import Target
 
     manifest = result.manifest
@@ -87,10 +86,8 @@ def _print_summary(result: Any) -> None:
         classes = target.brief(entry)
         lines.append(f"  {split:<5} {entry['samples']:>7} samples  {entry['entities']:>5} entities  "
                      f"{len(entry['shards']):>4} shards  [{classes}]")
-    for empty in empty_splits(manifest["config"]["split"], manifest["splits"]):  # a warning: the build goes on
-        lines.append(f"  warning: {empty.message}")
-    for shapes in several_shapes(manifest["sample_schema"]) + several_dtypes(manifest["sample_schema"]):
-        lines.append(f"  warning: {shapes}")
+    # an empty split, shapes no batch stacks: warnings, the build goes on (packer.build prints them on stderr)
+    lines.extend(f"  warning: {message}" for _, message in dataset_warnings(manifest))
     bad = manifest["bad_samples"]
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
     inputs = manifest["inputs"]
