@@ -286,7 +286,12 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None,
         with _typed_errors():
             checked = validate_job(config, quick=quick, workers=workers, scheduler=scheduler, quiet=not progress,
                                    storage_options=options_given)
-    return ValidationResult(data_check=checked, noted=noted)
+        result = ValidationResult(data_check=checked, noted=noted)
+        if surface().python:  # packer validate prints these in its summary; this call prints none
+            from packer.pipeline.datacheck import closing_warnings
+
+            _print_warnings(closing_warnings(result.report))
+    return result
 
 
 def open(location: str | os.PathLike[str] | Manifest, *,  # noqa: A001 - packer.open, as tarfile.open: read qualified

@@ -99,3 +99,27 @@ def test_the_command_line_prints_each_build_warning_once_in_its_summary_not_agai
     assert ran.exit_code == 0, ran.output
     for message in summary_warnings(ran.output):
         assert ran.output.count(message) == 1, ran.output
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_validate_prints_the_empty_split_and_shape_warnings_its_summary_holds(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], progress: bool) -> None:
+    job = two_size_job(tmp_path)
+    result = packer.validate(job, scheduler="sync", progress=progress)
+    printed = printed_warnings(capfd.readouterr().err)
+    in_summary = summary_warnings(result.summary())
+    assert len(in_summary) == 2 and in_summary[0].startswith("split valid has 0 samples"), result.summary()
+    assert "which no batch can stack" in in_summary[1]
+    for message in in_summary:
+        assert printed.count(message) == 1, (message, printed)
+        assert message in result.warnings
+
+
+def test_packer_validate_prints_each_summary_warning_once(tmp_path: Path) -> None:
+    job = two_size_job(tmp_path)
+    ran = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q"])
+    assert ran.exit_code == 0, ran.output
+    in_summary = summary_warnings(ran.output)
+    assert len(in_summary) == 2, ran.output
+    for message in in_summary:
+        assert ran.output.count(message) == 1, ran.output

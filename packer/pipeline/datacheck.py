@@ -229,6 +229,13 @@ def _sample_schema_warnings(result: ValidateResult) -> list[dict[str, str]]:
             *({"code": "several_dtypes", "message": m} for m in several_dtypes(schema))]
 
 
+def closing_warnings(doc: dict[str, Any]) -> list[str]:
+    """The warnings of :func:`summary`'s document ``doc`` that the summary prints (a split that asked
+    for samples and got none, shapes or dtypes no batch stacks), in its order; the stages' own were
+    printed as they ran. ``packer.validate``, which prints no summary, prints these on stderr."""
+    return [w["message"] for w in doc["warnings"] if w["code"] == "empty_split" or w["code"] in SAMPLE_SCHEMA_WARNINGS]
+
+
 def _excluded_summary(prepared: Prepared) -> dict[str, Any]:
     """The files left out on purpose: how many, per why, modality and SOP class, and the first
     1000 records (:mod:`packer.exclusions`)."""
@@ -293,9 +300,7 @@ def format_summary(result: ValidateResult) -> str:
             lines.append(f"    {record.why:<22} " + (_hidden_excluded(record) if hidden else
                                                       f"{_shown(record.path)}: {_shown(record.detail)}"))
         lines.extend(_and_more(len(excluded), SUMMARY_ISSUES, "    "))
-    for warning in doc["warnings"]:  # the stages' own were printed as they ran
-        if warning["code"] == "empty_split" or warning["code"] in SAMPLE_SCHEMA_WARNINGS:
-            lines.append(f"  warning: {warning['message']}")
+    lines.extend(f"  warning: {message}" for message in closing_warnings(doc))
     listed = False
     for name, rule in doc["audit"]["rules"].items():
         state = "skip" if "skipped" in rule else "ok" if rule["passed"] else (
