@@ -167,22 +167,26 @@ def test_a_derived_trace_stack_at_the_b0_slices_positions_is_a_second_image_of_e
     assert {i.reason for i in strict.issues} == {"series_duplicate_position"}
 
 
-@pytest.mark.parametrize("case", ["lone", "other-plane", "between", "other-grid"])
+@pytest.mark.parametrize("case", ["lone", "other-plane", "between", "other-grid", "thick-slabs"])
 def test_derived_images_off_the_originals_places_are_still_left_out(case: str) -> None:
     """A lone derived image (a MIP) at a slice's position, derived images in another plane, derived
     images between the original slices, or on another grid (a reformat) are not second images of
     the original slices: left out, and the originals pack."""
-    files = [(_ref(z + 1), _geometry(3.0 * z, number=z + 1)) for z in range(4)]
+    files = [(_ref(z + 1), _geometry(3.0 * z, number=z + 1)) for z in range(4 if case != "thick-slabs" else 12)]
     mpr = ("DERIVED", "SECONDARY", "MPR")
     derived = {"lone": [_geometry(3.0, number=20, image_type=mpr)],
                "other-plane": [_geometry(3.0 * z, number=20 + z, image_type=mpr, orientation=SAGITTAL)
                                for z in range(4)],
                "between": [_geometry(3.0 * z + 1.5, number=20 + z, image_type=mpr) for z in range(3)],
-               "other-grid": [_geometry(3.0 * z, number=20 + z, image_type=mpr, rows=32) for z in range(4)]}[case]
+               "other-grid": [_geometry(3.0 * z, number=20 + z, image_type=mpr, rows=32) for z in range(4)],
+               # thick same-plane slabs on the originals' grid, centred on every fifth slice: a few of
+               # the positions, not a second image of each (they refused the whole series)
+               "thick-slabs": [_geometry(3.0 * z, number=20 + z, image_type=mpr) for z in (2, 7)]}[case]
     files += [(_ref(20 + n), g) for n, g in enumerate(derived)]
     out = assemble(files, CFG)
     (series,) = out.series
-    assert [r.sample_id for r in series.refs] == [f"id{z + 1:03d}" for z in range(4)]
+    originals = 4 if case != "thick-slabs" else 12
+    assert [r.sample_id for r in series.refs] == [f"id{z + 1:03d}" for z in range(originals)]
     assert {i.reason for i in out.issues} == {"series_localizer"} and len(out.issues) == len(derived)
 
 
