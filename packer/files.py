@@ -77,7 +77,7 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
     through: the file it leads to may be shared (a DVC or git-annex cache object, keyed by its old
     bytes), and rewriting it in place would change it under every other name it has.
     """
-    if _is_special(path):  # stat follows links to the end, /proc's pipe:[N] links included
+    if _is_special(path) or _names_a_descriptor(path):  # stat follows links, /proc's pipe:[N] ones included
         yield from _written_into(path, elsewhere)
         return
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}" if shared
@@ -111,6 +111,15 @@ def atomic_output(path: Path, *, durable: bool = True, elsewhere: str | None = N
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _names_a_descriptor(path: Path) -> bool:
+    """Whether ``path`` is a link that names an open file descriptor (``/dev/stdout``,
+    ``/dev/fd/3``, ``/proc/self/fd/1``) whatever it leads to: ``-o /dev/stdout`` with stdout
+    redirected to a file must write into that file, as the shell opened it, not make a temporary
+    beside the link in ``/dev`` and rename it over the link."""
+    absolute = os.path.abspath(path)
+    return absolute.startswith(("/dev/", "/proc/")) and path.is_symlink()
 
 
 def _is_special(path: Path) -> bool:

@@ -288,3 +288,18 @@ def test_a_padded_all_background_mask_is_captioned_empty_as_the_table_counts_it(
                if not m.startswith("mask: empty")]
     assert classes and all("255" not in ids for ids in classes), masks  # the pad is named, not listed as a class
     assert any(m.endswith(" (and pad 255)") for m in masks.values()), masks
+
+
+def test_a_descriptor_link_to_a_regular_file_is_written_into(tmp_path: Path) -> None:
+    """``-o /dev/stdout`` with stdout redirected to a file (``> r.html``): the link leads to a
+    regular file, and replacing it meant a temporary in /dev (refused; as root, the link itself
+    renamed over). A link that names an open descriptor is written into, as the shell opened it."""
+    target = tmp_path / "r.html"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with atomic_output(Path(f"/proc/self/fd/{fd}")) as fh:
+            fh.write(b"<html>report</html>")
+    finally:
+        os.close(fd)
+    assert target.read_bytes() == b"<html>report</html>"
+    assert leftovers(tmp_path) == []
