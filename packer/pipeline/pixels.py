@@ -703,7 +703,11 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
                      nonce: str, quiet: bool) -> tuple[tuple[Any, ...], ChunkResult]:
     """The header pass of a kind that groups its files (DICOM series): every file's placement
     on the workers, then :meth:`~packer.read.kinds.Grouping.assemble` here. Returns the groups
-    and a result holding the files refused on the way (bad headers, bad groups, files left out)."""
+    and a result holding the files refused on the way (bad headers, bad groups, files left out).
+    That result speaks for no file decoded (``files`` 0): their pixels are never read, and every
+    build reads every file's header for the assembly, so a series refused from its headers
+    (``series_gap``, say) is counted as decoded by no build, fresh or unchanged, and as taken from
+    the build cache by none either, like a table row without a file."""
     tasks = [make(tuple(refs[a:b])) for a, b in chunk_bounds([ref.sample_id for ref in refs])]
     progress = Progress("series", len(refs), quiet=quiet)
     placed: list[tuple[SampleRef, Any]] = []
@@ -728,11 +732,9 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
     progress.close()
     groups, records = grouping.assemble(placed, make.job, held=held)
     refused = [*issues, *(r for r in records if isinstance(r, Issue))]
-    in_groups = sum(len(group.refs) for group in groups)
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
-    files = len(placed) + len(issues) + len(excluded) - in_groups  # the files this result speaks for
     excluded.extend(r for r in records if isinstance(r, Excluded))  # placed, then left out (localizers)
-    return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=files,
+    return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=0,
                                excluded=tuple(sorted(excluded, key=lambda e: (e.path, e.sample_id))))
 
 
