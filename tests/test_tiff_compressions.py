@@ -1,0 +1,157 @@
+"""packer.read.image on TIFFs by compression: what OpenCV's libtiff decodes, what it does not.
+
+OpenCV's libtiff is built without JPEG 2000, ZSTD, WebP, LZMA, JPEG XL, ... : a page compressed
+with one of them came back zero-filled (packed as a black page, no record) or not at all (a
+``decode_failed`` "re-export it", or a ``constant_image`` "blank image"). Such a page is now
+``unsupported``, naming the page, the compression and the fix, before anything is decoded.
+
+Files are real, written by tifffile (imagecodecs' codecs) or Pillow; expected pixels come from
+tifffile's own decode of the same file.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+from PIL import Image
+
+from packer.config import ImageTransformConfig
+from packer.read.image import read_image
+from packer.read.tiff_codecs import OPENCV_TIFF_COMPRESSIONS
+from packer.records import Issue, Sample, SampleRef
+
+RGB = ImageTransformConfig(color="rgb")
+_Y, _X = np.mgrid[0:512, 0:512]
+#: a smooth RGB ramp (no blank tile, JPEG-friendly)
+PICTURE = np.stack([(_X * 3 + _Y * 2 + 40 * i) % 200 + 30 for i in range(3)], -1).astype(np.uint8)
+
+#: compressions tifffile writes that OpenCV's libtiff does not decode: (tifffile name, number, name in the message)
+UNDECODED = [("jpeg2000", 34712, "JPEG 2000"), ("zstd", 50000, "ZSTD"), ("webp", 50001, "WebP"),
+             ("lzma", 34925, "LZMA"), ("jpegxl", 50002, "JPEG XL"), ("png", 34933, "PNG"),
+             ("jpegxr", 34934, "JPEG XR"), (33003, 33003, "Aperio YCbCr JPEG 2000"),
+             (33005, 33005, "Aperio RGB JPEG 2000")]
+
+
+def make_ref(path: Path) -> SampleRef:
+    return SampleRef(sample_id="slide", source="scans", kind="image", path=str(path), relpath=path.name,
+                     label="a", entity="e1", time="2024-01-01")
+
+
+def read_ok(path: Path) -> list[Sample]:
+    result = read_image(make_ref(path), RGB)
+    assert not isinstance(result, Issue), result
+    return result
+
+
+def read_issue(path: Path) -> Issue:
+    result = read_image(make_ref(path), RGB)
+    assert isinstance(result, Issue), f"expected an Issue, got {[s.key for s in result]}"
+    assert result.message.startswith(f"{path.name}: ")
+    return result
+
+
+def chw(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(array, -1, 0))
+
+
+@pytest.mark.parametrize(("compression", "number", "name"), UNDECODED, ids=[str(u[1]) for u in UNDECODED])
+def test_a_page_in_a_compression_opencv_does_not_decode_is_unsupported(tmp_path: Path, compression: str | int,
+                                                                        number: int, name: str) -> None:
+    """A valid one-page TIFF (tifffile reads it back) in a compression OpenCV's libtiff lacks:
+    ``unsupported`` at the read stage, naming the compression by name and number and the fix
+    (re-save with Deflate, LZW or JPEG), never a blank or damaged image."""
+    path = tmp_path / "slide.tif"
+    tifffile.imwrite(path, PICTURE, tile=(256, 256), photometric="rgb", compression=compression)
+    assert tifffile.imread(path).shape == PICTURE.shape
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("unsupported", "read"), issue.message
+    assert f"{name} (Compression {number})" in issue.message, issue.message
+    assert "Deflate, LZW or JPEG" in issue.message and "tifffile" in issue.message
+
+
+def test_a_later_page_in_jpeg_2000_is_unsupported_not_packed_black(tmp_path: Path) -> None:
+    """The second page of a two-page TIFF is JPEG 2000 (as Aperio/Leica pyramids and bfconvert
+    write): libtiff said "tile decoding is not implemented" and OpenCV gave a zero-filled page,
+    packed black with no record. Now the whole file is ``unsupported``, naming page 1."""
+    path = tmp_path / "slide.tif"
+    with tifffile.TiffWriter(path) as tif:
+        tif.write(PICTURE, tile=(256, 256), photometric="rgb")
+        tif.write(PICTURE, tile=(256, 256), photometric="rgb", compression="jpeg2000")
+    issue = read_issue(path)
+    assert issue.reason == "unsupported", issue.message
+    assert "TIFF page 1 " in issue.message and "JPEG 2000 (Compression 34712)" in issue.message
+
+
+def test_a_reduced_resolution_image_opencv_must_decode_with_the_pages_is_named(tmp_path: Path) -> None:
+    """A ZSTD thumbnail between two Deflate pages: OpenCV decodes every IFD of the chain and gave
+    up on the whole file ("imdecodemulti returned nothing"); the record names the thumbnail's IFD
+    and its compression."""
+    path = tmp_path / "slide.tif"
+    with tifffile.TiffWriter(path) as tif:
+        tif.write(PICTURE, photometric="rgb", compression="zlib")
+        tif.write(PICTURE[::4, ::4], photometric="rgb", compression="zstd", subfiletype=1)
+        tif.write(PICTURE, photometric="rgb", compression="zlib")
+    issue = read_issue(path)
+    assert issue.reason == "unsupported", issue.message
+    assert "TIFF IFD 1 " in issue.message and "reduced-resolution" in issue.message and "ZSTD" in issue.message
+
+
+def test_a_thumbnail_opencv_never_decodes_does_not_refuse_a_one_page_file(tmp_path: Path) -> None:
+    """One page (Deflate) and a JPEG 2000 thumbnail: OpenCV decodes the first IFD only, so the
+    thumbnail's compression does not matter and the page packs."""
+    path = tmp_path / "slide.tif"
+    with tifffile.TiffWriter(path) as tif:
+        tif.write(PICTURE, photometric="rgb", compression="zlib")
+        tif.write(PICTURE[::4, ::4], photometric="rgb", compression="jpeg2000", subfiletype=1)
+    (sample,) = read_ok(path)
+    assert np.array_equal(sample.image, chw(PICTURE))
+
+
+@pytest.mark.parametrize("compression", ["none", "lzw", "zlib", "adobe_deflate", "packbits"])
+@pytest.mark.parametrize("tiled", [False, True], ids=["strips", "tiles"])
+def test_lossless_compressions_opencv_decodes_pack_every_pixel(tmp_path: Path, compression: str,
+                                                               tiled: bool) -> None:
+    """The known-good set is not over-refused: each lossless compression OpenCV decodes packs
+    tifffile's pixels exactly, both pages of a two-page file."""
+    path = tmp_path / "slide.tif"
+    with tifffile.TiffWriter(path) as tif:
+        for picture in (PICTURE, PICTURE[::-1].copy()):
+            tif.write(picture, photometric="rgb", compression=compression,
+                      **({"tile": (256, 256)} if tiled else {"rowsperstrip": 64}))
+    samples = read_ok(path)
+    assert [s.key for s in samples] == ["slide-p00000", "slide-p00001"]
+    for sample, picture in zip(samples, (PICTURE, PICTURE[::-1]), strict=True):
+        assert np.array_equal(sample.image, chw(picture))
+
+
+@pytest.mark.parametrize("compression", ["group3", "group4", "tiff_ccitt"])
+def test_ccitt_bilevel_pages_pack(tmp_path: Path, compression: str) -> None:
+    """CCITT fax compressions (1-bit pages, Pillow's libtiff writes them) are in the known-good set."""
+    bits = ((_X // 8 + _Y // 8) % 2).astype(bool)
+    path = tmp_path / "fax.tif"
+    Image.fromarray(bits).convert("1").save(path, "TIFF", compression=compression)
+    (sample,) = read_ok(path)
+    assert np.array_equal(sample.image[0] > 0, bits)
+
+
+def test_the_known_good_set_is_what_this_opencv_decodes() -> None:
+    """OPENCV_TIFF_COMPRESSIONS against this OpenCV build: every compression tifffile can write is
+    decoded (pixels back) exactly when it is in the set, so the set cannot silently go stale."""
+    import cv2
+
+    written = []
+    for code in tifffile.COMPRESSION:
+        buffer = io.BytesIO()
+        try:
+            tifffile.imwrite(buffer, PICTURE[:64, :64], photometric="rgb", compression=int(code))
+        except Exception:  # noqa: BLE001 -- tifffile has no encoder for it: nothing to measure
+            continue
+        image = cv2.imdecode(np.frombuffer(buffer.getvalue(), np.uint8), cv2.IMREAD_UNCHANGED)
+        decoded = image is not None and image.shape == (64, 64, 3) and bool(image.any())
+        written.append(int(code))
+        assert decoded == (int(code) in OPENCV_TIFF_COMPRESSIONS), (code, decoded)
+    assert {1, 5, 7, 8, 32773, 32946, 34712, 50000} <= set(written)
