@@ -1,9 +1,14 @@
-"""packer.read.image on TIFFs by compression: what OpenCV's libtiff decodes, what it does not.
+"""packer.read.image on TIFFs by compression: what OpenCV's libtiff decodes, what it does not,
+and JPEG-in-TIFF tiles and strips checked strictly.
 
 OpenCV's libtiff is built without JPEG 2000, ZSTD, WebP, LZMA, JPEG XL, ... : a page compressed
 with one of them came back zero-filled (packed as a black page, no record) or not at all (a
 ``decode_failed`` "re-export it", or a ``constant_image`` "blank image"). Such a page is now
 ``unsupported``, naming the page, the compression and the fix, before anything is decoded.
+
+libjpeg inside libtiff stops at a damaged JPEG tile and OpenCV hands back the page with the
+tile's rest grey; each JPEG tile or strip is now decoded strictly by libjpeg-turbo (with the
+page's JPEGTables spliced in), and a damaged one is ``decode_failed`` naming the page and tile.
 
 Files are real, written by tifffile (imagecodecs' codecs) or Pillow; expected pixels come from
 tifffile's own decode of the same file.
@@ -12,6 +17,7 @@ tifffile's own decode of the same file.
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +142,88 @@ def test_ccitt_bilevel_pages_pack(tmp_path: Path, compression: str) -> None:
     Image.fromarray(bits).convert("1").save(path, "TIFF", compression=compression)
     (sample,) = read_ok(path)
     assert np.array_equal(sample.image[0] > 0, bits)
+
+
+def jpeg_tiff(path: Path, *, pages: int = 1, tiled: bool = True) -> None:
+    with tifffile.TiffWriter(path) as tif:
+        for _ in range(pages):
+            tif.write(PICTURE, photometric="rgb", compression="jpeg",
+                      **({"tile": (256, 256)} if tiled else {"rowsperstrip": 128}))
+
+
+def damage(path: Path, page: int, chunk: int, how: str) -> None:
+    """Overwrite the second half of one tile or strip's stream with noise, or halve its byte
+    count (the stream cut short; the file's own length is right)."""
+    with tifffile.TiffFile(path) as tif:
+        tiff_page = tif.pages[page]
+        offset, count = tiff_page.dataoffsets[chunk], tiff_page.databytecounts[chunk]
+        counts = tiff_page.tags["TileByteCounts" if tiff_page.is_tiled else "StripByteCounts"]
+        width = 2 if counts.dtype == 3 else 4
+        at = counts.valueoffset + chunk * width
+        order = tif.byteorder
+    data = bytearray(path.read_bytes())
+    if how == "noise":
+        start = offset + count // 2
+        data[start:offset + count] = np.random.default_rng(1).integers(0, 256, offset + count - start,
+                                                                       dtype=np.uint8).tobytes()
+    else:
+        struct.pack_into(order + ("H" if width == 2 else "I"), data, at, count // 2)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "strips"])
+@pytest.mark.parametrize("how", ["noise", "short-count"])
+def test_a_damaged_jpeg_tile_is_decode_failed_naming_page_and_tile(tmp_path: Path, tiled: bool, how: str) -> None:
+    """The 4th tile (or strip) of a JPEG-in-TIFF damaged (libjpeg stopped: "Unsupported marker
+    type") or its byte count halved (libjpeg warns: premature end of data segment): OpenCV filled
+    the rest grey and packer packed it. tifffile refuses the damaged one, and so does packer now,
+    both: ``decode_failed`` naming the page, the tile and libjpeg-turbo's message."""
+    path = tmp_path / "tiles.tif"
+    jpeg_tiff(path, pages=2, tiled=tiled)
+    damage(path, page=1, chunk=3, how=how)
+    if how == "noise":  # tifffile (imagecodecs) refuses it; a stream cut short it decodes grey too
+        with pytest.raises(Exception):  # noqa: B017, PT011 -- imagecodecs' own error classes
+            tifffile.imread(path, key=1)
+    issue = read_issue(path)
+    assert (issue.reason, issue.stage) == ("decode_failed", "read"), issue.message
+    chunk = "tile 3" if tiled else "strip 3"
+    assert f"TIFF page 1: JPEG {chunk} " in issue.message, issue.message
+    assert "libjpeg-turbo" in issue.message
+
+
+def test_the_repro_s_damaged_tile_is_refused(tmp_path: Path) -> None:
+    """The file of the report: one tiled JPEG page, its 4th tile's second half noise."""
+    path = tmp_path / "tiles.tif"
+    tifffile.imwrite(path, PICTURE, tile=(256, 256), photometric="rgb", compression="jpeg")
+    damage(path, page=0, chunk=3, how="noise")
+    issue = read_issue(path)
+    assert issue.reason == "decode_failed" and "JPEG tile 3 " in issue.message, issue.message
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "strips"])
+def test_whole_jpeg_tiles_pack_as_tifffile_decodes_them(tmp_path: Path, tiled: bool) -> None:
+    """Undamaged JPEG-in-TIFF (each tile a complete JPEG) passes the strict check and packs what
+    tifffile decodes, within JPEG decoders' rounding."""
+    path = tmp_path / "tiles.tif"
+    jpeg_tiff(path, pages=2, tiled=tiled)
+    samples = read_ok(path)
+    assert len(samples) == 2
+    for sample in samples:
+        assert np.abs(sample.image.astype(int) - chw(tifffile.imread(path, key=0)).astype(int)).max() <= 8
+
+
+def test_jpeg_strips_with_shared_tables_are_checked(tmp_path: Path) -> None:
+    """Pillow's libtiff writes the quantisation and Huffman tables once, in JPEGTables (347):
+    whole strips pack; a damaged strip, decoded with those tables spliced in, is refused."""
+    path = tmp_path / "shared.tif"
+    Image.fromarray(PICTURE).save(path, "TIFF", compression="jpeg")
+    with tifffile.TiffFile(path) as tif:
+        assert tif.pages[0].jpegtables is not None and len(tif.pages[0].dataoffsets) > 4
+    (sample,) = read_ok(path)
+    assert np.abs(sample.image.astype(int) - chw(tifffile.imread(path)).astype(int)).max() <= 8
+    damage(path, page=0, chunk=4, how="noise")
+    issue = read_issue(path)
+    assert issue.reason == "decode_failed" and "JPEG strip 4 " in issue.message, issue.message
 
 
 def test_the_known_good_set_is_what_this_opencv_decodes() -> None:

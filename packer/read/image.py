@@ -71,7 +71,7 @@ from packer.read.image_structure import (
 from packer.read.jpeg_scan import strict_decode
 from packer.read.limits import DEFAULT_LIMITS, file_size_problem, limit_problem
 from packer.read.opening import open_failure
-from packer.read.tiff_codecs import check_opencv_decodes
+from packer.read.tiff_codecs import check_jpeg_chunks, check_opencv_decodes
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.image import (
     OPENCV_SCALED_TIFF_BITS,
@@ -653,6 +653,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadPro
         headers = _chain_headers(chain, limits) if [ifd.index for ifd in pages] != [0] else None
         # OpenCV decodes the whole chain with the pages, or the first IFD alone
         check_opencv_decodes(chain if headers is not None else chain[:1])
+        check_jpeg_chunks(data, pages)
         check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
         _check_opencv_reads_bits(chain)
         data = straight_alpha(data, chain)

@@ -26,17 +26,19 @@ FORMATS = ("png", "jpeg", "tiff", "bmp")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # colour type → samples; palette (3) decodes to RGB
 _JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 16: "Q"}  # BYTE SHORT LONG SBYTE SSHORT SLONG LONG8
+# BYTE SHORT LONG SBYTE UNDEFINED SSHORT SLONG LONG8 (UNDEFINED: JPEGTables' bytes)
+_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 7: "B", 8: "h", 9: "i", 16: "Q"}
 _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION = 256, 257, 258, 277, 274
 _TIFF_DATA = ((273, 279), (324, 325))  # (StripOffsets, StripByteCounts), (TileOffsets, TileByteCounts)
 TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH = 278, 322, 323
 _TIFF_SUBFILE = 254  # NewSubfileType
 _TIFF_EXTRA_SAMPLES = 338  # ExtraSamples: 0 unspecified, 1 associated (premultiplied) alpha, 2 unassociated alpha
-_TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_PLANAR = 259, 262, 284
-# what the IFD chain walk reads of every IFD
+_TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_PLANAR, _TIFF_JPEG_TABLES = 259, 262, 284, 347
+# what the IFD chain walk reads of every IFD (JPEGTables: for packer.read.tiff_codecs' strict JPEG check)
 _TIFF_CHAIN_TAGS = {_TIFF_SUBFILE, _TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, TIFF_ORIENTATION,
                     TIFF_ROWS_PER_STRIP, TIFF_TILE_WIDTH, TIFF_TILE_LENGTH, _TIFF_EXTRA_SAMPLES,
-                    _TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_PLANAR, *(t for p in _TIFF_DATA for t in p)}
+                    _TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_PLANAR, _TIFF_JPEG_TABLES,
+                    *(t for p in _TIFF_DATA for t in p)}
 #: Tags whose values libtiff must read to decode a page, often kept out of line after the IFD
 #: (BitsPerSample, ColorMap, ExtraSamples, SampleFormat): values cut off by the end of the file
 #: make the file truncated, not decode_failed (another tag's values past the end are left alone:

@@ -79,3 +79,32 @@ def check_scan(data: bytes) -> None:
     """Raise Defect where the JPEG codestream ``data`` (a DICOM frame) loses pixels in its scan
     (:data:`LOSSY_WARNINGS`): a check only, the pixels decoded here are thrown away."""
     strict_decode(data)
+
+
+def check_stream(data: bytes) -> None:
+    """Raise Defect where the JPEG stream ``data`` (a JPEG-in-TIFF tile or strip, its tables
+    spliced in) does not decode whole: a warning that loses pixels (:data:`LOSSY_WARNINGS`), or
+    an error that stops libjpeg-turbo mid-scan (``Unsupported marker type``: libtiff stops the
+    same way, and OpenCV returns the page with the rest of the tile grey), ``decode_failed``. A
+    stream whose header TurboJPEG cannot read, or of a colour space it does not convert (12-bit,
+    CMYK), is not checked, as in :func:`strict_decode`. A check only: the pixels are thrown away
+    (decoded with the fast DCT and upsampling, which change no warning)."""
+    try:
+        space = _OUTPUT.get(simplejpeg.decode_jpeg_header(data)[2])
+    except ValueError:
+        return
+    if space is None:
+        return
+    try:
+        simplejpeg.decode_jpeg(data, colorspace=space, strict=True, fastdct=True, fastupsample=True)
+        return
+    except ValueError as err:
+        lost = _lost(err)
+        if lost is not None:
+            raise lost from err
+    try:  # strict mode stops at any warning; without it only an error stops the decoder
+        simplejpeg.decode_jpeg(data, colorspace=space, fastdct=True, fastupsample=True)
+    except ValueError as err:
+        raise Defect("decode_failed", f"JPEG data does not decode: libjpeg-turbo stops with \"{err}\", where "
+                                      "libtiff fills the rest of the tile with grey, which is not packed; copy "
+                                      "or export the file again") from err

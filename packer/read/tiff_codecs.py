@@ -1,4 +1,4 @@
-"""TIFF compressions: which ones OpenCV's libtiff decodes.
+"""TIFF compressions: which ones OpenCV's libtiff decodes, and JPEG tiles and strips checked strictly.
 
 OpenCV's bundled libtiff is built without JPEG 2000, ZSTD, WebP, LZMA, JPEG XL, old-style JPEG,
 ... (opencv/3rdparty/libtiff/CMakeLists.txt). On a page in one of them it does not fail: it logs
@@ -7,13 +7,21 @@ while packer decodes) and hands back a zero-filled page, or nothing at all, so a
 pyramid packed a black page or read as a damaged (``decode_failed``) or blank
 (``constant_image``) file. :func:`check_opencv_decodes` refuses such a page first, from its
 Compression tag (259), as ``unsupported``, naming the page, the compression and the fix.
+
+libjpeg inside libtiff stops at a damaged JPEG tile ("Unsupported marker type") and OpenCV returns
+the page with the tile's rest grey. :func:`check_jpeg_chunks` decodes each JPEG tile or strip of a
+page strictly with libjpeg-turbo (:mod:`packer.read.jpeg_scan`), the page's JPEGTables (347)
+spliced in, as for a standalone JPEG.
 """
 
 from __future__ import annotations
 
 from packer.read.image_structure import Defect, Ifd
+from packer.read.jpeg_scan import check_stream
 
-_COMPRESSION = 259
+_COMPRESSION, _JPEG_TABLES = 259, 347
+_WIDTH, _LENGTH, _TILE_WIDTH, _TILE_LENGTH = 256, 257, 322, 323
+_STRIPS, _TILES = (273, 279), (324, 325)  # (offsets, byte counts)
 #: TIFF Compression 7: JPEG ("new-style", TIFF Technical Note 2), the one libtiff decodes here
 TIFF_JPEG = 7
 
@@ -64,3 +72,49 @@ def check_opencv_decodes(decoded: list[Ifd]) -> None:
         raise Defect("unsupported", (
             f"{_where(ifd)} is compressed with {name} (Compression {number}), which OpenCV's libtiff (packer's "
             "decoder) does not decode: it would give a page of zeros or nothing; " + _FIX))
+
+
+def _chunks(ifd: Ifd) -> tuple[str, list[tuple[int, int]]]:
+    """("tile" or "strip", (offset, byte count) of each) of one IFD."""
+    tiled = _TILE_WIDTH in ifd.tags and _TILE_LENGTH in ifd.tags
+    offsets, counts = _TILES if tiled else _STRIPS
+    return ("tile" if tiled else "strip"), list(zip(ifd.tags.get(offsets, ()), ifd.tags.get(counts, ()),
+                                                    strict=False))
+
+
+def _tile_place(ifd: Ifd, index: int) -> str:
+    """Where tile ``index`` of a tiled IFD lies: its row and column in the grid of tiles."""
+    tags = ifd.tags
+    across = -(-tags[_WIDTH][0] // tags[_TILE_WIDTH][0]) if _WIDTH in tags and tags[_TILE_WIDTH][0] else 0
+    if not across:
+        return ""
+    down = -(-tags[_LENGTH][0] // tags[_TILE_LENGTH][0]) if _LENGTH in tags and tags[_TILE_LENGTH][0] else 0
+    within = index % (across * down) if down else index
+    return f", row {within // across} column {within % across} of tiles"
+
+
+def check_jpeg_chunks(data: bytes, pages: list[Ifd]) -> None:
+    """Raise ``decode_failed`` where a JPEG (Compression 7) tile or strip of one of ``pages``
+    does not decode whole with libjpeg-turbo (:func:`packer.read.jpeg_scan.check_stream`: scan
+    data damaged or cut short), each one's stream with the page's JPEGTables spliced in
+    (the tables' SOI..EOI less its EOI, then the tile less its SOI). A stream TurboJPEG does not
+    open (12-bit, CMYK) is left to OpenCV unchecked, as a standalone JPEG is; an empty one (a
+    sparse tile, which libtiff fills) is skipped."""
+    for ifd in pages:
+        if ifd.tags.get(_COMPRESSION, (1,))[0] != TIFF_JPEG:
+            continue
+        tables = bytes(ifd.tags.get(_JPEG_TABLES, ()))
+        head = tables[:-2] if tables[:2] == b"\xff\xd8" and tables[-2:] == b"\xff\xd9" else b""
+        kind, chunks = _chunks(ifd)
+        for index, (offset, count) in enumerate(chunks):
+            stream = data[offset:offset + count]
+            if not stream:
+                continue
+            if head and stream[:2] == b"\xff\xd8":
+                stream = head + stream[2:]
+            try:
+                check_stream(stream)
+            except Defect as defect:
+                place = _tile_place(ifd, index) if kind == "tile" else ""
+                raise Defect("decode_failed", f"TIFF page {ifd.index}: JPEG {kind} {index} (at byte {offset}{place}): "
+                                              f"{defect.message}") from None
