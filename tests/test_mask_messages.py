@@ -155,3 +155,19 @@ def test_a_mask_drawn_on_an_exif_rotated_photo_as_displayed_is_told_so(tmp_path:
         assert "60×40" in message and undo in message and "strip the image's orientation" in message, message
         assert "so save it at the image's size" not in message, message
     assert "Orientation" not in records["small.png"]["message"]
+
+
+def test_a_tiff_mask_in_a_compression_opencv_does_not_decode_is_unreadable_not_background(tmp_path: Path) -> None:
+    """A TIFF mask compressed with ZSTD or JPEG 2000 (as tifffile and pathology tools write them)
+    decoded to zeros, background everywhere, with no record; a Deflate one packs as before."""
+    import tifffile
+
+    raw = tmp_path / "raw"
+    masks = _mask_dir(raw)
+    tifffile.imwrite(masks / "zstd.tif", IDS, compression="zstd")
+    tifffile.imwrite(masks / "deflate.tif", IDS, compression="zlib")
+    rows = {_image(raw, "zstd.png"): "m/zstd.tif", _image(raw, "deflate.png"): "m/deflate.tif"}
+    records = _records(tmp_path, rows)
+    assert set(records) == {"zstd.png"}
+    assert records["zstd.png"]["reason"] == "mask_unreadable"
+    assert "ZSTD" in records["zstd.png"]["message"] and "Deflate" in records["zstd.png"]["message"]

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packer.config import JobConfig, SourceConfig
-from packer.read.image_structure import Defect, file_header, sniff_format
+from packer.config import JobConfig, LimitsConfig, SourceConfig
+from packer.read.image_structure import Defect, file_header, sniff_format, tiff_chain
+from packer.read.tiff_codecs import check_opencv_decodes
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.mask import MaskError, check_mask, decode_mask, decode_mask_pages, displayed_size_fix
 
@@ -71,6 +72,23 @@ def _check_header_size(data: bytes, height: int, width: int, orientation: int = 
                                                  "size"))
 
 
+def _check_tiff_codecs(data: bytes, limits: LimitsConfig) -> None:
+    """Raise MaskError ``mask_unreadable`` where a TIFF mask has a page in a compression OpenCV's
+    libtiff does not decode (JPEG 2000, ZSTD, WebP, ...: :func:`check_opencv_decodes`): it would
+    come back as zeros, background everywhere, or as nothing. Every page is looked at (a mask of a
+    multi-page image decodes them all); a damaged chain is left to the decoder to describe."""
+    if sniff_format(bytes(data[:8])) != "tiff":
+        return
+    try:
+        chain = tiff_chain(lambda offset, count: bytes(data[offset:offset + count]), len(data), limits)
+    except Defect:
+        return
+    try:
+        check_opencv_decodes(chain)
+    except Defect as err:
+        raise MaskError("mask_unreadable", f"the mask TIFF's {err.message[:1].lower()}{err.message[1:]}") from err
+
+
 def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, job: JobConfig
                  ) -> list[Sample] | Issue:
     """``samples`` (all of one raw file of ``kind``) each with its mask, or the file's mask defect."""
@@ -92,6 +110,7 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
     try:
         frames, height, width = kind.mask_grid(first)
         orientation = _orientation(first)
+        _check_tiff_codecs(data, job.limits)
         _check_header_size(data, height, width, orientation)
         mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames,
                         orientation=orientation)
@@ -143,6 +162,7 @@ def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceCon
     ref = samples[0].ref
     listed = ", ".join(f"{height}×{width}" for height, width in sizes)
     try:
+        _check_tiff_codecs(data, job.limits)
         _check_header_size(data, *sizes[0])
         pages = decode_mask_pages(data, path)
         if len(pages) != len(sizes):
