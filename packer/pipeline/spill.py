@@ -192,7 +192,9 @@ class CachedChunk:
 #: export are listed; the job's own output and packer version folders are not; a percentiles
 #: fallback records fallback_percentiles; derived images on the originals' positions meet them;
 #: BIDS and intent-declared NIfTI label maps are left out; file-name times are read without suffixes.
-CACHE_FORMAT = 60
+#: 61: TIFF pages (and TIFF masks) in a compression OpenCV does not decode are refused, JPEG tiles of a
+#: TIFF checked strictly; derived images meet the originals only where they stand at half their places.
+CACHE_FORMAT = 61
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
