@@ -122,6 +122,24 @@ def _names_a_descriptor(path: Path) -> bool:
     return absolute.startswith(("/dev/", "/proc/")) and path.is_symlink()
 
 
+_STANDARD_STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``,
+    ``/proc/self/fd/3``, ``/proc/<this pid>/fd/3``), else None."""
+    absolute = os.path.abspath(path)
+    if absolute in _STANDARD_STREAMS:
+        return _STANDARD_STREAMS[absolute]
+    parts = absolute.split("/")
+    if len(parts) == 4 and parts[1] == "dev" and parts[2] == "fd" and parts[3].isdigit():
+        return int(parts[3])
+    if (len(parts) == 5 and parts[1] == "proc" and parts[2] in ("self", "thread-self", str(os.getpid()))
+            and parts[3] == "fd" and parts[4].isdigit()):
+        return int(parts[4])
+    return None
+
+
 def _is_special(path: Path) -> bool:
     """Whether ``path`` exists as something that is neither a regular file nor a folder (a FIFO,
     a device, a socket): :func:`atomic_output` writes into it. False where it is absent or cannot
@@ -138,7 +156,11 @@ def _written_into(path: Path, elsewhere: str | None) -> Iterator[BinaryIO]:
     reader gets the bytes as they come; a device takes no fsync). A refused or full one raises
     the :class:`packer.errors.FileSystemError` a file would."""
     try:
-        fh = open(path, "wb")  # noqa: SIM115  (closed below, after the caller's writes)
+        own = _own_descriptor(path)
+        # a descriptor of this process is written through a copy of it, at its offset and with its
+        # flags (>> appends; what was written before stays): opening its link anew would truncate
+        fh = (os.fdopen(os.dup(own), "wb") if own is not None  # noqa: SIM115  (closed below)
+              else open(path, "wb"))  # noqa: SIM115  (closed below, after the caller's writes)
     except OSError as err:
         refused = refused_write(err, path, opening=True, elsewhere=elsewhere)
         if refused is None:

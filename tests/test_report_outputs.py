@@ -303,3 +303,18 @@ def test_a_descriptor_link_to_a_regular_file_is_written_into(tmp_path: Path) -> 
         os.close(fd)
     assert target.read_bytes() == b"<html>report</html>"
     assert leftovers(tmp_path) == []
+
+
+def test_a_descriptor_link_is_written_through_its_descriptor_keeping_what_it_holds(tmp_path: Path) -> None:
+    """``-o /dev/stdout >> log.txt``: opening the link anew ("wb") truncated log.txt, losing its
+    earlier lines. The descriptor itself is written through, with its offset and O_APPEND."""
+    log = tmp_path / "log.txt"
+    log.write_bytes(b"earlier line\n")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    try:
+        with atomic_output(Path(f"/proc/self/fd/{fd}")) as fh:
+            fh.write(b"<html>report</html>")
+        os.write(fd, b"\nafter\n")  # the descriptor is still the caller's, open
+    finally:
+        os.close(fd)
+    assert log.read_bytes() == b"earlier line\n<html>report</html>\nafter\n"
