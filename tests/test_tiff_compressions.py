@@ -243,3 +243,43 @@ def test_the_known_good_set_is_what_this_opencv_decodes() -> None:
         written.append(int(code))
         assert decoded == (int(code) in OPENCV_TIFF_COMPRESSIONS), (code, decoded)
     assert {1, 5, 7, 8, 32773, 32946, 34712, 50000} <= set(written)
+
+
+def _padded_tiles(rgb: np.ndarray, size: int = 128):  # type: ignore[no-untyped-def]
+    """Each tile a whole JPEG with 2 zero bytes before its EOI: libjpeg warns "2 extraneous bytes
+    before marker 0xd9" and loses no pixel."""
+    for y in range(0, rgb.shape[0], size):
+        for x in range(0, rgb.shape[1], size):
+            tile = np.zeros((size, size, 3), np.uint8)
+            part = rgb[y:y + size, x:x + size]
+            tile[:part.shape[0], :part.shape[1]] = part
+            out = io.BytesIO()
+            Image.fromarray(tile).save(out, "JPEG")
+            data = out.getvalue()
+            yield data[:-2] + b"\0\0" + data[-2:]
+
+
+def test_a_jpeg_tile_with_a_warning_that_loses_no_pixel_packs(tmp_path: Path) -> None:
+    """Strict mode stops at any warning: a tile whose only warning is extraneous bytes before a
+    marker was refused decode_failed, where the same stream as a standalone JPEG packs. Such a
+    warning lets the tile through once it decodes whole without strict mode."""
+    y, x = np.mgrid[0:300, 0:417]
+    rgb = np.stack([(x * 3 + y * 2 + 40 * i) % 200 + 30 for i in range(3)], -1).astype(np.uint8)
+    path = tmp_path / "padded.tif"
+    tifffile.imwrite(path, _padded_tiles(rgb), shape=rgb.shape, dtype=np.uint8, tile=(128, 128),
+                     compression="jpeg", photometric="rgb")
+    (sample,) = read_ok(path)
+    assert sample.image.shape == (3, 300, 417)
+
+
+def test_a_12_bit_jpeg_tiff_is_unsupported_not_called_damaged(tmp_path: Path) -> None:
+    """A 12-bit JPEG-in-TIFF is a valid file neither the check nor OpenCV's libtiff decodes: it was
+    told its data is damaged ("copy or export the file again"); it is unsupported, with the fix."""
+    y, x = np.mgrid[0:300, 0:417]
+    grey = (((x * 3 + y * 2) % 200 + 30) * 16).astype(np.uint16)
+    path = tmp_path / "twelve.tif"
+    tifffile.imwrite(path, grey, tile=(128, 128), compression="jpeg", compressionargs={"bitspersample": 12},
+                     bitspersample=12, photometric="minisblack")
+    issue = read_issue(path)
+    assert issue.reason == "unsupported", issue.message
+    assert "precision" in issue.message and "Deflate or LZW" in issue.message and "copy" not in issue.message

@@ -40,6 +40,18 @@ LOSSY_WARNINGS = (
     ("inconsistent progression sequence", "decode_failed"),
 )
 
+#: libjpeg-turbo's warnings that lose no pixel (jerror.h: JWRN_EXTRANEOUS_DATA, JWRN_ADOBE_XFORM,
+#: JWRN_JFIF_MAJOR, JWRN_BOGUS_ICC, JWRN_TOO_MUCH_DATA, JWRN_NOT_SEQUENTIAL), lower case: strict mode
+#: stops at them as at any warning, so :func:`check_stream` decodes such a stream again without it.
+HARMLESS_WARNINGS = (
+    "extraneous bytes before marker",
+    "unknown adobe color transform",
+    "unknown jfif revision",
+    "bad icc marker",
+    "too many scanlines",
+    "invalid sos parameters for sequential jpeg",
+)
+
 #: TurboJPEG's colour space of a JPEG (decode_jpeg_header) → the output OpenCV's imdecode gives
 #: for it (IMREAD_UNCHANGED): grey stays grey, YCbCr and RGB become BGR. CMYK and YCCK are left to
 #: OpenCV.
@@ -102,9 +114,22 @@ def check_stream(data: bytes) -> None:
         lost = _lost(err)
         if lost is not None:
             raise lost from err
-    try:  # strict mode stops at any warning; without it only an error stops the decoder
-        simplejpeg.decode_jpeg(data, colorspace=space, fastdct=True, fastupsample=True)
+        stopped = err
+    text = str(stopped).lower()
+    if "data precision" in text:  # a 12-bit stream TurboJPEG's header reader took: not damage
+        raise Defect("unsupported", f"JPEG data of another precision than 8 bits (libjpeg-turbo: \"{stopped}\"), "
+                                    "which neither this check nor OpenCV's libtiff decodes: re-save the TIFF with "
+                                    "Deflate or LZW (16-bit), or as 8-bit JPEG") from stopped
+    if not any(key in text for key in HARMLESS_WARNINGS):  # an error that stops libjpeg mid-scan
+        raise _undecodable(stopped)
+    try:  # a warning that loses no pixel stopped strict mode: the rest of the stream decoded without it
+        simplejpeg.decode_jpeg(data, colorspace=space, strict=False, fastdct=True, fastupsample=True)
     except ValueError as err:
-        raise Defect("decode_failed", f"JPEG data does not decode: libjpeg-turbo stops with \"{err}\", where "
-                                      "libtiff fills the rest of the tile with grey, which is not packed; copy "
-                                      "or export the file again") from err
+        lost = _lost(err)
+        raise (lost if lost is not None else _undecodable(err)) from err
+
+
+def _undecodable(err: ValueError) -> Defect:
+    return Defect("decode_failed", f"JPEG data does not decode: libjpeg-turbo stops with \"{err}\", where libtiff "
+                                   "fills the rest of the tile with grey, which is not packed; copy or export the "
+                                   "file again")

@@ -96,10 +96,11 @@ def _tile_place(ifd: Ifd, index: int) -> str:
 def check_jpeg_chunks(data: bytes, pages: list[Ifd]) -> None:
     """Raise ``decode_failed`` where a JPEG (Compression 7) tile or strip of one of ``pages``
     does not decode whole with libjpeg-turbo (:func:`packer.read.jpeg_scan.check_stream`: scan
-    data damaged or cut short), each one's stream with the page's JPEGTables spliced in
-    (the tables' SOI..EOI less its EOI, then the tile less its SOI). A stream TurboJPEG does not
-    open (12-bit, CMYK) is left to OpenCV unchecked, as a standalone JPEG is; an empty one (a
-    sparse tile, which libtiff fills) is skipped."""
+    data damaged or cut short; ``unsupported`` for a 12-bit stream, which OpenCV's libtiff does
+    not decode either), each one's stream with the page's JPEGTables spliced in (the tables'
+    SOI..EOI less its EOI, then the tile less its SOI). A stream TurboJPEG does not open (CMYK) is
+    left to OpenCV unchecked, as a standalone JPEG is; an empty one (a sparse tile, which libtiff
+    fills) is skipped."""
     for ifd in pages:
         if ifd.tags.get(_COMPRESSION, (1,))[0] != TIFF_JPEG:
             continue
@@ -116,5 +117,6 @@ def check_jpeg_chunks(data: bytes, pages: list[Ifd]) -> None:
                 check_stream(stream)
             except Defect as defect:
                 place = _tile_place(ifd, index) if kind == "tile" else ""
-                raise Defect("decode_failed", f"TIFF page {ifd.index}: JPEG {kind} {index} (at byte {offset}{place}): "
-                                              f"{defect.message}") from None
+                raise Defect("unsupported" if defect.reason == "unsupported" else "decode_failed",
+                             f"TIFF page {ifd.index}: JPEG {kind} {index} (at byte {offset}{place}): "
+                             f"{defect.message}") from None
