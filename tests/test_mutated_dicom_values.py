@@ -11,27 +11,17 @@ from typing import Any
 import numpy as np
 import pydicom
 import pytest
-from dicom_files import config, ct_dataset, ct_pixels, make_ref, save, shipped, window
+from dicom_files import ct_dataset, ct_pixels, save, shipped, window
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.pixels import pixel_array
 from pydicom.uid import JPEG2000Lossless, RLELossless
+from test_dicom_read import issue_of, read  # the DICOM reader's test helpers
 
-from packer.read.dicom import read_dicom
 from packer.records import Issue, Sample
 
 SOFT_TISSUE = window(40.0, 400.0)
 
 
-def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample] | Issue:
-    return read_dicom(make_ref(path), config(*windows, **kwargs))
-
-
-def issue_of(result: Any, reason: str, stage: str | None = None) -> Issue:
-    assert isinstance(result, Issue), f"expected a {reason} issue, got {type(result).__name__}"
-    assert result.reason == reason, result.message
-    if stage is not None:
-        assert result.stage == stage, result.message
-    return result
 
 
 def samples_of(result: Any) -> list[Sample]:
