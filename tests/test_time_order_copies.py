@@ -13,18 +13,7 @@ import numpy as np
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, build
-
-
-def _photo(seed: int, size: int = 128) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    img = cv2.resize(rng.uniform(0, 255, (6, 6, 3)).astype(np.float32), (size, size), interpolation=cv2.INTER_CUBIC)
-    for _ in range(25):
-        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
-        centre = tuple(int(v) for v in rng.integers(0, size, 2))
-        axes = tuple(int(v) for v in rng.integers(4, size // 4, 2))
-        cv2.ellipse(img, centre, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1, cv2.LINE_AA)
-    noisy = cv2.GaussianBlur(img, (0, 0), 1.5) + rng.normal(0, 4, img.shape).astype(np.float32)
-    return np.clip(noisy, 0, 255).astype(np.uint8)
+from tests.test_nearcopy import photo
 
 
 def test_an_entity_pulled_into_train_by_an_older_copy_is_explained_by_its_group(tmp_path: Path) -> None:
@@ -39,9 +28,9 @@ def test_an_entity_pulled_into_train_by_an_older_copy_is_explained_by_its_group(
 
     rng = np.random.default_rng(0)
     for i in range(20):
-        put(f"E{i:03d}/a.png", _photo(i), f"E{i:03d}", str(np.datetime64("2023-01-01") + int(rng.integers(0, 700))))
-    put("LATE/a.png", _photo(104), "LATE", "2024-10-05")  # its only record: test's period
-    put("OLDCOPY/a.png", _photo(104), "OLDCOPY", "2023-05-01")  # the same image under another id, earlier
+        put(f"E{i:03d}/a.png", photo(i, 128), f"E{i:03d}", str(np.datetime64("2023-01-01") + int(rng.integers(0, 700))))
+    put("LATE/a.png", photo(104, 128), "LATE", "2024-10-05")  # its only record: test's period
+    put("OLDCOPY/a.png", photo(104, 128), "OLDCOPY", "2023-05-01")  # the same image under another id, earlier
     (raw / "labels.csv").write_text("path,label,entity,timestamp\n" + "\n".join(rows) + "\n")
     job = tmp_path / "job.yaml"
     job.write_text(f"""name: tm
