@@ -167,7 +167,7 @@ def test_a_derived_trace_stack_at_the_b0_slices_positions_is_a_second_image_of_e
     assert {i.reason for i in strict.issues} == {"series_duplicate_position"}
 
 
-@pytest.mark.parametrize("case", ["lone", "other-plane", "between", "other-grid", "thick-slabs"])
+@pytest.mark.parametrize("case", ["lone", "other-plane", "between", "other-grid", "thick-slabs", "thin-recon"])
 def test_derived_images_off_the_originals_places_are_still_left_out(case: str) -> None:
     """A lone derived image (a MIP) at a slice's position, derived images in another plane, derived
     images between the original slices, or on another grid (a reformat) are not second images of
@@ -181,7 +181,10 @@ def test_derived_images_off_the_originals_places_are_still_left_out(case: str) -
                "other-grid": [_geometry(3.0 * z, number=20 + z, image_type=mpr, rows=32) for z in range(4)],
                # thick same-plane slabs on the originals' grid, centred on every fifth slice: a few of
                # the positions, not a second image of each (they refused the whole series)
-               "thick-slabs": [_geometry(3.0 * z, number=20 + z, image_type=mpr) for z in (2, 7)]}[case]
+               "thick-slabs": [_geometry(3.0 * z, number=20 + z, image_type=mpr) for z in (2, 7)],
+               # a thin same-plane reformat 1 mm apart over 3 mm slices: every third image meets a slice,
+               # each slice is met, but most of the reformat lies between them (it refused the series)
+               "thin-recon": [_geometry(float(z), number=20 + z, image_type=mpr) for z in range(10)]}[case]
     files += [(_ref(20 + n), g) for n, g in enumerate(derived)]
     out = assemble(files, CFG)
     (series,) = out.series

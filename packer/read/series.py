@@ -171,11 +171,14 @@ def _second_images(originals: Sequence[tuple[SampleRef, SliceGeometry]],
     reformats or projections: each lies on an original's grid (its orientation within
     :data:`ORIENTATION_TOLERANCE`, rows, columns and pixel spacing) at that original's own
     position (within :data:`POSITION_TOLERANCE` along the normal, half a pixel across it), and
-    they stand at two or more of the originals' positions and at least half of them (a Siemens
-    DWI's TRACEW images beside its b0: one at every slice). A lone one (a MIP that happens to sit at
-    a slice), a few (thick same-plane reformats at every fifth slice, key images saved back into the
-    series), or any in another plane, between the slices or on another grid, is not: ``set()``."""
+    they stand at two or more of the originals' positions and at least half of them, and at least
+    half of the derived images on that grid stand at such a position (a Siemens DWI's TRACEW
+    images beside its b0: one at every slice, none between). A lone one (a MIP that happens to sit
+    at a slice), a few (thick same-plane reformats at every fifth slice, key images saved back into
+    the series), a thin reformat whose every fifth image meets a slice, or any in another plane or
+    on another grid, is not: ``set()``."""
     on: set[str] = set()
+    on_grid = 0  # the derived images on an original's grid, at a slice's position or not
     hit: set[tuple[int, int, int]] = set()  # the originals' positions they stand at
     for ref, d in derived:
         if d.orientation is None or any(p is None for p in d.positions):
@@ -190,6 +193,7 @@ def _second_images(originals: Sequence[tuple[SampleRef, SliceGeometry]],
                              for p in o.positions if p is not None], dtype=np.float64).reshape(-1, 3)
         if not len(places):
             continue
+        on_grid += 1
         matches = [np.flatnonzero((np.abs(off @ normal) <= POSITION_TOLERANCE)
                                   & (np.linalg.norm(off - np.outer(off @ normal, normal), axis=1) <= across))
                    for off in (places - np.asarray(p, dtype=np.float64) for p in d.positions)]
@@ -197,7 +201,7 @@ def _second_images(originals: Sequence[tuple[SampleRef, SliceGeometry]],
             on.add(ref.sample_id)
             hit.update(_place_key(places[i]) for m in matches for i in m)
     originals_at = {_place_key(p) for _, o in originals for p in o.positions if p is not None}
-    return on if len(hit) >= 2 and 2 * len(hit) >= len(originals_at) else set()
+    return on if len(hit) >= 2 and 2 * len(hit) >= len(originals_at) and 2 * len(on) >= on_grid else set()
 
 
 def _place_key(position: Any) -> tuple[int, int, int]:
