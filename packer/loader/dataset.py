@@ -20,7 +20,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -53,6 +53,9 @@ from packer.loader.sharding import (
     shard_offsets,
     worker_indices,
 )
+
+if TYPE_CHECKING:
+    from packer.manifest import Manifest
 
 log = logging.getLogger("packer.loader")
 
@@ -555,11 +558,12 @@ class ShardDataset(PlannedDataset):
     """
 
     @from_python
-    def __init__(self, manifest: str | os.PathLike[str], split: str, *, shuffle: bool = True, seed: int = 0,
+    def __init__(self, manifest: str | os.PathLike[str] | Manifest, split: str, *, shuffle: bool = True, seed: int = 0,
                  shuffle_buffer: int = 1024, rank: int | None = None, world_size: int | None = None,
                  verify: str | bool = "sample", transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  uneven: str = "exact", on_error: str = "raise", max_skipped: int = 100,
-                 storage_options: Mapping[str, Any] | None = None, sources: Sequence[str] | None = None,
+                 storage_options: Mapping[str, Any] | Sequence[str] | None = None,
+                 sources: Sequence[str] | None = None,
                  labels: Sequence[str | int] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | str | None = None, read_ahead: int = 2, records: bool = False) -> None:
         super().__init__()
