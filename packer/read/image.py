@@ -428,6 +428,28 @@ def _decode(data: bytes, fmt: str) -> np.ndarray:
     return image
 
 
+#: The precisions a JPEG's SOF may give (8 and 12 bits for DCT, 2 to 16 for lossless): outside them
+#: the header is damaged, not of a kind OpenCV does not read
+_JPEG_PRECISIONS = range(2, 17)
+
+
+def _decode_wide_jpeg(data: bytes, bits: int) -> np.ndarray:
+    """A JPEG whose SOF gives ``bits`` other than 8 (a 12-bit extended SOF1, a 12- or 16-bit
+    lossless SOF3), as OpenCV decodes it; where OpenCV returns nothing, as its 8-bit libjpeg
+    does for every such file, ``unsupported`` naming the precision and the fix: the file is valid,
+    and ``decode_failed`` "re-export it" would blame it."""
+    try:
+        return _decode(data, "jpeg")
+    except Defect as defect:
+        if bits not in _JPEG_PRECISIONS:
+            raise
+        raise Defect("unsupported", (
+            f"a {bits}-bit JPEG (SOF precision {bits}: extended or lossless JPEG, as scientific and medical "
+            "cameras write), which OpenCV (packer's decoder) does not read: it reads 8-bit JPEG only; convert it "
+            "to a 16-bit PNG or TIFF, which keeps every bit (e.g. in Python: imagecodecs.imwrite('x.png', "
+            "imagecodecs.imread('x.jpg')))")) from defect
+
+
 @dataclass(frozen=True)
 class _Page:
     """One decoded image of a file: ``orientation`` is the file's value for it (1-8), ``oriented``
@@ -666,7 +688,12 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadPro
     # an 8-bit JPEG is decoded by libjpeg-turbo in strict mode, which (unlike OpenCV) reports scan
     # data cut short or damaged (packer.read.jpeg_scan); its pixels are OpenCV's, not oriented
     strict = strict_decode(data) if fmt == "jpeg" and header.bit_depth == 8 else None
-    image, oriented = (strict, False) if strict is not None else (_decode(data, fmt), decoder_orients(fmt))
+    if strict is not None:
+        image, oriented = strict, False
+    else:
+        wide = fmt == "jpeg" and header.bit_depth != 8
+        image = _decode_wide_jpeg(data, header.bit_depth) if wide else _decode(data, fmt)
+        oriented = decoder_orients(fmt)
     if chain:
         image, by_pillow = _tiff_as_stored(data, chain[0], image)
         oriented = oriented if by_pillow is None else by_pillow
