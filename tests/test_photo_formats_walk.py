@@ -4,9 +4,13 @@
   "re-export it, or remove it": blamed on the file, when OpenCV (packer's decoder) reads only
   8-bit JPEG. It is ``unsupported``, naming the precision and the fix, as a 12-bit JPEG inside a
   TIFF is; an 8-bit lossless JPEG still packs exactly.
+- A TIFF of more than 4 samples per pixel (RGB + alpha + a saved selection, as Photoshop writes:
+  ExtraSamples [2, 0]) was ``decode_failed`` too: OpenCV reads 1 to 4 samples a pixel. It is
+  ``unsupported``, naming the layout (samples per pixel, ExtraSamples) and the fix.
 
-Files are real, written by imagecodecs (libjpeg-turbo 3's 12-bit and lossless encoders); an
-independent decoder (imagecodecs) reads each one back, so the file is known to be valid.
+Files are real, written by imagecodecs (libjpeg-turbo 3's 12-bit and lossless encoders) or
+tifffile; an independent decoder (imagecodecs, tifffile) reads each one back, so the file is known
+to be valid.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import imagecodecs
 import numpy as np
 import pytest
+import tifffile
 
 from packer.config import ImageTransformConfig
 from packer.read.image import probe_image, read_image
@@ -80,3 +85,47 @@ def test_an_8_bit_lossless_jpeg_still_packs_exactly(tmp_path: Path) -> None:
     (sample,) = read_ok(path, ImageTransformConfig(color="gray"))
     assert sample.metadata["bit_depth"] == 8
     assert np.array_equal(sample.image[0], grey)
+
+
+# --- 2. TIFF of more than 4 samples per pixel ----------------------------------------------------
+
+_RGB = np.dstack([_R * 6, _C * 4, (_R + _C) * 2]).astype(np.uint8)
+_OPAQUE = np.full((40, 60), 255, np.uint8)
+
+
+@pytest.mark.parametrize(("photometric", "planes", "extras"), [
+    ("rgb", [_RGB, _OPAQUE, _RGB[..., 0]], [2, 0]),  # Photoshop: alpha + a saved selection
+    ("rgb", [_RGB, _OPAQUE, _RGB[..., 0]], [0, 0]),
+    ("rgb", [_RGB, _RGB], [1, 0, 0]),
+    ("separated", [_RGB, _OPAQUE, _OPAQUE], [2]),  # CMYK + alpha
+])
+def test_a_tiff_of_more_than_4_samples_per_pixel_is_unsupported_naming_its_layout(
+        tmp_path: Path, photometric: str, planes: list[np.ndarray], extras: list[int]) -> None:
+    path = tmp_path / "extra.tif"
+    pixels = np.dstack(planes)
+    tifffile.imwrite(path, pixels, photometric=photometric, extrasamples=extras)
+    assert tifffile.imread(path).shape == pixels.shape  # valid: tifffile reads every sample
+    spp = pixels.shape[2]
+    issue = read_issue(path)
+    assert issue.reason == "unsupported" and issue.stage == "read", issue.message
+    assert "TIFF IFD 0 at byte " in issue.message
+    assert f"{spp} samples per pixel" in issue.message and f"ExtraSamples {extras}" in issue.message
+    assert "1 to 4 samples" in issue.message and "without the extra channels" in issue.message
+    assert "re-export" not in issue.message and "remove it" not in issue.message
+
+
+def test_a_later_page_of_more_than_4_samples_names_its_ifd(tmp_path: Path) -> None:
+    path = tmp_path / "pages.tif"
+    with tifffile.TiffWriter(path) as tif:
+        tif.write(_RGB, photometric="rgb")
+        tif.write(np.dstack([_RGB, _OPAQUE, _OPAQUE]), photometric="rgb", extrasamples=[2, 0])
+    issue = read_issue(path)
+    assert issue.reason == "unsupported", issue.message
+    assert "TIFF IFD 1 at byte " in issue.message and "5 samples per pixel" in issue.message
+
+
+def test_rgb_and_one_extra_sample_still_packs_its_colour(tmp_path: Path) -> None:
+    path = tmp_path / "rgb_extra.tif"
+    tifffile.imwrite(path, np.dstack([_RGB, _RGB[..., 0]]), photometric="rgb", extrasamples=[0])
+    (sample,) = read_ok(path)
+    assert np.array_equal(sample.image, _RGB.transpose(2, 0, 1))

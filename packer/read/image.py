@@ -597,6 +597,32 @@ def _check_opencv_reads_bits(chain: list[Ifd]) -> None:
             "a sample (a TIFF or a PNG)"))
 
 
+#: The samples a pixel OpenCV's TIFF decoder reads (grey, grey+alpha, RGB, RGBA or CMYK): a page of
+#: more (RGB + alpha + a saved selection) makes it return nothing, which reads as a damaged file
+OPENCV_TIFF_MAX_SAMPLES = 4
+#: What an ExtraSamples value says the sample is
+_EXTRA_SAMPLES = {0: "unspecified", 1: "associated alpha", 2: "unassociated alpha"}
+
+
+def _check_opencv_reads_samples(decoded: list[Ifd]) -> None:
+    """Raise ``unsupported`` for the first IFD of ``decoded`` (the IFDs OpenCV will decode) of more
+    than :data:`OPENCV_TIFF_MAX_SAMPLES` samples a pixel, naming its layout (photometric,
+    ExtraSamples) and the fix: a valid file, which OpenCV's empty answer would make
+    ``decode_failed``, "re-export it"."""
+    for ifd in decoded:
+        layout = TiffSamples.of(ifd)
+        if layout.samples <= OPENCV_TIFF_MAX_SAMPLES:
+            continue
+        kind = _TIFF_LAYOUTS.get(layout.photometric, f"photometric {layout.photometric}")
+        extras = ", ".join(_EXTRA_SAMPLES.get(value, f"value {value}") for value in layout.extra)
+        said = f"ExtraSamples {list(layout.extra)}: {extras}" if layout.extra else "no ExtraSamples"
+        raise Defect("unsupported", (
+            f"TIFF IFD {ifd.index} at byte {ifd.offset}: {layout.samples} samples per pixel ({kind}, {said}), "
+            f"which OpenCV (packer's decoder) does not read: it reads 1 to {OPENCV_TIFF_MAX_SAMPLES} samples a "
+            "pixel (grey, grey+alpha, RGB, RGBA, CMYK); save it without the extra channels (Photoshop's alpha "
+            "channels and saved selections: delete them in the Channels panel, or export as PNG), as RGB or RGBA"))
+
+
 def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
     reduced (there is then no full-resolution image they could stand for)."""
@@ -675,6 +701,7 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadPro
         headers = _chain_headers(chain, limits) if [ifd.index for ifd in pages] != [0] else None
         # OpenCV decodes the whole chain with the pages, or the first IFD alone
         check_opencv_decodes(chain if headers is not None else chain[:1])
+        _check_opencv_reads_samples(chain if headers is not None else chain[:1])
         check_jpeg_chunks(data, pages)
         check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
         _check_opencv_reads_bits(chain)
