@@ -7,6 +7,10 @@
 - A TIFF of more than 4 samples per pixel (RGB + alpha + a saved selection, as Photoshop writes:
   ExtraSamples [2, 0]) was ``decode_failed`` too: OpenCV reads 1 to 4 samples a pixel. It is
   ``unsupported``, naming the layout (samples per pixel, ExtraSamples) and the fix.
+- Images under JFIF's own suffixes (``.jif``, ``.jfi``), Canon's HEIF suffix (``.hif``), HEIF and
+  AVIF image sequences (``.heics``, ``.heifs``, ``.avifs``) and camera raw suffixes beyond
+  .dng/.cr2/.nef/.arw vanished from a build: not packed, not in ``excluded.jsonl``, not counted.
+  Each is left out as ``unsupported_format`` with its fix.
 
 Files are real, written by imagecodecs (libjpeg-turbo 3's 12-bit and lossless encoders) or
 tifffile; an independent decoder (imagecodecs, tifffile) reads each one back, so the file is known
@@ -17,12 +21,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import imagecodecs
 import numpy as np
 import pytest
 import tifffile
+import yaml
 
-from packer.config import ImageTransformConfig
+from packer.config import ImageTransformConfig, load_job
+from packer.pipeline.discover import discover
 from packer.read.image import probe_image, read_image
 from packer.records import Issue, Sample, SampleRef
 
@@ -129,3 +136,48 @@ def test_rgb_and_one_extra_sample_still_packs_its_colour(tmp_path: Path) -> None
     tifffile.imwrite(path, np.dstack([_RGB, _RGB[..., 0]]), photometric="rgb", extrasamples=[0])
     (sample,) = read_ok(path)
     assert np.array_equal(sample.image, _RGB.transpose(2, 0, 1))
+
+
+# --- 3. image suffixes that were silently unlisted ------------------------------------------------
+
+#: suffix → how the exclusion's detail starts (after "a"/"an") or, for a rename, what it ends with
+NEWLY_NAMED = {
+    ".jif": "rename it to .jpg", ".jfi": "rename it to .jpg",
+    ".hif": "HEIF image (.hif)", ".heics": "HEIF image sequence (.heics)", ".heifs": "HEIF image sequence (.heifs)",
+    ".avifs": "AVIF image sequence (.avifs)", ".cr3": "Canon raw image (.cr3)", ".crw": "Canon raw image (.crw)",
+    ".nrw": "Nikon raw image (.nrw)", ".orf": "Olympus raw image (.orf)", ".rw2": "Panasonic raw image (.rw2)",
+    ".raf": "Fujifilm raw image (.raf)", ".pef": "Pentax raw image (.pef)", ".srw": "Samsung raw image (.srw)",
+    ".jls": "JPEG-LS image (.jls)", ".qoi": "QOI image (.qoi)",
+}
+
+
+def test_images_under_other_well_known_suffixes_are_left_out_with_their_fix_not_unlisted(tmp_path: Path) -> None:
+    root = tmp_path / "raw"
+    root.mkdir()
+    (root / "a.png").write_bytes(cv2_png())
+    for suffix in NEWLY_NAMED:
+        (root / f"x{suffix.upper() if suffix == '.hif' else suffix}").write_bytes(b"not read")  # any case
+    (root / "notes.txt").write_text("no image")
+    job = {"name": "sfx", "sources": [{"kind": "image", "root": str(root), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    found = discover(load_job(tmp_path / "job.yaml"))
+    assert [ref.relpath for ref in found.refs] == ["a.png"] and found.issues == []
+    detail = {Path(e.path).suffix.lower(): (e.why, e.detail) for e in found.excluded}
+    assert sorted(detail) == sorted(NEWLY_NAMED)  # each one, and not notes.txt
+    for suffix, said in NEWLY_NAMED.items():
+        why, text = detail[suffix]
+        assert why == "unsupported_format"
+        if said.startswith("rename"):
+            assert text.endswith(f"; if it is one of them, {said}"), text
+        else:
+            assert said in text and "which packer does not read" in text and "convert it to PNG" in text, text
+    assert "each frame" in detail[".avifs"][1] and "each frame" in detail[".heics"][1]
+
+
+def cv2_png() -> bytes:
+    ok, encoded = cv2.imencode(".png", _RGB)
+    assert ok
+    return encoded.tobytes()

@@ -41,14 +41,20 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 #: its header before decoding (:mod:`packer.read.image_structure`: PNG, JPEG, TIFF and BMP only),
 #: and an animated GIF's frames would be lost to a first-frame decode; so they are converted.
 UNSUPPORTED_IMAGE_FORMATS = {
-    ".webp": "WebP", ".gif": "GIF", ".avif": "AVIF", ".heic": "HEIC", ".heif": "HEIF", ".jxl": "JPEG XL",
-    ".jp2": "JPEG 2000", ".j2k": "JPEG 2000", ".jpx": "JPEG 2000", ".jpf": "JPEG 2000",
+    ".webp": "WebP", ".gif": "GIF", ".avif": "AVIF", ".heic": "HEIC", ".heif": "HEIF", ".hif": "HEIF",
+    ".heics": "HEIF", ".heifs": "HEIF", ".avifs": "AVIF", ".jxl": "JPEG XL",
+    ".jp2": "JPEG 2000", ".j2k": "JPEG 2000", ".jpx": "JPEG 2000", ".jpf": "JPEG 2000", ".jls": "JPEG-LS",
     ".pbm": "Netpbm", ".pgm": "Netpbm", ".ppm": "Netpbm", ".pnm": "Netpbm", ".pfm": "PFM",
     ".exr": "OpenEXR", ".hdr": "Radiance HDR", ".ras": "Sun raster", ".sr": "Sun raster", ".tga": "TGA",
-    ".ico": "ICO", ".psd": "Photoshop", ".svg": "SVG", ".dng": "DNG raw", ".cr2": "Canon raw",
-    ".nef": "Nikon raw", ".arw": "Sony raw", ".pcx": "PCX", ".jxr": "JPEG XR", ".wdp": "JPEG XR",
+    ".ico": "ICO", ".psd": "Photoshop", ".svg": "SVG", ".qoi": "QOI", ".dng": "DNG raw", ".cr2": "Canon raw",
+    ".cr3": "Canon raw", ".crw": "Canon raw", ".nef": "Nikon raw", ".nrw": "Nikon raw", ".arw": "Sony raw",
+    ".orf": "Olympus raw", ".rw2": "Panasonic raw", ".raf": "Fujifilm raw", ".pef": "Pentax raw",
+    ".srw": "Samsung raw", ".pcx": "PCX", ".jxr": "JPEG XR", ".wdp": "JPEG XR",
     ".hdp": "JPEG XR", ".xpm": "XPM", ".xbm": "XBM",
 }
+
+#: Suffixes of HEIF and AVIF image sequences (bursts, animations) among them: each frame becomes its own PNG
+_IMAGE_SEQUENCES = frozenset({".heics", ".heifs", ".avifs"})
 
 #: Whole-slide scans, by suffix: left out as ``unsupported_format`` too, with the route packer does
 #: read (DICOM whole-slide files, whose levels a dicom source packs as tiles). Most are TIFF inside
@@ -60,7 +66,7 @@ WHOLE_SLIDE_FORMATS = {
 }
 
 #: Suffixes of formats packer reads, under a name it does not list: renaming is the fix.
-RENAMED_IMAGE_SUFFIXES = {".jfif": ".jpg", ".jpe": ".jpg", ".dib": ".bmp"}
+RENAMED_IMAGE_SUFFIXES = {".jfif": ".jpg", ".jpe": ".jpg", ".jif": ".jpg", ".jfi": ".jpg", ".dib": ".bmp"}
 
 #: Every image suffix an image source lists or names: such a file compressed whole (``a.png.gz``)
 #: is an image, left out saying to decompress it (an archive, ``photos.zip``, is left out too)
@@ -146,9 +152,11 @@ class ImageKind(SourceKind):
         what = UNSUPPORTED_IMAGE_FORMATS.get(suffix)
         if what is None:
             return None
-        frames = " (each frame of an animated one becomes its own PNG)" if suffix == ".gif" else ""
+        frames = (" (each frame of an animated one becomes its own PNG)" if suffix == ".gif" else
+                  " (each frame becomes its own PNG)" if suffix in _IMAGE_SEQUENCES else "")
         article = "an" if what[0] in "AEIOUX" else "a"
-        return (f"{article} {what} image ({suffix}), which packer does not read: {read}; convert it to PNG "
+        noun = "image sequence" if suffix in _IMAGE_SEQUENCES else "image"
+        return (f"{article} {what} {noun} ({suffix}), which packer does not read: {read}; convert it to PNG "
                 f"(lossless){frames}, e.g. with ImageMagick: magick mogrify -format png *{suffix}")
 
     def parse_settings(self, raw: Mapping[str, Any], shared: Mapping[str, Any]) -> ImageTransformConfig:
