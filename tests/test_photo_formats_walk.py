@@ -11,6 +11,8 @@
   AVIF image sequences (``.heics``, ``.heifs``, ``.avifs``) and camera raw suffixes beyond
   .dng/.cr2/.nef/.arw vanished from a build: not packed, not in ``excluded.jsonl``, not counted.
   Each is left out as ``unsupported_format`` with its fix.
+- An embedded ICC profile (Adobe RGB, Display P3) is not applied: the packed values are the
+  file's encoded values, as OpenCV and torchvision give them. README says so (it said nothing).
 
 Files are real, written by imagecodecs (libjpeg-turbo 3's 12-bit and lossless encoders) or
 tifffile; an independent decoder (imagecodecs, tifffile) reads each one back, so the file is known
@@ -19,6 +21,8 @@ to be valid.
 
 from __future__ import annotations
 
+import io
+import struct
 from pathlib import Path
 
 import cv2
@@ -27,6 +31,7 @@ import numpy as np
 import pytest
 import tifffile
 import yaml
+from PIL import Image, ImageCms
 
 from packer.config import ImageTransformConfig, load_job
 from packer.pipeline.discover import discover
@@ -181,3 +186,51 @@ def cv2_png() -> bytes:
     ok, encoded = cv2.imencode(".png", _RGB)
     assert ok
     return encoded.tobytes()
+
+
+# --- 4. embedded ICC profiles ---------------------------------------------------------------------
+
+def _s15(value: float) -> bytes:
+    return struct.pack(">i", round(value * 65536))
+
+
+def _xyz(x: float, y: float, z: float) -> bytes:
+    return b"XYZ " + bytes(4) + _s15(x) + _s15(y) + _s15(z)
+
+
+def adobe_rgb_profile() -> bytes:
+    """A matrix/TRC ICC v2 profile with Adobe RGB (1998)'s primaries (D50-adapted) and gamma 2.2."""
+    gamma = b"curv" + bytes(4) + struct.pack(">IH", 1, round(2.19921875 * 256)) + b"\0\0"
+    name = b"Adobe RGB (1998)\0"
+    tags = [(b"desc", b"desc" + bytes(4) + struct.pack(">I", len(name)) + name + bytes(78)),
+            (b"cprt", b"text" + bytes(4) + b"none\0"), (b"wtpt", _xyz(0.9642, 1.0, 0.8249)),
+            (b"rXYZ", _xyz(0.6097, 0.3111, 0.0195)), (b"gXYZ", _xyz(0.2053, 0.6257, 0.0609)),
+            (b"bXYZ", _xyz(0.1492, 0.0632, 0.7446)), (b"rTRC", gamma), (b"gTRC", gamma), (b"bTRC", gamma)]
+    start, table, data = 128 + 4 + 12 * len(tags), b"", b""
+    for signature, body in tags:
+        body += bytes(-len(body) % 4)
+        table += signature + struct.pack(">II", start + len(data), len(body))
+        data += body
+    header = (struct.pack(">I", start + len(data)) + b"none" + bytes([2, 0x10, 0, 0]) + b"mntr" + b"RGB " + b"XYZ "
+              + bytes(12) + b"acsp" + b"APPL" + bytes(20) + bytes(4) + _s15(0.9642) + _s15(1.0) + _s15(0.8249)
+              + bytes(48))
+    return header + struct.pack(">I", len(tags)) + table + data
+
+
+def test_an_embedded_icc_profile_is_not_applied_the_encoded_values_are_packed(tmp_path: Path) -> None:
+    rgb = np.zeros((40, 60, 3), np.uint8)
+    rgb[:, :30], rgb[:, 30:] = (40, 200, 60), (200, 60, 40)
+    plain, tagged = tmp_path / "srgb.png", tmp_path / "adobe_rgb.png"
+    Image.fromarray(rgb).save(plain)
+    Image.fromarray(rgb).save(tagged, icc_profile=adobe_rgb_profile())
+    with Image.open(tagged) as opened:  # the profile is real: LittleCMS converts by it to other sRGB values
+        source = ImageCms.ImageCmsProfile(io.BytesIO(opened.info["icc_profile"]))
+        as_srgb = np.asarray(ImageCms.profileToProfile(opened, source, ImageCms.createProfile("sRGB"),
+                                                       outputMode="RGB"))
+    assert int(np.abs(as_srgb.astype(int) - rgb).max()) > 10
+    (packed,) = read_ok(tagged)
+    (reference,) = read_ok(plain)
+    assert np.array_equal(packed.image, rgb.transpose(2, 0, 1))  # the encoded values, as README says
+    assert np.array_equal(packed.image, reference.image) and packed.metadata == reference.metadata
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "an embedded ICC colour profile (Adobe RGB, Display P3, ...) is not applied" in " ".join(readme.split())
