@@ -622,7 +622,73 @@ def escape_undecodable(raw: bytes, codecs: list[str], delimiters: bytes = b"") -
     characters ``\\xNN`` (``b"MRN\\xff01"`` is ``MRN\\xff01``), trailing spaces and NULs (padding)
     stripped. Unlike pydicom's U+FFFD replacement, this loses nothing: two values that differ in
     any byte stay different, and one value is always shown the same."""
-    return [_escape_bytes(_decode_value(part.rstrip(b"\0 "), codecs, delimiters)) for part in raw.split(b"\\")]
+    return [_escape_bytes(_decode_value(part.rstrip(b"\0 "), codecs, delimiters))
+            for part in _split_values(raw, codecs, delimiters)]
+
+
+#: pydicom's codecs of the character sets whose characters of two or four bytes may hold the byte
+#: 0x5C without a code extension: GB18030 and GBK (a lead byte 0x81-0xFE, then a trail byte
+#: 0x40-0xFE, or, in GB18030, a digit, a lead byte and a digit).
+_LEAD_BYTE_CODECS = frozenset({"GB18030", "GBK"})
+
+
+def _split_values(raw: bytes, codecs: list[str], delimiters: bytes) -> list[bytes]:
+    """``raw`` split at each backslash that is a character of its own, the value delimiter. PS3.5
+    6.1.2.3: "Multi-byte encoding systems, such as GB18030, GBK and ISO 2022, may generate
+    encodings that contain a byte valued 05/12. Only the character that encodes as a single byte
+    valued 05/12 is a delimiter." So a 0x5C that is a later byte of a GB18030 or GBK character
+    (乗 = 81 5C) is not one, nor one inside a multi-byte G0 set an ISO 2022 escape sequence
+    designates (JIS X 0208 倍 = ``ESC $ B`` 47 5C), which runs to the next ESC as
+    :func:`_decode_value` reads it. The sets are tracked as :func:`_decode_value` tracks them,
+    the first set in force again after each of ``delimiters``; UTF-8 never holds 0x5C inside a
+    character. A lead byte without a trail byte stands alone (it is undecodable)."""
+    initial = "ascii" if codecs[0] == default_encoding else codecs[0]
+    single, multi = initial, False
+    values: list[bytes] = []
+    start = at = 0
+    while at < len(raw):
+        byte = raw[at]
+        if byte == _ESC[0]:
+            escape = raw[at:at + (4 if raw.startswith((b"\x1b$(", b"\x1b$)"), at) else 3)]
+            named = CODES_TO_ENCODINGS.get(escape)
+            if named is not None and (named in codecs or named == default_encoding):
+                if escape in _MULTI_BYTE_G0:
+                    multi = True
+                elif escape in (b"\x1b(B", b"\x1b(J"):
+                    multi = False
+                else:
+                    single = _ESCAPE_CODECS[escape]
+                at += len(escape)
+            else:
+                at += 1  # an ESC of no escape sequence the file declares: one undecodable byte
+            continue
+        if multi:
+            at += 1
+        elif byte == 0x5C:
+            values.append(raw[start:at])
+            start = at = at + 1
+            single = initial
+        elif single in _LEAD_BYTE_CODECS and 0x81 <= byte <= 0xFE:
+            at += _multi_byte_length(raw, at, four=single == "GB18030")
+        else:
+            if byte in delimiters:
+                single = initial
+            at += 1
+    values.append(raw[start:])
+    return values
+
+
+def _multi_byte_length(raw: bytes, at: int, *, four: bool) -> int:
+    """How many bytes the GBK (``four``: GB18030) character whose lead byte is ``raw[at]`` takes:
+    2 for a trail byte 0x40-0x7E or 0x80-0xFE, 4 for GB18030's digit, lead byte, digit; 1 where
+    no trail byte follows (the lead byte is undecodable on its own)."""
+    trail = raw[at + 1] if at + 1 < len(raw) else -1
+    if 0x40 <= trail <= 0x7E or 0x80 <= trail <= 0xFE:
+        return 2
+    if (four and 0x30 <= trail <= 0x39 and at + 3 < len(raw) and 0x81 <= raw[at + 2] <= 0xFE
+            and 0x30 <= raw[at + 3] <= 0x39):
+        return 4
+    return 1
 
 
 def _escape_bytes(pieces: list[str | int]) -> str:
