@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date
@@ -1439,6 +1440,7 @@ def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tu
                                   f"cell {cell!r} (true and false match in any of YAML's spellings: true, True, "
                                   f"TRUE) and name different labels ({entries[cell]!r}, {name!r}); keep one")
             entries[cell], spelled[cell] = name, text
+    _refuse_unicode_twin_keys(entries, where)
     value_map = tuple(sorted(entries.items()))
     if value_map and target_kind not in ("class", "multilabel"):
         raise ConfigError(f"{where}.map: a value map names classes or labels; a {target_kind} target has none "
@@ -1450,6 +1452,22 @@ def _parse_value_map(raw: Mapping[str, Any], target_kind: str, where: str) -> tu
     if target_kind == "multilabel":
         _check_label_names([name for _, name in value_map if name is not None], f"{where}.map")
     return value_map
+
+
+def _refuse_unicode_twin_keys(entries: Mapping[str, str | None], where: str) -> None:
+    """Refuse two ``map:`` keys that differ only in Unicode form (``fièvre`` typed as one code
+    point, NFC, and as ``e`` and a combining accent, NFD) and name different labels: a cell in
+    either form, or a third, matches both (:func:`~packer.targets.base.map_key`), and which one
+    it meant cannot be told. Twins naming one label are the same entry written twice."""
+    seen: dict[str, str] = {}
+    for key in entries:
+        folded = unicodedata.normalize("NFC", key)
+        other = seen.setdefault(folded, key)
+        if other != key and entries[other] != entries[key]:
+            raise ConfigError(f"{where}.map: the keys {ascii(other)} and {ascii(key)} differ only in Unicode form "
+                              "(one code point, NFC, or a letter and a combining mark, NFD), so they print alike and "
+                              "a cell in either form is both, yet they name different labels "
+                              f"({entries[other]!r}, {entries[key]!r}); keep one")
 
 
 def _check_label_names(names: Any, where: str) -> None:

@@ -8,16 +8,24 @@ of undecodable bytes, another entity than the same id in UTF-8 (one patient in t
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
+from typing import Any
 
+import cv2
 import numpy as np
 import pydicom
 import pytest
+import yaml
 from pydicom.dataelem import DataElement
 
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.discover import discover
+from packer.pipeline.probe import probe_ref
 from packer.read.dicom import DicomHeader, probe_dicom
 from packer.read.dicom_attrs import text_value
-from packer.records import Excluded
+from packer.records import Excluded, SampleRef
 from packer.structures import Structure, StructureMap
 from packer.where import parse_where
 from tests.dicom_files import make_ref
@@ -81,3 +89,95 @@ def test_an_roi_name_holding_0x5c_maps_to_its_structure(tmp_path: Path) -> None:
     labels, drawn = paint(tmp_path, ds, slices, rois=rois)
     assert drawn.unmapped == ()
     assert set(np.unique(labels[3])) == {0, 1} and set(np.unique(labels[7])) == {0, 2}
+
+
+# -- a label map: its keys match a cell in either Unicode form -------------------------------------
+
+FIEVRE_NFC, FIEVRE_NFD = "fièvre", unicodedata.normalize("NFD", "fièvre")
+
+
+def _images(root: Path, count: int) -> list[str]:
+    """``count`` real PNG files p0/a.png, p1/a.png ... under ``root``, each its own picture."""
+    names = []
+    for i in range(count):
+        (root / f"p{i}").mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(root / f"p{i}/a.png"), np.random.default_rng(i).integers(0, 255, (16, 16), dtype=np.uint8))
+        names.append(f"p{i}/a.png")
+    return names
+
+
+def _job(tmp_path: Path, source: dict[str, Any], **extra: Any) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "image", "root": "raw", **source}], "split": {"by": "entity"},
+           "pack": {"format": "webdataset"}, "output": "out", **extra}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def _table(tmp_path: Path, column: str, cells: list[str]) -> None:
+    """raw/t.csv naming one image per cell, ``column`` holding the cell, each image its own entity."""
+    names = _images(tmp_path / "raw", len(cells))
+    rows = [f"{name},{cell},E{i}" for i, (name, cell) in enumerate(zip(names, cells, strict=True))]
+    (tmp_path / "raw" / "t.csv").write_text("\n".join([f"path,{column},entity", *rows]) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("key", [FIEVRE_NFC, FIEVRE_NFD])
+def test_a_label_map_key_matches_a_cell_written_in_the_other_unicode_form(tmp_path: Path, key: str) -> None:
+    """README: a cell that differs from a listed label only in Unicode form is that label; a map
+    key is listed too. The NFD cell (a macOS export) was unknown_label, its message printing the
+    key and the cell alike."""
+    _table(tmp_path, "label", [FIEVRE_NFC, FIEVRE_NFD, "chien"])
+    job = load_job(_job(tmp_path, {"table": "raw/t.csv", "label": {"column": "label",
+                                                                   "map": {key: "sick", "chien": "dog"}}}))
+    found = discover(job)
+    assert found.issues == []
+    assert {ref.relpath: ref.label for ref in found.refs} == {"p0/a.png": "sick", "p1/a.png": "sick",
+                                                              "p2/a.png": "dog"}
+
+
+def test_a_multilabel_map_token_matches_in_either_unicode_form(tmp_path: Path) -> None:
+    """A multi-label column of names maps each token as a class cell is mapped: the NFD token is
+    the NFC key's (renamed, or dropped by null), not kept as a label of its own."""
+    _table(tmp_path, "findings", [f"{FIEVRE_NFD}|toux", f"{FIEVRE_NFC}|rïen", "toux"])
+    job = load_job(_job(tmp_path, {"table": "raw/t.csv", "label": {
+        "kind": "multilabel", "column": "findings", "separator": "|",
+        "map": {FIEVRE_NFC: "fever", unicodedata.normalize("NFD", "rïen"): None}}}))
+    found = discover(job)
+    assert found.issues == []
+    assert {ref.relpath: ref.label for ref in found.refs} == {"p0/a.png": "fever|toux", "p1/a.png": "fever",
+                                                              "p2/a.png": "toux"}
+
+
+def test_two_map_keys_that_differ_only_in_unicode_form_and_name_two_classes_are_a_config_error(tmp_path: Path) -> None:
+    """Which of them a cell in a third spelling meant cannot be told: the error shows both keys'
+    code points (they print alike)."""
+    _table(tmp_path, "label", [FIEVRE_NFC])
+    path = _job(tmp_path, {"table": "raw/t.csv", "label": {"column": "label",
+                                                           "map": {FIEVRE_NFC: "sick", FIEVRE_NFD: "well"}}})
+    with pytest.raises(ConfigError) as err:
+        load_job(path)
+    message = str(err.value)
+    assert "label.map" in message and ascii(FIEVRE_NFC) in message and ascii(FIEVRE_NFD) in message
+    assert "Unicode form" in message and "keep one" in message
+    same = _job(tmp_path, {"table": "raw/t.csv", "label": {"column": "label",
+                                                           "map": {FIEVRE_NFC: "sick", FIEVRE_NFD: "sick"}}})
+    assert {ref.label for ref in discover(load_job(same)).refs} == {"sick"}  # one class twice: no conflict
+
+
+def test_a_dicom_label_attribute_in_nfd_matches_its_nfc_map_key(tmp_path: Path) -> None:
+    """label: {attribute: SeriesDescription, map: ...}: a header value in NFD UTF-8 is the NFC key's class."""
+    from tests.dicom_files import ct_dataset, ct_pixels, save
+
+    for i, text in enumerate((FIEVRE_NFC, FIEVRE_NFD, "chien")):
+        ds = ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet="ISO_IR 192", PatientID=f"P{i}")
+        ds.add(DataElement(0x0008103E, "LO", text.encode()))
+        save(ds, tmp_path / "raw" / f"s{i}.dcm")
+    doc = {"name": "t", "sources": [{"kind": "dicom", "root": "raw", "label": {
+               "attribute": "SeriesDescription", "map": {FIEVRE_NFC: "sick", "chien": "dog"}}}],
+           "split": {"by": "entity"}, "pack": {"format": "webdataset"}, "output": "out"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    job = load_job(tmp_path / "job.yaml")
+    probed = [probe_ref(ref, job) for ref in discover(job).refs]
+    assert all(isinstance(ref, SampleRef) for ref in probed), probed
+    assert {ref.relpath: ref.label for ref in probed if isinstance(ref, SampleRef)} == {
+        "s0.dcm": "sick", "s1.dcm": "sick", "s2.dcm": "dog"}

@@ -11,6 +11,7 @@ compares a kind's name.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -147,7 +148,8 @@ def mapped_name(value: str, value_map: Mapping[str, str | None], known: Sequence
     ``map`` (raw value → class name; empty: none) and the job's ``labels:`` list (``known``;
     empty: any name). ``unknown_label`` names ``where`` and what is allowed."""
     if value_map:
-        mapped = value_map.get(value)
+        key = map_key(value, value_map)
+        mapped = None if key is None else value_map[key]
         if mapped is None:  # not in the map (config parsing refuses a null class name)
             return Refused("unknown_label", f"{where}: {value!r} is not in the source's label map "
                                             f"({', '.join(value_map)}); add it to 'map:'")
@@ -169,6 +171,29 @@ def unicode_twins(value: str, known: Sequence[str]) -> list[str]:
     used; two (a list spelling one name in both forms) are no class: a guess would merge them."""
     folded = unicodedata.normalize("NFC", value)
     return [name for name in known if name != value and unicodedata.normalize("NFC", name) == folded]
+
+
+def map_key(value: str, value_map: Mapping[str, Any]) -> str | None:
+    """The key of a source's ``map:`` that a cell, token, folder or header value ``value`` is:
+    ``value`` itself, else the key it equals in all but Unicode form (:func:`unicode_twins`: a
+    cell ``fièvre`` exported on macOS as ``e`` and a combining accent is the key typed as one code
+    point), as a listed label is; None where the map has neither. Config parsing refuses two keys
+    that are such twins and name different labels, so a twin is never a guess."""
+    if value in value_map:
+        return value
+    twins = _nfc_keys(tuple(value_map)).get(unicodedata.normalize("NFC", value), ())
+    return twins[0] if twins else None
+
+
+@functools.lru_cache(maxsize=64)
+def _nfc_keys(keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Map keys by their NFC form (a map is looked up once per cell or token: each key is
+    normalised once per map, not once per lookup)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for key in keys:
+        folded = unicodedata.normalize("NFC", key)
+        out[folded] = (*out.get(folded, ()), key)
+    return out
 
 
 def twins_said(twins: Sequence[str]) -> str:

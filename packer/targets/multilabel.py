@@ -40,6 +40,7 @@ from packer.targets.base import (
     count_shares,
     counts_text,
     join_same_names,
+    map_key,
     names_text,
     register_target_kind,
     shares_text,
@@ -103,7 +104,7 @@ def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[s
     itself), then checked against the job's labels (``known``) and the text form's reserved
     characters."""
     stripped = cell.strip()
-    if _list_literal(stripped) and stripped not in value_map:
+    if _list_literal(stripped) and map_key(stripped, value_map) is None:
         listed = _list_items(stripped, where)
         if isinstance(listed, Refused):
             return listed
@@ -112,7 +113,8 @@ def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[s
         tokens = cell.split(separator)
     names = []
     for token in filter(None, (token.strip() for token in tokens)):
-        name = value_map[token] if token in value_map else token
+        key = map_key(token, value_map)
+        name = token if key is None else value_map[key]
         if name is None:
             continue
         if known and name not in known:
