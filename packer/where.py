@@ -12,6 +12,9 @@ counted as filtered and listed, never packed. One condition per key::
 
 A key may hold several values (a multi-valued DICOM attribute such as ImageType): equality and
 membership hold when any value is listed, ``not`` when none is, ``match`` when any matches.
+Values compare in NFC (one spelling of text whatever its Unicode form, as entity ids, class
+folders and table cells are): ``Zürich`` with one code point for the ``ü`` is the same cell
+written with ``u`` and a combining mark.
 A value the job writes as a number (unquoted YAML: ``1``, ``2.5``) compares as a number with
 cells in plain decimal notation, so ``1`` matches a cell written ``1.0`` or ``1e0``; a value the
 job writes as text (quoted: ``'007'``) matches only that text, as ids with leading zeros are
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +65,10 @@ def _same(value: str, wanted: str, number: int | float | None) -> bool:
     a number, the same number in plain decimal notation (:func:`~packer.targets.base.cell_number`:
     ``10.0`` and ``1e1`` are 10, but not ``1_0`` or a full-width ``１０``, which Python's float()
     would read), or, where the job wrote true or false, the same boolean in another of YAML's
-    spellings (``True``, ``TRUE``), as a ``map:`` key matches."""
+    spellings (``True``, ``TRUE``), as a ``map:`` key matches. Text compares in NFC: ``Zürich``
+    typed with one code point for the ``ü`` is the cell a macOS export wrote with ``u`` and a
+    combining mark, which prints alike."""
+    value, wanted = unicodedata.normalize("NFC", value), unicodedata.normalize("NFC", wanted)
     if value == wanted:
         return True
     if number is None:
@@ -83,11 +90,12 @@ class Condition:
 
     def holds(self, values: Iterable[str]) -> bool:
         """Whether a row's or header's ``values`` for :attr:`key` meet the condition (an absent
-        or empty value is no value: it meets ``not`` only)."""
+        or empty value is no value: it meets ``not`` only). Text compares in NFC, the job's and
+        the value's alike, and a pattern searches the value's NFC form."""
         present = [v.strip() for v in values if v is not None and v.strip()]
-        if self.op == "match":
-            pattern = re.compile(self.values[0], re.IGNORECASE)
-            return any(pattern.search(v) for v in present)
+        if self.op == "match":  # pattern and values in NFC, as _same compares them
+            pattern = re.compile(unicodedata.normalize("NFC", self.values[0]), re.IGNORECASE)
+            return any(pattern.search(unicodedata.normalize("NFC", v)) for v in present)
         numbers = self.numbers or (None,) * len(self.values)
         listed = any(_same(v, w, n) for v in present for w, n in zip(self.values, numbers, strict=True))
         return not listed if self.op == "not" else listed

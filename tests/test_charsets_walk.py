@@ -181,3 +181,43 @@ def test_a_dicom_label_attribute_in_nfd_matches_its_nfc_map_key(tmp_path: Path) 
     assert all(isinstance(ref, SampleRef) for ref in probed), probed
     assert {ref.relpath: ref.label for ref in probed if isinstance(ref, SampleRef)} == {
         "s0.dcm": "sick", "s1.dcm": "sick", "s2.dcm": "dog"}
+
+
+# -- where: a value in either Unicode form is one value ---------------------------------------------
+
+ZURICH_NFC, ZURICH_NFD = "Zürich", unicodedata.normalize("NFD", "Zürich")
+
+
+@pytest.mark.parametrize(("where", "kept"), [
+    ({"site": ZURICH_NFC}, {"p0", "p1"}),
+    ({"site": ZURICH_NFD}, {"p0", "p1"}),
+    ({"site": [ZURICH_NFC, "Genf"]}, {"p0", "p1"}),
+    ({"site": {"not": [ZURICH_NFC]}}, {"p2"}),
+    ({"site": {"not": [ZURICH_NFD]}}, {"p2"}),
+    ({"site": {"match": "^zür"}}, {"p0", "p1"}),
+    ({"site": {"match": unicodedata.normalize("NFD", "^zür")}}, {"p0", "p1"}),
+    ({"site": {"match": "[üö]rich"}}, {"p0", "p1"}),
+])
+def test_where_compares_cells_in_nfc(tmp_path: Path, where: dict[str, Any], kept: set[str]) -> None:
+    """README: table cells are one spelling in NFC. A where: value typed in NFC silently filtered
+    the rows whose cell is the same word in NFD (a macOS or LIMS export): never bad, never
+    counted against max_bad_fraction, with a detail printing 'Zürich' against 'Zürich'."""
+    _table(tmp_path, "site", [ZURICH_NFC, ZURICH_NFD, "Bern"])
+    found = discover(load_job(_job(tmp_path, {"table": "raw/t.csv", "label": "none", "where": where})))
+    assert found.issues == []
+    assert {ref.relpath.split("/")[0] for ref in found.refs} == kept
+    assert len(found.excluded) == 3 - len(kept)
+
+
+def test_where_compares_a_dicom_header_value_in_nfc(tmp_path: Path) -> None:
+    """A where: on a header attribute (InstitutionName in NFD UTF-8) keeps the file the job names in NFC."""
+    from tests.dicom_files import ct_dataset, ct_pixels, save
+
+    path = save(ct_dataset(ct_pixels((4, 4)), SpecificCharacterSet="ISO_IR 192", InstitutionName=ZURICH_NFD),
+                tmp_path / "z.dcm")
+    for where, excluded in (({"InstitutionName": ZURICH_NFC}, False),
+                            ({"InstitutionName": {"not": [ZURICH_NFC]}}, True),
+                            ({"InstitutionName": {"match": "zürich"}}, False)):
+        header = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME,
+                             where=parse_where(where, "sources[0].where"))
+        assert isinstance(header, Excluded) == excluded, (where, header)
