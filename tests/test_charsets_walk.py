@@ -8,6 +8,7 @@ of undecodable bytes, another entity than the same id in UTF-8 (one patient in t
 
 from __future__ import annotations
 
+import gzip
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,40 @@ def test_where_compares_a_dicom_header_value_in_nfc(tmp_path: Path) -> None:
         header = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=TIME,
                              where=parse_where(where, "sources[0].where"))
         assert isinstance(header, Excluded) == excluded, (where, header)
+
+
+# -- a table in UTF-16: told as such, with or without its byte order mark ---------------------------
+
+def _utf16_table(tmp_path: Path, codec: str, bom: bytes = b"", name: str = "t.csv") -> Path:
+    """raw/<name>: an ASCII path,label table of two real images in ``codec`` (CRLF, as Windows writes)."""
+    names = _images(tmp_path / "raw", 2)
+    text = "\r\n".join(["path,label", *(f"{n},{'ab'[i]}" for i, n in enumerate(names))]) + "\r\n"
+    data = bom + text.encode(codec)
+    path = tmp_path / "raw" / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return path
+
+
+@pytest.mark.parametrize(("codec", "bom", "name", "said"), [
+    ("utf-16-le", b"", "t.csv", "UTF-16 LE"),          # PowerShell: Out-File -Encoding unicode
+    ("utf-16-be", b"", "t.csv", "UTF-16 BE"),
+    ("utf-16-le", b"\xff\xfe", "t.csv", "UTF-16 LE"),
+    ("utf-16-le", b"", "t.csv.gz", "UTF-16 LE"),
+])
+def test_a_utf16_table_is_not_utf8_text_naming_utf16(tmp_path: Path, codec: str, bom: bytes, name: str,
+                                                     said: str) -> None:
+    """Without a BOM the table was read as UTF-8 full of NULs: the error blamed the delimiter and a
+    missing cell named '\\x00l\\x00a\\x00b\\x00e\\x00l\\x00'. It is the not-UTF-8 error, naming UTF-16."""
+    _utf16_table(tmp_path, codec, bom, name)
+    with pytest.raises(ConfigError) as err:
+        discover(load_job(_job(tmp_path, {"table": f"raw/{name}", "entity": "path"})))
+    message = str(err.value)
+    assert "not UTF-8 text" in message and said in message and "save the table as UTF-8" in message
+    assert "\\x00" not in message and "sep=" not in message and name in message
+
+
+def test_a_utf8_table_holding_nul_free_text_is_read(tmp_path: Path) -> None:
+    """The same table in UTF-8 is read: the check looks for UTF-16's pattern of NULs only."""
+    _utf16_table(tmp_path, "utf-8")
+    found = discover(load_job(_job(tmp_path, {"table": "raw/t.csv", "entity": "path"})))
+    assert found.issues == [] and {ref.label for ref in found.refs} == {"a", "b"}

@@ -223,6 +223,28 @@ def _markup(head: bytes) -> tuple[str, str | None] | None:
 
 
 
+def _utf16(head: bytes) -> str | None:
+    """How ``head``, a table's first bytes, is UTF-16 (``UTF-16 LE, after its byte order mark``,
+    ``UTF-16 BE, without a byte order mark``), or None. Without a BOM, UTF-16 text of mostly ASCII
+    letters is a NUL byte beside each of them: after each (LE) or before each (BE). Read as UTF-8,
+    each NUL became a character of the cells, and a table without a BOM was refused for its
+    delimiter instead. At least half the byte pairs must have their NUL on one side, and almost
+    none on the other (a letter such as U+0100 has its low byte 0), which binary data does not
+    show."""
+    for bom, order in ((b"\xff\xfe", "LE"), (b"\xfe\xff", "BE")):
+        if head.startswith(bom):
+            return f"UTF-16 {order}, after its byte order mark"
+    pairs = len(head) // 2
+    if pairs < 2:
+        return None
+    odd = head[1:2 * pairs:2].count(0)  # the high byte of a little-endian code unit
+    even = head[0:2 * pairs:2].count(0)
+    for nul, other, order in ((odd, even, "LE"), (even, odd, "BE")):
+        if 2 * nul >= pairs and 20 * other <= pairs:
+            return f"UTF-16 {order}, without a byte order mark"
+    return None
+
+
 def _opens_a_tree(text: str, opened: re.Match[str]) -> bool:
     """Whether ``text``, which starts with the element ``opened`` matched, is an XML tree's start
     (:func:`_markup`): the element's tag is self-closing, or another element follows the tag at
@@ -275,6 +297,11 @@ def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None =
                               + (", or from the spreadsheet's Save As" if reader == "read_excel" else ""))
     markup = _markup(head)
     if markup is None:
+        utf16 = _utf16(head)
+        if utf16 is not None:
+            raise ConfigError(f"{path}: not UTF-8 text ({utf16}, as PowerShell's Out-File -Encoding unicode and some "
+                              "Windows exports write it); save the table as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8, or "
+                              "Out-File -Encoding utf8)")
         return
     kind, element = markup
     if kind == "HTML":
