@@ -42,7 +42,7 @@ from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, get_decoder, pixel_array
 from pydicom.tag import BaseTag
-from pydicom.uid import UID
+from pydicom.uid import UID, DeflatedExplicitVRLittleEndian
 from pydicom.valuerep import VR
 
 from packer.config import DicomTransformConfig, LimitsConfig
@@ -876,7 +876,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         empty = _check_image(ref, ds)
         if isinstance(empty, Issue):
             return _salvaged(ref, empty)
-    excluded = _excluded(ref, ds, where, slices=slices)
+    excluded = _excluded(ref, ds, where, slices=slices, pixels=_pixels_follow(ds, stop))
     if excluded is not None:
         return excluded
     if too_big is not None:  # an image (only an image is read whole), over the limit: never read whole
@@ -982,11 +982,31 @@ def _damaged_refs(ds: Dataset, why: str) -> AnnotationRefs:
                           frames_of_reference=(), damaged=why)
 
 
-def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool) -> Excluded | None:
-    """The file's Excluded record when its header leaves it out on purpose (see :func:`probe_dicom`)."""
+#: A pixel data element's tag, (7FE0,0010), (7FE0,0008) or (7FE0,0009), as little- and big-endian files write it
+_PIXEL_TAG_BYTES = tuple(b for element in (0x10, 0x08, 0x09)
+                         for b in (bytes((0xE0, 0x7F, element, 0x00)), bytes((0x7F, 0xE0, 0x00, element))))
+
+
+def _pixels_follow(ds: Dataset, stop: tuple[int, bytes]) -> bool | None:
+    """Whether a header-only parse (``stop``: :func:`_parse_at`'s) stopped at a pixel data element,
+    None after a whole parse (its data set holds the pixels, if any). A deflated data set's bytes
+    cannot be looked at: an Image Pixel module (Rows and Columns) stands for its pixels there."""
+    offset, head = stop
+    if offset < 0:
+        return None
+    syntax = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or "")
+    if syntax == DeflatedExplicitVRLittleEndian:
+        return "Rows" in ds and "Columns" in ds
+    return head[:4] in _PIXEL_TAG_BYTES
+
+
+def _excluded(ref: SampleRef, ds: Dataset, where: Sequence[Condition], *, slices: bool,
+              pixels: bool | None = None) -> Excluded | None:
+    """The file's Excluded record when its header leaves it out on purpose (see :func:`probe_dicom`;
+    ``pixels``: :func:`_pixels_follow`)."""
     if len(ds) == 0:
         return None  # no data set at all: _check_image calls it unreadable
-    kind = classify(ds, where, slices=slices)
+    kind = classify(ds, where, slices=slices, pixels=pixels)
     failure = header_failure(ds, where)
     if failure is not None and not header_unread(ds):  # a damaged header: _check_image says why
         return Excluded.of(ref, stage="read", why="filtered", detail=failure, modality=kind.modality,

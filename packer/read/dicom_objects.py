@@ -252,7 +252,7 @@ def header_unread(ds: Dataset) -> bool:
     one whose file meta names another transfer syntax than its data set's) reads as: its
     attributes are absent because they were not read, and ``Modality is absent`` would hide a
     damaged image as ``filtered`` (a file left out on purpose) instead of a bad sample."""
-    if "SOPClassUID" in ds or has_pixels(ds):
+    if "SOPClassUID" in ds or has_pixels(ds) or ("Rows" in ds and "Columns" in ds):
         return False
     meta = getattr(ds, "file_meta", None)
     uid = str(meta and meta.get("MediaStorageSOPClassUID", "") or "").strip()
@@ -282,8 +282,10 @@ def _asked(conditions: Iterable[Condition], keys: Sequence[str], ds: Dataset) ->
 
 
 def has_pixels(ds: Dataset) -> bool:
-    """Whether ``ds`` has an Image Pixel module or pixel data (PS3.3 C.7.6.3)."""
-    return any(k in ds for k in _PIXEL_KEYWORDS) or ("Rows" in ds and "Columns" in ds)
+    """Whether ``ds`` holds pixel data: Pixel Data, Float Pixel Data or Double Float Pixel Data
+    (PS3.3 C.7.6.3). Rows and Columns alone are no image: an MR Spectroscopy object's module holds
+    them (its voxel grid) beside Spectroscopy Data, and a vendor's private object may."""
+    return any(k in ds for k in _PIXEL_KEYWORDS)
 
 
 def _slide_auxiliary(ds: Dataset) -> str | None:
@@ -292,14 +294,17 @@ def _slide_auxiliary(ds: Dataset) -> str | None:
     return values[2] if len(values) > 2 and values[2] in SLIDE_AUXILIARY else None
 
 
-def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> ObjectClass:
+def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixels: bool | None = None) -> ObjectClass:
     """What ``ds`` is, and whether an image job leaves it out by default (see the module doc).
 
     ``conditions``: the source's header ``where:`` (checked already: here they only ask for
     RT Dose, secondary captures, localizers); ``slices``: the job packs single files (not
-    series, whose localizers the series rule handles). A file of an image SOP class without
-    pixel data is no exclusion: the read calls it ``no_pixel_data``, a real defect.
+    series, whose localizers the series rule handles); ``pixels``: whether the file holds pixel
+    data where ``ds`` was read without it (a header-only parse stops before it), None where ``ds``
+    holds all the file does (:func:`has_pixels`). A file of an image SOP class without pixel data
+    is no exclusion: the read calls it ``no_pixel_data``, a real defect.
     """
+    held = has_pixels(ds) or bool(pixels)
     meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
     # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
     uid = next(iter(header_values(ds, "SOPClassUID")), "").strip() or meta_uid
@@ -312,10 +317,10 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool) -> O
     # image: a well-formed object of a class no standard names, not a damaged image
     private_class = (known is None and not uid.startswith("1.2.840.10008.") and _UID.fullmatch(uid) is not None
                      and meta_uid in ("", uid))  # a damaged UID, or one its file meta contradicts, is no class
-    if private_class and modality not in NOT_IMAGE_MODALITIES and not has_pixels(ds):
+    if private_class and modality not in NOT_IMAGE_MODALITIES and not held:
         return ObjectClass(modality, name, "not_image", f"{what}: a vendor's private object, without an image "
-                                                        "(no Pixel Data, no Rows and Columns)")
-    if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not has_pixels(ds)):
+                                                        "(no Pixel Data)")
+    if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not held):
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
         return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")

@@ -1,0 +1,66 @@
+"""What a DICOM source says of the objects and files a real export holds beside its images.
+
+An MR Spectroscopy object is a valid object without Pixel Data: left out as not_image, never a
+bad sample told it is damaged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from packer.read.dicom import probe_dicom
+from packer.records import Excluded, Issue
+from packer.where import Condition
+from tests.dicom_files import ct_dataset, make_ref, save
+from tests.test_dicom_read import issue_of, read
+
+MR_SPECTROSCOPY = "1.2.840.10008.5.1.4.1.1.4.2"
+
+
+def _object(sop_class: str, modality: str) -> Dataset:
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = sop_class
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
+    ds.SOPClassUID, ds.Modality = sop_class, modality
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    ds.PatientID, ds.StudyDate, ds.StudyTime = "P1", "20230504", "101112"
+    return ds
+
+
+def mr_spectroscopy() -> Dataset:
+    """A single-voxel MR Spectroscopy object (PS3.3 A.49): its MR Spectroscopy module holds Rows
+    and Columns (the voxel grid) and Spectroscopy Data, and no Pixel Data."""
+    ds = _object(MR_SPECTROSCOPY, "MR")
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "SPECTROSCOPY", "NONE"]
+    ds.Rows = ds.Columns = 1
+    ds.NumberOfFrames = 1
+    ds.DataPointRows, ds.DataPointColumns = 1, 16
+    ds.SpectroscopyData = np.zeros(32, np.float32).tobytes()
+    return ds
+
+
+def probe(path: Path, where: tuple[Condition, ...] = ()) -> object:
+    return probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=(), where=where)
+
+
+def test_an_mr_spectroscopy_object_with_rows_and_columns_but_no_pixel_data_is_not_image(tmp_path: Path) -> None:
+    found = probe(save(mr_spectroscopy(), tmp_path / "svs_press.dcm"))
+    assert isinstance(found, Excluded), found
+    assert (found.why, found.modality, found.sop_class) == ("not_image", "MR", "MR Spectroscopy Storage")
+    assert "holds no image" in found.detail
+
+
+def test_a_ct_file_with_rows_and_columns_but_no_pixel_data_stays_a_damaged_image(tmp_path: Path) -> None:
+    ds = ct_dataset()
+    del ds.PixelData
+    path = save(ds, tmp_path / "cut.dcm")
+    found = probe(path)
+    assert not isinstance(found, Excluded), found
+    issue = issue_of(found if isinstance(found, Issue) else read(path), "no_pixel_data")
+    assert "CT Image Storage" in issue.message and "Pixel Data" in issue.message
