@@ -1,7 +1,8 @@
 """What a DICOM source says of the objects and files a real export holds beside its images.
 
 An MR Spectroscopy object is a valid object without Pixel Data: left out as not_image, never a
-bad sample told it is damaged.
+bad sample told it is damaged. A file that holds its Pixel Data but lost an Image Pixel element
+is told that element is missing, not that it has no pixels.
 """
 
 from __future__ import annotations
@@ -64,3 +65,19 @@ def test_a_ct_file_with_rows_and_columns_but_no_pixel_data_stays_a_damaged_image
     assert not isinstance(found, Excluded), found
     issue = issue_of(found if isinstance(found, Issue) else read(path), "no_pixel_data")
     assert "CT Image Storage" in issue.message and "Pixel Data" in issue.message
+
+
+def test_a_file_holding_its_pixel_data_without_rows_is_bad_shape_naming_rows_missing(tmp_path: Path) -> None:
+    ds = ct_dataset()
+    del ds.Rows
+    issue = issue_of(probe(save(ds, tmp_path / "norows.dcm")), "bad_shape")
+    assert "(0028,0010) Rows" in issue.message and "missing" in issue.message
+    assert "holds its Pixel Data" in issue.message
+    assert "without its pixels" not in issue.message and "has no image" not in issue.message
+    ds = ct_dataset()
+    ds["PixelData"].VR = "OW"  # as read from a file: without Bits Allocated pydicom cannot pick OB or OW
+    del ds.BitsAllocated
+    ds.Columns = None  # empty, beside the absent one: each said as what it is
+    issue = issue_of(probe(save(ds, tmp_path / "mixed.dcm")), "bad_shape")
+    assert "(0028,0011) Columns is present but empty" in issue.message
+    assert "(0028,0100) BitsAllocated is missing" in issue.message

@@ -481,18 +481,20 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
     empty = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
                                               ("0028,0100", "BitsAllocated")) if kw in ds and ds.get(kw) in (None, "")]
-    if empty and not _lacks_pixel_element(ref, ds):
-        # present with no value (an anonymiser that blanks values leaves such): the image is there,
-        # so "exported without its pixels" would send the user to re-export a file that has them
-        what = f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} present but empty (zero length)"
+    if missing and not _lacks_pixel_element(ref, ds):
+        # absent, or present with no value (an anonymiser that blanks or drops values leaves such):
+        # the image is there, so "exported without its pixels" would send the user to re-export a
+        # file that has them
         absent = [name for name in missing if name not in empty]
-        if absent:
-            what += f" and {', '.join(absent)} missing"
+        said = [f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} present but empty (zero length)"
+                if empty else "", f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing"
+                if absent else ""]
+        what = " and ".join(part for part in said if part)
         return _issue(ref, "validate", "bad_shape",
                       f"{what}, though the file holds its Pixel Data: the Image Pixel module (PS3.3 C.7.6.3) "
                       "requires a value (Type 1), and without it the pixels cannot be laid out; set it to the value "
-                      "the image was written with (an anonymiser that blanks values must keep these), or re-export "
-                      "the file")
+                      "the image was written with (an anonymiser that blanks or removes values must keep these), "
+                      "or re-export the file")
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
         why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
