@@ -1,8 +1,8 @@
 """What a DICOM source says of the objects and files a real export holds beside its images.
 
-An MR Spectroscopy object is a valid object without Pixel Data: left out as not_image, never a
-bad sample told it is damaged. A file that holds its Pixel Data but lost an Image Pixel element
-is told that element is missing, not that it has no pixels.
+An MR Spectroscopy object and an RT Dose of DVHs only are valid objects without Pixel Data: left
+out as not_image, never bad samples told they are damaged. A file that holds its Pixel Data but
+lost an Image Pixel element is told that element is missing, not that it has no pixels.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from packer.read.dicom import probe_dicom
@@ -20,6 +21,7 @@ from tests.dicom_files import ct_dataset, make_ref, save
 from tests.test_dicom_read import issue_of, read
 
 MR_SPECTROSCOPY = "1.2.840.10008.5.1.4.1.1.4.2"
+RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
 
 
 def _object(sop_class: str, modality: str) -> Dataset:
@@ -43,6 +45,17 @@ def mr_spectroscopy() -> Dataset:
     ds.NumberOfFrames = 1
     ds.DataPointRows, ds.DataPointColumns = 1, 16
     ds.SpectroscopyData = np.zeros(32, np.float32).tobytes()
+    return ds
+
+
+def dvh_only_dose() -> Dataset:
+    """An RT Dose of DVHs only (PS3.3 A.18.3: Image Pixel is required only for grid-based doses)."""
+    ds = _object(RT_DOSE, "RTDOSE")
+    ds.DoseUnits, ds.DoseType, ds.DoseSummationType = "GY", "PHYSICAL", "PLAN"
+    dvh = Dataset()
+    dvh.DVHType, dvh.DoseUnits, dvh.DoseType, dvh.DVHDoseScaling = "CUMULATIVE", "GY", "PHYSICAL", 1.0
+    dvh.DVHVolumeUnits, dvh.DVHNumberOfBins, dvh.DVHData = "CM3", 2, [1.0, 10.0, 1.0, 5.0]
+    ds.DVHSequence = DicomSequence([dvh])
     return ds
 
 
@@ -81,3 +94,13 @@ def test_a_file_holding_its_pixel_data_without_rows_is_bad_shape_naming_rows_mis
     issue = issue_of(probe(save(ds, tmp_path / "mixed.dcm")), "bad_shape")
     assert "(0028,0011) Columns is present but empty" in issue.message
     assert "(0028,0100) BitsAllocated is missing" in issue.message
+
+
+def test_an_rt_dose_of_dvhs_only_is_not_image_whether_or_not_the_source_asks_for_rt_dose(tmp_path: Path) -> None:
+    path = save(dvh_only_dose(), tmp_path / "dvh_only.dcm")
+    for where in ((), (Condition("Modality", "in", ("CT", "RTDOSE")),)):
+        found = probe(path, where)
+        assert isinstance(found, Excluded), (where, found)
+        assert (found.why, found.modality) == ("not_image", "RTDOSE"), where
+        assert "no dose grid" in found.detail and "DVH" in found.detail
+        assert "a dose grid (" not in found.detail

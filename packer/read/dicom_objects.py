@@ -324,6 +324,11 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
         return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")
+    if (uid == RT_DOSE or modality == "RTDOSE") and not held:
+        # PS3.3 A.18.3: the Image Pixel module is required only where the dose is grid-based
+        return ObjectClass(modality, name, "not_image",
+                           f"{what} holds no image to pack: an RT Dose with no dose grid (no Pixel Data), only "
+                           "dose-volume histograms (DVH Sequence) or point doses")
     if uid == RT_DOSE or modality == "RTDOSE":
         if not _asked(conditions, ("Modality", "SOPClassUID"), ds):
             return ObjectClass(modality, name, "not_requested",
