@@ -2,19 +2,25 @@
 
 An MR Spectroscopy object and an RT Dose of DVHs only are valid objects without Pixel Data: left
 out as not_image, never bad samples told they are damaged. A file that holds its Pixel Data but
-lost an Image Pixel element is told that element is missing, not that it has no pixels.
+lost an Image Pixel element is told that element is missing, not that it has no pixels. A Zarr
+store's chunks and an archive without a suffix are told as what they are, not as failed exports.
 """
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
+from packer.pipeline.discover import source_relpaths
 from packer.read.dicom import probe_dicom
+from packer.read.kinds import source_kind
 from packer.records import Excluded, Issue
 from packer.where import Condition
 from tests.dicom_files import ct_dataset, make_ref, save
@@ -104,3 +110,48 @@ def test_an_rt_dose_of_dvhs_only_is_not_image_whether_or_not_the_source_asks_for
         assert (found.why, found.modality) == ("not_image", "RTDOSE"), where
         assert "no dose grid" in found.detail and "DVH" in found.detail
         assert "a dose grid (" not in found.detail
+
+
+def test_the_chunks_of_a_zarr_store_under_a_dicom_root_are_told_as_the_stores_not_as_failed_exports(
+        tmp_path: Path) -> None:
+    save(ct_dataset(), tmp_path / "ct" / "IM0.dcm")
+    v3 = tmp_path / "volume.zarr"  # Zarr v3: zarr.json, chunks under c/
+    (v3 / "c" / "0").mkdir(parents=True)
+    (v3 / "zarr.json").write_text('{"zarr_format": 3, "node_type": "array"}')
+    v2 = tmp_path / "export" / "seg"  # Zarr v2 in a folder of any name: .zarray beside chunks 0.0, 0/1
+    (v2 / "0").mkdir(parents=True)
+    (v2 / ".zarray").write_text('{"zarr_format": 2}')
+    for i in range(3):
+        chunk = zlib.compress(np.random.default_rng(i).integers(0, 2000, (64, 64)).astype("<u2").tobytes())
+        (v3 / "c" / "0" / str(i)).write_bytes(chunk)
+        (v2 / "0" / str(i)).write_bytes(chunk)
+    (tmp_path / "export" / "IM0035").write_bytes(b"\0" * 200)  # beside the store: still a failed export
+    told: dict[str, str] = {}
+    assert source_relpaths(source_kind("dicom"), tmp_path, unsupported=told) == ["ct/IM0.dcm"]
+    chunks = {rel: what for rel, what in told.items() if rel != "export/IM0035"}
+    assert sorted(chunks) == [*(f"export/seg/0/{i}" for i in range(3)), *(f"volume.zarr/c/0/{i}" for i in range(3))]
+    for what in chunks.values():
+        assert "Zarr store" in what and "NIfTI" in what and "failed or partial export" not in what
+    assert "failed or partial export" in told["export/IM0035"]
+
+
+@pytest.mark.parametrize(("magic", "what"), [(b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b\x08", "gzip"),
+                                             (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+                                             (b"Rar!\x1a\x07\x00", "a RAR archive")])
+def test_an_archive_without_a_suffix_is_told_as_the_archive_it_is_by_its_first_bytes(
+        tmp_path: Path, magic: bytes, what: str) -> None:
+    save(ct_dataset(), tmp_path / "IM0.dcm")
+    (tmp_path / "EXPORT").write_bytes(magic + bytes(range(256)) * 2)
+    told: dict[str, str] = {}
+    source_relpaths(source_kind("dicom"), tmp_path, unsupported=told)
+    assert what in told["EXPORT"] and "unpack it" in told["EXPORT"], told
+    assert "failed or partial export" not in told["EXPORT"]
+
+
+def test_a_real_zip_written_without_a_suffix_is_told_to_be_unpacked(tmp_path: Path) -> None:
+    dicom = save(ct_dataset(), tmp_path / "ct" / "IM0.dcm")
+    with zipfile.ZipFile(tmp_path / "EXPORT", "w") as archive:
+        archive.write(dicom, "IM0.dcm")
+    told: dict[str, str] = {}
+    source_relpaths(source_kind("dicom"), tmp_path, unsupported=told)
+    assert told["EXPORT"].startswith("a zip archive") and "unzip ARCHIVE -d FOLDER" in told["EXPORT"]

@@ -58,7 +58,7 @@ from packer.pipeline.tables import (
     written_from_base,
 )
 from packer.progress import Progress, stage_progress
-from packer.read.archives import compressed
+from packer.read.archives import ZARR_MARKERS, compressed, zarr_detail
 from packer.read.kinds import SourceKind, source_kind
 from packer.read.opening import link_text
 from packer.records import Excluded, Issue, SampleRef, safe_key
@@ -334,8 +334,50 @@ def _opener(path: str) -> Callable[[], BinaryIO]:
     return lambda: open(path, "rb")  # the caller closes it
 
 
+class ZarrStores:
+    """Which folders under a root hold a Zarr store: a folder named ``*.zarr``, or one holding a
+    Zarr metadata file (:data:`~packer.read.archives.ZARR_MARKERS`), where ``marked`` tells (a
+    local root's folders are looked at, the walk skipping hidden files such as ``.zarray``; a
+    URL root's listing names them). Each folder is looked at once."""
+
+    def __init__(self, marked: Callable[[str], bool]) -> None:
+        self._marked = marked
+        self._seen: dict[str, bool] = {}
+
+    @classmethod
+    def local(cls, root: str) -> ZarrStores:
+        return cls(lambda folder: any(os.path.isfile(os.path.join(root, folder, m)) for m in ZARR_MARKERS))
+
+    @classmethod
+    def listed(cls, relpaths: Iterable[str]) -> ZarrStores:
+        folders = {rel.rpartition("/")[0] for rel in relpaths if rel.rpartition("/")[2] in ZARR_MARKERS}
+        return cls(folders.__contains__)
+
+    def holds(self, relpath: str) -> bool:
+        """Whether the file at ``relpath`` lies inside a Zarr store (a folder above it is one)."""
+        parts = relpath.split("/")[:-1]
+        for depth in range(len(parts), 0, -1):
+            folder = "/".join(parts[:depth])
+            if folder not in self._seen:
+                self._seen[folder] = parts[depth - 1].lower().endswith(".zarr") or self._marked(folder)
+            if self._seen[folder]:
+                return True
+        return False
+
+
 def _unsupported(kind: SourceKind, relpath: str, head: bytes | None = None,
-                 read: Callable[[], BinaryIO] | None = None) -> str | None:
+                 read: Callable[[], BinaryIO] | None = None, stores: ZarrStores | None = None) -> str | None:
+    """:func:`_told`, but for a file inside a Zarr store (``stores``), which the kind would tell as
+    one of its own it cannot read (a chunk ``0/0`` as an export's extension-less image): said
+    to be the store's, with the fix (convert the array)."""
+    said = _told(kind, relpath, head, read)
+    if said is not None and stores is not None and stores.holds(relpath):
+        return zarr_detail(f"a {kind.name} source reads {kind.looked_for}")
+    return said
+
+
+def _told(kind: SourceKind, relpath: str, head: bytes | None = None,
+          read: Callable[[], BinaryIO] | None = None) -> str | None:
     """What an unlisted file at ``relpath`` is, where ``kind`` finds but cannot read it
     (:meth:`unsupported`), or, where its name could not tell and its ``head`` did not make it
     one of the kind's, what that head says (:meth:`unrecognised`). For a file compressed whole
@@ -379,6 +421,7 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
     if skipped is not None:
         skipped.extend(said)
     out = []
+    stores = ZarrStores.local(os.fspath(root))
     with stage_progress("sniffing", len(walked), unit="files", quiet=quiet or not kind.head_bytes) as sniffing:
         for rel in walked:
             verdict = _verdict(kind, rel)
@@ -389,13 +432,13 @@ def source_relpaths(kind: SourceKind, root: Path, follow_links: bool = False, li
                 # names it for the kind's named files; another is told by its name alone
                 if kind.lists_unread(rel.rsplit("/", 1)[-1].lower(), _suffix(rel)):
                     out.append(rel)
-                elif unsupported is not None and (what := _unsupported(kind, rel)):
+                elif unsupported is not None and (what := _unsupported(kind, rel, stores=stores)):
                     unsupported[rel] = what
             elif verdict or (verdict is None and kind.head_bytes and kind.sniff(head)):
                 out.append(rel)
             elif unsupported is not None and (what := _unsupported(
                     kind, rel, head if verdict is None else None,
-                    _opener(os.path.join(root, rel)))):
+                    _opener(os.path.join(root, rel)), stores)):
                 unsupported[rel] = what
             sniffing.update()
     return out
@@ -445,11 +488,12 @@ def list_remote_source(source: SourceConfig, storage_options: Mapping[str, Any] 
     kept = [f for f, verdict in zip(files, verdicts, strict=True) if verdict or f.relpath in recognised]
     if unsupported is not None:
         taken = {f.relpath for f in kept}
+        stores = ZarrStores.listed(f.relpath for f in files)
         unsupported.extend((f.relpath, f.url, what) for f, verdict in zip(files, verdicts, strict=True)
                            if f.relpath not in taken and (what := _unsupported(
                                kind, f.relpath, head_of.get(f.relpath, b"") if verdict is None and kind.head_bytes
                                else None, functools.partial(io.BytesIO, starts[f.relpath])
-                               if f.relpath in starts else None)) is not None)
+                               if f.relpath in starts else None, stores)) is not None)
     return kept
 
 

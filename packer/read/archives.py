@@ -65,6 +65,46 @@ class Archive:
                 "out of the root")
 
 
+#: Archives and compressed streams by their first bytes (magic), for a file whose name has no
+#: suffix to tell (an export's ``EXPORT``, ``IM0035``): (magic, what, command that unpacks one)
+MAGICS = (
+    (b"PK\x03\x04", "a zip archive", "unzip ARCHIVE -d FOLDER"),
+    (b"PK\x05\x06", "an empty zip archive", "unzip ARCHIVE -d FOLDER"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "7z x ARCHIVE -oFOLDER"),
+    (b"Rar!\x1a\x07", "a RAR archive", "unrar x ARCHIVE FOLDER/"),
+    (b"\x1f\x8b", "a gzip-compressed file (a tar archive, or one file compressed whole)",
+     "tar -xf ARCHIVE -C FOLDER for a tar, else gunzip -c ARCHIVE > FILE"),
+    (b"BZh", "a bzip2-compressed file (a tar archive, or one file compressed whole)",
+     "tar -xf ARCHIVE -C FOLDER for a tar, else bunzip2 -c ARCHIVE > FILE"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file (a tar archive, or one file compressed whole)",
+     "tar -xf ARCHIVE -C FOLDER for a tar, else unxz -c ARCHIVE > FILE"),
+    (b"\x28\xb5\x2f\xfd", "a Zstandard-compressed file (a tar archive, or one file compressed whole)",
+     "tar --zstd -xf ARCHIVE -C FOLDER for a tar, else unzstd -c ARCHIVE > FILE"),
+)
+#: Files a folder that is a Zarr store (or an array or group inside one) holds: Zarr v3's
+#: ``zarr.json``, v2's ``.zarray``, ``.zgroup``, ``.zattrs`` and consolidated ``.zmetadata``
+ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+
+
+def zarr_detail(reads: str) -> str:
+    """The detail of the ``unsupported_format`` record of a file inside a Zarr store (a chunk,
+    ``0/0`` or ``c/0/1``, or its metadata); ``reads``: what the source reads."""
+    return ("a file of a Zarr store (a folder named *.zarr, or holding zarr.json, .zarray or .zgroup: an array's "
+            f"chunks and metadata, one file per chunk), which packer does not read: {reads}; convert the array to "
+            "NIfTI (.nii.gz, for a nifti source; e.g. nibabel.save(nibabel.Nifti1Image(zarr.open(STORE)[:], "
+            "affine), 'x.nii.gz')) or to DICOM files, and move the store out of the root")
+
+
+def sniffed_archive(head: bytes) -> Archive | None:
+    """The archive (or compressed file) a file is by its first bytes ``head`` (:data:`MAGICS`),
+    or None. A plain tar says so at byte 257 (``ustar``), past the DICOM kind's 132-byte head:
+    it is not told here."""
+    for magic, what, unpack in MAGICS:
+        if head.startswith(magic):
+            return Archive(what=what, ending="told by its first bytes, its name having no suffix", unpack=unpack)
+    return None
+
+
 @dataclass(frozen=True)
 class Compressed:
     """A single file compressed whole (``x.dcm.gz``): its compressor (``gzip``), the suffix that

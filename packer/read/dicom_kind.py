@@ -34,7 +34,7 @@ from packer.config import (
 from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
-from packer.read.archives import Compressed, archive, compressed
+from packer.read.archives import Compressed, archive, compressed, sniffed_archive
 from packer.read.dicom_attrs import quiet, record_time, text_value, time_keywords_problem
 from packer.read.dicom_masks import (
     AnnotatedSeries,
@@ -193,6 +193,9 @@ class DicomKind(SourceKind):
             return _compressed_detail(squeezed) if self.sniff(head) else None
         if not _named_as_export_image(suffix):
             return None
+        packed = sniffed_archive(head)
+        if packed is not None:  # an export's EXPORT or IM0035 that is a zip (PK..) or a gzip stream
+            return packed.detail("a DICOM source reads the files under its root")
         if not head:
             what = "an empty file (0 bytes)"
         elif len(head) < self.head_bytes:
