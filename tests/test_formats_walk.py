@@ -3,11 +3,13 @@
 An MR Spectroscopy object and an RT Dose of DVHs only are valid objects without Pixel Data: left
 out as not_image, never bad samples told they are damaged. A file that holds its Pixel Data but
 lost an Image Pixel element is told that element is missing, not that it has no pixels. A Zarr
-store's chunks and an archive without a suffix are told as what they are, not as failed exports.
+store's chunks and an archive without a suffix are told as what they are, not as failed exports,
+and the report's legend does not tell a zip of DICOM files to become a PNG.
 """
 
 from __future__ import annotations
 
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -18,6 +20,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
+from packer.htmlreport import render_html_report
 from packer.pipeline.discover import source_relpaths
 from packer.read.dicom import probe_dicom
 from packer.read.kinds import source_kind
@@ -25,6 +28,7 @@ from packer.records import Excluded, Issue
 from packer.where import Condition
 from tests.dicom_files import ct_dataset, make_ref, save
 from tests.test_dicom_read import issue_of, read
+from tests.test_targets import _build, _job
 
 MR_SPECTROSCOPY = "1.2.840.10008.5.1.4.1.1.4.2"
 RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
@@ -155,3 +159,18 @@ def test_a_real_zip_written_without_a_suffix_is_told_to_be_unpacked(tmp_path: Pa
     told: dict[str, str] = {}
     source_relpaths(source_kind("dicom"), tmp_path, unsupported=told)
     assert told["EXPORT"].startswith("a zip archive") and "unzip ARCHIVE -d FOLDER" in told["EXPORT"]
+
+
+def test_the_reports_legend_for_unsupported_format_does_not_tell_a_zip_of_dicom_files_to_become_a_png(
+        tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    dicom = save(ct_dataset(PatientID="P1"), raw / "ct" / "IM0.dcm")
+    with zipfile.ZipFile(raw / "study.zip", "w") as archive:
+        archive.write(dicom, "IM0.dcm")
+    result = _build(_job(tmp_path, [{"kind": "dicom", "root": str(raw), "label": "none"}],
+                         validate={"max_bad_fraction": 0.9}))
+    assert result.manifest["inputs"]["excluded"] == {"unsupported_format": 1}
+    text = " ".join(re.sub("<[^>]+>", " ", render_html_report(result.manifest_path)).split())
+    legend = text[text.index("unsupported_format:"):].split(";")[0]
+    assert "convert it to PNG" not in legend and "archive" in legend and "unpack" in legend
+    assert "its detail in excluded.jsonl says" in legend
