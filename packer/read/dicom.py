@@ -1087,7 +1087,8 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
              _dark_palette_note(ds) if geometry.photometric == PALETTE else None,
              _wide_palette_note(ds) if geometry.photometric == PALETTE else None,
-             _codestream_planar_note(ds, geometry), _excess_padding_note(ds, geometry)]
+             _signed_colour_note(ds, geometry), _codestream_planar_note(ds, geometry),
+             _excess_padding_note(ds, geometry)]
     if any(note is not None for note in notes):
         metadata["warnings"] = [note for note in notes if note is not None]
     try:
@@ -1443,6 +1444,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     if geometry.photometric == PALETTE and (short := _palette_length_problem(ds)) is not None:
         return _issue(ref, "read", "decode_failed", short)
     plugin = _DECODERS[geometry.transfer_syntax]
+    # colour samples flagged signed are read as the unsigned values they are (_signed_colour_note)
+    unsigned: dict[str, Any] = {"pixel_representation": 0} if _overrules_signed(ds, geometry) else {}
     try:
         # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
         # whatever else the fragments hold: pydicom's default would decode excess frames too.
@@ -1452,9 +1455,9 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         # JPEG-LS decoders set the layout they return themselves, over this option).
         if encapsulated:
             arr = _stored_bits_only(pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False,
-                                                planar_configuration=0), geometry.bits_stored)
+                                                planar_configuration=0, **unsigned), geometry.bits_stored)
         else:
-            arr = pixel_array(ds, decoding_plugin=plugin)
+            arr = pixel_array(ds, decoding_plugin=plugin, **unsigned)
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
@@ -1489,6 +1492,34 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
+
+
+def _overrules_signed(ds: Dataset, geometry: _Geometry) -> bool:
+    """Whether a colour image's (0028,0103) Pixel Representation 1 is overruled and its stored
+    bits read as unsigned: R, G, B and Y, Cb, Cr samples are unsigned (a YBR sample's no-colour Cb/Cr
+    is half full scale, PS3.3 C.7.6.3.1.2; the US Image module, C.8.5.6.1, allows 0 only), and so
+    are palette indices, except where the palette's descriptor starts at a negative index (its
+    second value, PS3.3 C.7.6.3.1.5): such a palette was written for signed indices. Read signed,
+    every sample of 8 bits >= 128 was negative and packed as 0 (and YBR was not converted at all)."""
+    if ds.get("PixelRepresentation") != 1 or geometry.photometric in GRAYSCALE:
+        return False
+    if geometry.photometric != PALETTE:
+        return True
+    descriptor = ds.get("RedPaletteColorLookupTableDescriptor")
+    first = descriptor[1] if isinstance(descriptor, (list, MultiValue)) and len(descriptor) >= 2 else None
+    return not (isinstance(first, int) and first < 0)
+
+
+def _signed_colour_note(ds: Dataset, geometry: _Geometry) -> str | None:
+    """The warning for a colour image whose Pixel Representation 1 was overruled
+    (:func:`_overrules_signed`); None otherwise."""
+    if not _overrules_signed(ds, geometry):
+        return None
+    what = "palette indices" if geometry.photometric == PALETTE else f"{geometry.photometric} samples"
+    return (f"(0028,0103) Pixel Representation is 1 (signed), but {what} are unsigned (the US Image module, "
+            "PS3.3 C.8.5.6.1, allows 0 only): the header's value was overruled and the stored "
+            f"{geometry.bits_stored} bits read as unsigned; set it to 0 in the file "
+            "(e.g. dcmodify -m \"(0028,0103)=0\")")
 
 
 def _stored_bits_only(arr: np.ndarray, bits_stored: int) -> np.ndarray:

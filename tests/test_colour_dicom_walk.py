@@ -1,0 +1,117 @@
+"""Colour DICOM as an ultrasound walk met it: a colour file's header at odds with what colour
+samples are (signed Pixel Representation), with the job (windows, channels) or with its own JPEG
+codestream (component count). Each is packed as stored with a warning that says what was
+overruled or not applied, or refused with a message that names the attribute and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from packer.read.dicom import read_dicom
+from packer.records import Issue, Sample
+from tests.dicom_files import config, image_dataset, make_ref, save
+
+US_IMAGE = "1.2.840.10008.5.1.4.1.1.6.1"
+
+
+def read(path: Path, **kwargs: object) -> list[Sample] | Issue:
+    return read_dicom(make_ref(path), config(**kwargs))  # type: ignore[arg-type]
+
+
+def samples_of(result: list[Sample] | Issue) -> list[Sample]:
+    assert isinstance(result, list), result.message
+    return result
+
+
+def colour_file(tmp_path: Path, name: str, stored: np.ndarray, *, photometric: str = "RGB",
+                pixel_representation: int = 0, bits_stored: int | None = None, **attrs: object) -> Path:
+    """A US image holding ``stored`` (H×W×3, or H×W palette indices) natively, its header's
+    (0028,0103) Pixel Representation ``pixel_representation`` whatever the array's dtype."""
+    ds = image_dataset(stored, photometric=photometric, modality="US", sop_class=US_IMAGE, bits_stored=bits_stored,
+                       **attrs)
+    ds.PixelRepresentation = pixel_representation
+    return save(ds, tmp_path / name)
+
+
+# ------------------------------------------------- (0028,0103) Pixel Representation 1 on colour
+
+
+def test_an_rgb_image_flagged_signed_packs_its_stored_bytes_and_says_the_header_was_overruled(
+        tmp_path: Path) -> None:
+    """PS3.3 C.8.5.6.1 requires Pixel Representation 0 for US, and R, G, B samples are unsigned;
+    some writers set 1 anyway. pydicom then reads the bytes as int8 and every byte >= 128 became
+    0 in the packed image, silently. The stored bytes are what is packed (uint8 output of 8-bit
+    RGB is the stored value), and each sample says the header's (0028,0103) was overruled."""
+    rgb = np.random.default_rng(8).integers(0, 256, (16, 20, 3), dtype=np.uint8)
+    assert (rgb >= 128).sum() > 100  # half the range: what the signed reading destroyed
+    [sample] = samples_of(read(colour_file(tmp_path, "signed.dcm", rgb, pixel_representation=1)))
+    np.testing.assert_array_equal(sample.image, rgb.transpose(2, 0, 1))
+    [warning] = sample.metadata["warnings"]
+    assert "(0028,0103) Pixel Representation is 1" in warning and "overruled" in warning, warning
+    assert "unsigned" in warning and "set it to 0" in warning, warning
+
+
+def test_an_rgb_image_with_pixel_representation_0_says_nothing_about_it(tmp_path: Path) -> None:
+    rgb = np.random.default_rng(8).integers(0, 256, (16, 20, 3), dtype=np.uint8)
+    [sample] = samples_of(read(colour_file(tmp_path, "unsigned.dcm", rgb)))
+    np.testing.assert_array_equal(sample.image, rgb.transpose(2, 0, 1))
+    assert "warnings" not in sample.metadata
+
+
+def test_a_signed_flagged_12_bit_rgb_image_reads_its_bits_stored_unsigned(tmp_path: Path) -> None:
+    """16 bits allocated, 12 stored: the stored values (0..4095) are read unsigned, masked to Bits
+    Stored, as for Pixel Representation 0; signed, the values >= 2048 were negative and clipped."""
+    rgb = np.random.default_rng(3).integers(0, 4096, (8, 10, 3), dtype=np.uint16)
+    signed = samples_of(read(colour_file(tmp_path, "signed12.dcm", rgb, pixel_representation=1, bits_stored=12),
+                             output="uint16"))
+    unsigned = samples_of(read(colour_file(tmp_path, "unsigned12.dcm", rgb, bits_stored=12), output="uint16"))
+    np.testing.assert_array_equal(signed[0].image, unsigned[0].image)
+    np.testing.assert_array_equal(signed[0].image, np.rint(rgb.transpose(2, 0, 1) * (65535 / 4095)))
+    assert any("(0028,0103)" in w for w in signed[0].metadata["warnings"])
+
+
+def test_a_signed_flagged_ybr_full_image_is_converted_as_its_unsigned_twin_is(tmp_path: Path) -> None:
+    """The decoder's YBR → RGB conversion takes unsigned samples only: a YBR_FULL file flagged
+    signed was decode_failed with pydicom's "Invalid ndarray.dtype 'int8' for color space
+    conversion". It reads as the same file with Pixel Representation 0 does."""
+    ybr = np.random.default_rng(5).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    signed = samples_of(read(colour_file(tmp_path, "signed_ybr.dcm", ybr, photometric="YBR_FULL",
+                                         pixel_representation=1)))
+    unsigned = samples_of(read(colour_file(tmp_path, "ybr.dcm", ybr, photometric="YBR_FULL")))
+    np.testing.assert_array_equal(signed[0].image, unsigned[0].image)
+    assert any("(0028,0103)" in w for w in signed[0].metadata["warnings"])
+
+
+def _palette(ds: Dataset, first_mapped: int) -> None:
+    entries = np.arange(256, dtype=np.uint8)
+    for colour, values in (("Red", entries), ("Green", entries[::-1]), ("Blue", entries // 2)):
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [256, first_mapped, 8])
+        ds[f"{colour}PaletteColorLookupTableDescriptor"].VR = "US" if first_mapped >= 0 else "SS"
+        setattr(ds, f"{colour}PaletteColorLookupTableData", values.tobytes())
+
+
+def test_palette_indices_flagged_signed_look_up_the_entries_they_store(tmp_path: Path) -> None:
+    """A palette image's indices are unsigned too: index 200 read as -56 looked up entry 0. Read
+    unsigned, each index looks up its own entry."""
+    index = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    ds = image_dataset(index, photometric="PALETTE COLOR", modality="US", sop_class=US_IMAGE)
+    ds.PixelRepresentation = 1
+    _palette(ds, 0)
+    [sample] = samples_of(read_dicom(make_ref(save(ds, tmp_path / "pal.dcm")), config()))
+    np.testing.assert_array_equal(sample.image, np.stack([index, 255 - index, index // 2]))
+    assert any("(0028,0103)" in w for w in sample.metadata["warnings"])
+
+
+def test_a_palette_whose_first_mapped_value_is_negative_keeps_its_signed_indices(tmp_path: Path) -> None:
+    """A palette that starts at a negative index (its descriptor's second value, SS where Pixel
+    Representation is 1, PS3.3 C.7.6.3.1.5) was written for signed indices: nothing is overruled."""
+    index = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    ds = image_dataset(index, photometric="PALETTE COLOR", modality="US", sop_class=US_IMAGE)
+    _palette(ds, -128)
+    [sample] = samples_of(read_dicom(make_ref(save(ds, tmp_path / "pal.dcm")), config()))
+    entry = index.astype(np.int16) + 128
+    np.testing.assert_array_equal(sample.image, np.stack([entry, 255 - entry, entry // 2]))
+    assert "warnings" not in sample.metadata
