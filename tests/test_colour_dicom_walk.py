@@ -6,13 +6,18 @@ overruled or not applied, or refused with a message that names the attribute and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 from pydicom.dataset import Dataset
 
+from packer.config import JobConfig, load_job
 from packer.read.dicom import read_dicom
+from packer.read.kinds import with_channels
 from packer.records import Issue, Sample
 from tests.dicom_files import config, image_dataset, make_ref, save
+from tests.helpers import write_job
 
 US_IMAGE = "1.2.840.10008.5.1.4.1.1.6.1"
 
@@ -115,3 +120,70 @@ def test_a_palette_whose_first_mapped_value_is_negative_keeps_its_signed_indices
     entry = index.astype(np.int16) + 128
     np.testing.assert_array_equal(sample.image, np.stack([entry, 255 - entry, entry // 2]))
     assert "warnings" not in sample.metadata
+
+
+# ------------------------------------------------- a channel count colour cannot give
+
+
+def us_job(tmp_path: Path, transform: dict[str, Any]) -> JobConfig:
+    doc = {"name": "us", "sources": [{"kind": "dicom", "root": str(tmp_path / "raw"), "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}, "seed": 1}, "transform": transform,
+           "pack": {"format": "webdataset"}, "output": str(tmp_path / "out"), "phi": {"mode": "keep"}}
+    return load_job(write_job(tmp_path / "job", doc))
+
+
+def shaped(path: Path, job: JobConfig) -> list[Sample] | Issue:
+    """``path`` read and given the job's channel count, as the build does."""
+    return with_channels(samples_of(read_dicom(make_ref(path), job.dicom)), job)
+
+
+def bad_shape(result: list[Sample] | Issue) -> str:
+    assert isinstance(result, Issue) and result.reason == "bad_shape", result
+    return result.message
+
+
+RGB = np.random.default_rng(1).integers(0, 256, (16, 20, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(("transform", "key", "other"), [
+    ({"dicom": {"windows": ["abdomen", "liver"], "channels": 2}}, "transform.dicom.channels", "transform.channels"),
+    ({"channels": 2, "dicom": {"windows": ["abdomen", "liver"]}}, "transform.channels", "transform.dicom.channels"),
+])
+def test_a_one_frame_colour_file_refused_a_count_names_the_key_the_job_set_and_no_frames_fix(
+        tmp_path: Path, transform: dict[str, Any], key: str, other: str) -> None:
+    """A single-frame RGB file gives 3 channels; asked for 2 it is bad_shape. The message said
+    "transform.channels asks for 2" and "drop transform.channels" where the job set
+    transform.dicom.channels, and "use frames: split" to a 1-frame file under frames: split.
+    It names the key the job wrote, says what a colour file gives, and leaves frames out."""
+    path = colour_file(tmp_path / "raw", "doppler.dcm", RGB)
+    message = bad_shape(shaped(path, us_job(tmp_path, transform)))
+    assert f"it has 3 channels and {key} asks for 2" in message, message
+    assert f"drop {key} " in message and other not in message, message
+    assert "colour" in message and f"1 (its luma) where {key} is 1" in message, message
+    assert "frames:" not in message, message
+
+
+def test_a_stacked_multi_frame_file_is_told_frames_split_only_where_split_gives_the_count(tmp_path: Path) -> None:
+    """frames: stack makes a 3-frame grey cine 3 channels of one window; under
+    transform.dicom.channels: 2 each frame alone (frames: split) is 1 channel, replicated to 2:
+    that fix is offered. A 3-frame colour cine stacked is 9 channels, and split each frame is
+    3, still not 2: frames: split is not offered to it."""
+    grey = np.random.default_rng(2).integers(0, 256, (3, 16, 20), dtype=np.uint8)
+    job = us_job(tmp_path, {"dicom": {"windows": [{"center": 128, "width": 256}], "channels": 2, "frames": "stack"}})
+    message = bad_shape(shaped(colour_file(tmp_path / "raw", "grey.dcm", grey, photometric="MONOCHROME2"), job))
+    assert "it has 3 channels and transform.dicom.channels asks for 2" in message, message
+    assert "use frames: split" in message, message
+    colour = np.random.default_rng(3).integers(0, 256, (3, 16, 20, 3), dtype=np.uint8)
+    message = bad_shape(shaped(colour_file(tmp_path / "raw", "cine.dcm", colour), job))
+    assert "it has 9 channels" in message and "frames:" not in message, message
+
+
+def test_a_split_multi_frame_colour_file_is_told_frames_stack_where_its_frames_make_the_count(
+        tmp_path: Path) -> None:
+    colour = np.random.default_rng(4).integers(0, 256, (2, 16, 20, 3), dtype=np.uint8)
+    path = colour_file(tmp_path / "raw", "cine.dcm", colour)
+    message = bad_shape(shaped(path, us_job(tmp_path, {"dicom": {"windows": ["abdomen"], "channels": 6}})))
+    assert "it has 3 channels and transform.dicom.channels asks for 6" in message, message
+    assert "frames: stack" in message and "frames: split" not in message, message
+    message = bad_shape(shaped(path, us_job(tmp_path, {"dicom": {"windows": ["abdomen"], "channels": 4}})))
+    assert "frames:" not in message, message

@@ -72,7 +72,7 @@ from packer.read.series import (
 )
 from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.storage import is_url
-from packer.transform.channels import check_channels, sharing_channels, stack_fixes
+from packer.transform.channels import channel_rule, check_channels, sharing_channels, stack_fixes
 from packer.transform.mask import transform_mask_dicom
 from packer.where import Condition
 
@@ -382,6 +382,27 @@ class DicomKind(SourceKind):
 
     def colour(self, sample: Sample) -> bool:
         return str(sample.metadata.get("photometric_interpretation", "")) not in _GREY
+
+    def channel_advice(self, sample: Sample, job: JobConfig, target: int, key: str) -> list[str]:
+        """A colour file's count (3 a frame, or its luma), and ``frames:`` only where the other
+        value gives ``target``: a multi-frame file's frames stacked (its channels, frame-major)
+        or split (each frame's own). A single-frame file, or a series' slice, gets no frames fix."""
+        colour = self.colour(sample)
+        advice = [f"a colour file gives 3 channels (R, G, B) a frame, or 1 (its luma) where {key} is 1"
+                  ] if colour else []
+        frames = sample.metadata.get("number_of_frames")
+        if job.dicom.by_series or not isinstance(frames, int) or frames < 2:
+            return advice
+        natural = int(sample.image.shape[0])
+        if job.dicom.frames == "stack" and natural % frames == 0:
+            each = natural // frames
+            if channel_rule(each, target, color=colour) is not None:
+                advice.append(f"frames: stack gives one channel per frame and window ({frames} frames × {each}); "
+                              f"use frames: split, which makes each frame a sample of {each}")
+        elif job.dicom.frames != "stack" and natural * frames == target:
+            advice.append(f"use frames: stack, which makes the file's {frames} frames one sample of "
+                          f"{natural * frames} channels (frame-major)")
+        return advice
 
     def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
         """Mask files named by the table (the 2-D rule); masks from the source's own SEG and

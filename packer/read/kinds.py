@@ -297,6 +297,12 @@ class SourceKind:
         """Whether ``sample``'s three channels are R, G, B (so 3 → 1 may take the luminance)."""
         return False
 
+    def channel_advice(self, sample: Sample, job: JobConfig, target: int, key: str) -> list[str]:
+        """What a ``bad_shape`` for ``sample``'s channel count adds for this kind (where its count
+        comes from, a setting that would give ``target``), each clause only where it applies; the
+        shared fix (drop ``key``) is :func:`with_channels`'. Default: nothing."""
+        return []
+
     def attach_masks(self, samples: list[Sample], source: SourceConfig, job: JobConfig) -> list[Sample] | Issue:
         """``samples`` (all of one file) each with its mask, or the file's mask defect. Called
         only for a source with ``mask:``. Default: the 2-D rule of :mod:`packer.read.masks`."""
@@ -506,22 +512,26 @@ _NAMED_BAD = 5
 
 
 def with_channels(samples: list[Sample], job: JobConfig) -> list[Sample] | Issue:
-    """``samples`` with the job's channel count for their kind (``transform.channels``, see
-    :mod:`packer.transform.channels`); a sample no rule maps makes its file ``bad_shape``."""
+    """``samples`` with the job's channel count for their kind (``transform.channels``, or the
+    kind's own key, see :mod:`packer.transform.channels`); a sample no rule maps makes its file
+    ``bad_shape``, its message naming the key the job set and the kind's advice
+    (:meth:`SourceKind.channel_advice`)."""
     if not samples:
         return samples
     kind = source_kind(samples[0].ref.kind)
     target = kind.channels(job)
     if target is None:
         return samples
+    key = str(getattr(job.settings(kind.name), "channels_key", None) or "transform.channels")
     out = []
     for sample in samples:
-        mapped = match_channels(sample.image, target, color=kind.colour(sample))
+        mapped = match_channels(sample.image, target, color=kind.colour(sample), key=key)
         if isinstance(mapped, str):
+            advice = kind.channel_advice(sample, job, target, key)
+            said = "".join(f"; {clause}" for clause in advice)
             return Issue.of(sample.ref, stage="transform", reason="bad_shape",
-                            message=f"{sample.ref.path}: sample {sample.key}: {mapped} (frames: stack gives one "
-                                    "channel per frame and window; colour DICOM gives 3); use frames: split, or drop "
-                                    "transform.channels and load each source with ShardDataset(sources=[...])")
+                            message=f"{sample.ref.path}: sample {sample.key}: {mapped}{said}; {'or ' if advice else ''}"
+                                    f"drop {key} and load each source with ShardDataset(sources=[...])")
         if mapped.rule == "keep":
             out.append(sample)
         else:

@@ -65,16 +65,18 @@ class Mapped:
     rule: str
 
 
-def match_channels(image: np.ndarray, target: int, *, color: bool = False) -> Mapped | str:
+def match_channels(image: np.ndarray, target: int, *, color: bool = False,
+                   key: str = "transform.channels") -> Mapped | str:
     """``image`` (C×H×W) with ``target`` channels by :func:`channel_rule`, or why it cannot be.
 
     ``color``: the channels are R, G, B (colour DICOM), so 3 → 1 may take the luminance. The
-    dtype is kept; a luminance is rounded back to an integer dtype.
+    dtype is kept; a luminance is rounded back to an integer dtype. ``key``: the job's key that
+    asks for ``target`` (``transform.dicom.channels``, or the shared ``transform.channels``).
     """
     natural = int(image.shape[0])
     rule = channel_rule(natural, target, color=color)
     if rule is None:
-        return (f"it has {natural} channels and transform.channels asks for {target}; only 1 channel "
+        return (f"it has {natural} channels and {key} asks for {target}; only 1 channel "
                 f"(replicated) or exactly {target} can be mapped")
     if rule == "keep":
         return Mapped(image, rule)
