@@ -12,18 +12,20 @@ import numpy as np
 import pytest
 from pydicom.dataset import Dataset
 
-from packer.config import JobConfig, load_job
+from packer.buildwarnings import WARNINGS_FILE
+from packer.config import JobConfig, WindowSpec, load_job
+from packer.pipeline.build import BuildOptions, build
 from packer.read.dicom import read_dicom
 from packer.read.kinds import with_channels
 from packer.records import Issue, Sample
-from tests.dicom_files import config, image_dataset, make_ref, save
+from tests.dicom_files import config, file_window, image_dataset, make_ref, save, window
 from tests.helpers import write_job
 
 US_IMAGE = "1.2.840.10008.5.1.4.1.1.6.1"
 
 
-def read(path: Path, **kwargs: object) -> list[Sample] | Issue:
-    return read_dicom(make_ref(path), config(**kwargs))  # type: ignore[arg-type]
+def read(path: Path, *windows: WindowSpec, **kwargs: Any) -> list[Sample] | Issue:
+    return read_dicom(make_ref(path), config(*windows, **kwargs))
 
 
 def samples_of(result: list[Sample] | Issue) -> list[Sample]:
@@ -187,3 +189,50 @@ def test_a_split_multi_frame_colour_file_is_told_frames_stack_where_its_frames_m
     assert "frames: stack" in message and "frames: split" not in message, message
     message = bad_shape(shaped(path, us_job(tmp_path, {"dicom": {"windows": ["abdomen"], "channels": 4}})))
     assert "frames:" not in message, message
+
+
+# ------------------------------------------------- windows a colour file does not take
+
+ABDOMEN = WindowSpec(kind="preset", name="abdomen", center=60, width=400)
+
+
+def test_windows_asked_of_a_colour_file_are_said_not_to_apply_and_it_packs_as_stored(tmp_path: Path) -> None:
+    """A window maps grey values; colour pixels pack as stored colour (README). The job's
+    windows were dropped with metadata.windows [] and no word anywhere: each sample now says
+    which of the job's windows did not apply, naming the key."""
+    path = colour_file(tmp_path, "doppler.dcm", RGB)
+    [sample] = samples_of(read(path, ABDOMEN, window(40, 150, name="liver")))
+    np.testing.assert_array_equal(sample.image, RGB.transpose(2, 0, 1))
+    assert sample.metadata["windows"] == []
+    [warning] = sample.metadata["warnings"]
+    assert "transform.dicom.windows [abdomen, liver]" in warning, warning
+    assert "windows do not apply to colour (RGB) pixels: packed as stored colour" in warning, warning
+
+
+def test_a_fallback_window_and_a_normalisation_are_named_too_and_the_modality_key_where_it_chose(
+        tmp_path: Path) -> None:
+    path = colour_file(tmp_path, "doppler.dcm", RGB)
+    [sample] = samples_of(read(path, file_window(), fallback_window=ABDOMEN))
+    [warning] = sample.metadata["warnings"]
+    assert "transform.dicom.fallback_window abdomen" in warning and "windows do not apply" in warning, warning
+    [sample] = samples_of(read(path, ABDOMEN, channels=1))
+    assert sample.image.shape == (1, 16, 20) and "packed as the luma of its stored colour" in sample.metadata[
+        "warnings"][0]
+    zscore = WindowSpec(kind="zscore", name="zscore", over="nonzero")
+    [sample] = samples_of(read(path, ABDOMEN, modality_windows=(("US", (zscore,)),), output="float16"))
+    [warning] = sample.metadata["warnings"]
+    assert "transform.dicom.modality_windows.US [zscore]" in warning and "abdomen" not in warning, warning
+
+
+def test_a_colour_file_under_its_own_file_window_has_nothing_to_be_told(tmp_path: Path) -> None:
+    """windows: [file] (the default) asks for the file's own display, which a colour file is as stored."""
+    [sample] = samples_of(read(colour_file(tmp_path, "doppler.dcm", RGB), file_window()))
+    assert "warnings" not in sample.metadata
+
+
+def test_the_build_lists_the_unapplied_windows_in_warnings_jsonl(tmp_path: Path) -> None:
+    colour_file(tmp_path / "raw", "doppler.dcm", RGB)
+    job = us_job(tmp_path, {"dicom": {"windows": ["abdomen", "liver"]}})
+    result = build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    said = (result.version_dir / WARNINGS_FILE).read_text()
+    assert "transform.dicom.windows [abdomen, liver]" in said and "packed as stored colour" in said, said

@@ -638,6 +638,8 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     # here, from the unrounded values, it is rounded once, not after each of R, G, B was
     luma = (cfg.channels == 1 and photometric not in GRAYSCALE and not cfg.by_series
             and (not stack or frames == 1))
+    if photometric not in GRAYSCALE and (unapplied := _unapplied_windows(ds, cfg, photometric, luma)) is not None:
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), unapplied]}
     for frame in range(frames):
         spacing = spacing0 if stack else pixel_spacing(ds, frame)
         rendered = _render_frame(ref, ds, pixels[frame], frame, None if mask is None else mask[frame], cfg,
@@ -656,6 +658,27 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
     if luma:  # what with_channels records where it maps the channels itself
         return [replace(s, metadata={**s.metadata, "channels": {"from": 3, "rule": "luma"}}) for s in samples]
     return samples
+
+
+def _unapplied_windows(ds: Dataset, cfg: DicomTransformConfig, photometric: str, luma: bool) -> str | None:
+    """The warning for a colour file under windows or normalisations other than its own
+    (``file``, which for colour is the pixels as stored), or a ``fallback_window``: a window maps
+    grey values, so colour pixels are packed as stored colour (``luma``: their luma, unwindowed)
+    and the job's windows are not applied; None where the job asks for nothing else."""
+    modality = text_value(ds, "Modality")
+    specs = cfg.windows_for(modality)
+    named = [spec.name for spec in specs if spec.kind != "file"]
+    if not named and cfg.fallback_window is None:
+        return None
+    wanted = (modality or "").strip().upper()
+    key = (f"transform.dicom.modality_windows.{wanted}" if any(name == wanted for name, _ in cfg.modality_windows)
+           else "transform.dicom.windows")
+    asked = [f"{key} [{', '.join(spec.name for spec in specs)}]"] if named else []
+    if cfg.fallback_window is not None:
+        asked.append(f"transform.dicom.fallback_window {cfg.fallback_window.name}")
+    packed = "as the luma of its stored colour" if luma else "as stored colour"
+    return (f"{' and '.join(asked)}: windows do not apply to colour ({photometric}) pixels: packed {packed}, no "
+            "window applied (metadata.windows is empty); a window maps grey values, which a colour file does not hold")
 
 
 def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig,
