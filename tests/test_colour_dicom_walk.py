@@ -5,18 +5,24 @@ overruled or not applied, or refused with a message that names the attribute and
 
 from __future__ import annotations
 
+import io
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 from pydicom.dataset import Dataset
+from pydicom.encaps import encapsulate
+from pydicom.uid import JPEGBaseline8Bit
 
 from packer.buildwarnings import WARNINGS_FILE
 from packer.config import JobConfig, WindowSpec, load_job
 from packer.pipeline.build import BuildOptions, build
 from packer.read.dicom import read_dicom
 from packer.read.kinds import with_channels
+from packer.read.limits import codestream_components
 from packer.records import Issue, Sample
 from tests.dicom_files import config, file_window, image_dataset, make_ref, save, window
 from tests.helpers import write_job
@@ -236,3 +242,77 @@ def test_the_build_lists_the_unapplied_windows_in_warnings_jsonl(tmp_path: Path)
     result = build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False))
     said = (result.version_dir / WARNINGS_FILE).read_text()
     assert "transform.dicom.windows [abdomen, liver]" in said and "packed as stored colour" in said, said
+
+
+# ------------------------------------------------- a JPEG codestream of another component count
+
+
+def jpeg_cine(tmp_path: Path, name: str, frames: list[np.ndarray], *, photometric: str, samples: int) -> Path:
+    """A JPEG Baseline US cine whose header says ``photometric`` / ``samples`` over ``frames``
+    encoded by Pillow as they are (grey frames: 1 component; colour: 3)."""
+    def jpeg(image: np.ndarray) -> bytes:
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, "JPEG", quality=95)
+        return out.getvalue()
+
+    shape = frames[0].shape
+    stored = np.zeros((len(frames), *shape[:2], samples), np.uint8).squeeze(-1 if samples == 1 else ())
+    ds = image_dataset(stored, photometric="RGB" if samples == 3 else "MONOCHROME2", modality="US",
+                       sop_class="1.2.840.10008.5.1.4.1.1.3.1")
+    ds.PhotometricInterpretation = photometric
+    ds.file_meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds.PixelData = encapsulate([jpeg(frame) for frame in frames])
+    ds["PixelData"].VR = "OB"
+    return save(ds, tmp_path / name)
+
+
+YY, XX = np.mgrid[0:32, 0:48]
+GREY = [((XX * 5 + f) % 256).astype(np.uint8) for f in range(3)]
+COLOUR = [np.stack([(XX * 5 + f) % 256, (YY * 7) % 256, (XX + YY) % 256], -1).astype(np.uint8) for f in range(3)]
+
+
+def test_grey_jpeg_frames_under_a_colour_header_are_refused_naming_both_counts_and_the_fix(tmp_path: Path) -> None:
+    """A cine whose header says YBR_FULL_422 with 3 samples over 1-component JPEG frames was
+    decode_failed with numpy's "could not broadcast input array from shape (1536,) into shape
+    (4608,)": nothing said the header and the codestream disagree. The message names (0028,0002)
+    and (0028,0004) with the header's values, the frames' component count from their SOF marker,
+    and the header values that match the frames."""
+    path = jpeg_cine(tmp_path, "grey_frames.dcm", GREY, photometric="YBR_FULL_422", samples=3)
+    result = read(path)
+    assert isinstance(result, Issue) and result.reason == "decode_failed", result
+    message = result.message
+    assert "broadcast" not in message, message
+    assert "(0028,0002) Samples per Pixel is 3" in message, message
+    assert "(0028,0004) Photometric Interpretation YBR_FULL_422" in message, message
+    assert "frame 0's JPEG codestream holds 1 component" in message, message
+    assert "set (0028,0002) Samples per Pixel to 1 and (0028,0004) Photometric Interpretation to MONOCHROME2" in message
+
+
+def test_colour_jpeg_frames_under_a_grey_header_are_refused_naming_both_counts_and_the_fix(tmp_path: Path) -> None:
+    path = jpeg_cine(tmp_path, "colour_frames.dcm", COLOUR, photometric="MONOCHROME2", samples=1)
+    result = read(path)
+    assert isinstance(result, Issue) and result.reason == "decode_failed", result
+    message = result.message
+    assert "broadcast" not in message, message
+    assert "(0028,0002) Samples per Pixel is 1" in message and "Photometric Interpretation MONOCHROME2" in message
+    assert "frame 0's JPEG codestream holds 3 components" in message, message
+    assert "set (0028,0002) Samples per Pixel to 3" in message and "YBR_FULL_422" in message, message
+
+
+def test_jpeg_frames_whose_components_match_the_header_decode(tmp_path: Path) -> None:
+    grey = samples_of(read(jpeg_cine(tmp_path, "grey.dcm", GREY, photometric="MONOCHROME2", samples=1),
+                           window(128, 256)))
+    colour = samples_of(read(jpeg_cine(tmp_path, "colour.dcm", COLOUR, photometric="YBR_FULL_422", samples=3)))
+    assert [s.image.shape for s in grey] == [(1, 32, 48)] * 3 and [s.image.shape for s in colour] == [(3, 32, 48)] * 3
+
+
+def test_the_component_count_is_read_from_jpeg_sof_and_jpeg_2000_siz_headers_only() -> None:
+    """Nf of a SOFn however many segments precede it (ITU T.81 B.2.2), Csiz of a SIZ (T.800
+    A.5.1); a header cut short, or no codestream, says nothing."""
+    comments = b"".join(b"\xff\xfe\x00\x06pad!" for _ in range(100))
+    sof = b"\xff\xc0\x00\x11\x08\x00\x20\x00\x30\x03" + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    assert codestream_components(b"\xff\xd8" + comments + sof + b"\xff\xda") == 3
+    assert codestream_components(b"\xff\xd8" + comments + sof[:9]) is None
+    assert codestream_components(b"\x00" * 64) is None
+    siz = b"\xff\x4f\xff\x51" + struct.pack(">HH8IH", 47, 0, 48, 32, 0, 0, 48, 32, 0, 0, 3) + b"\x07\x01\x01" * 3
+    assert codestream_components(siz) == 3 and codestream_components(siz[:41]) is None

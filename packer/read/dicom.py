@@ -72,6 +72,7 @@ from packer.read.jpeg_scan import check_scan
 from packer.read.limits import (
     DEFAULT_LIMITS,
     BoundedFile,
+    codestream_components,
     codestream_header,
     file_size_problem,
     inflated_size_exceeds,
@@ -1217,6 +1218,42 @@ def _frame_not_its_codec(ds: Dataset, geometry: _Geometry) -> str | None:
     return None
 
 
+def _component_mismatch(ds: Dataset, geometry: _Geometry) -> str | None:
+    """What is wrong where a frame's JPEG, JPEG-LS or JPEG 2000 codestream holds another number of
+    components (its SOFn's Nf, its SIZ's Csiz: :func:`~packer.read.limits.codestream_components`)
+    than (0028,0002) Samples per Pixel gives each pixel (a palette's 1 index), None where each
+    frame's does (or none says). The decoder fails on such a frame with numpy's "could not
+    broadcast input array from shape (1536,) into shape (4608,)", which names neither; which of
+    the two is wrong packer does not guess, so the message says how to make the header match."""
+    try:
+        frames = list(islice(generate_frames(ds.PixelData, number_of_frames=geometry.frames), geometry.frames))
+    except _DECODE_ERRORS:
+        return None
+    for index, frame in enumerate(frames):
+        components = codestream_components(frame)
+        if components is None or components == geometry.samples:
+            continue
+        name = UID(geometry.transfer_syntax).name
+        codec = "JPEG 2000" if geometry.transfer_syntax in _JPEG_2000 else "JPEG-LS" if "JPEG-LS" in name else "JPEG"
+        said = (f"frame {index}'s {codec} codestream holds {components} component{'s' if components != 1 else ''} "
+                f"but (0028,0002) Samples per Pixel is {geometry.samples} and (0028,0004) Photometric "
+                f"Interpretation {geometry.photometric}: the header does not describe the frames, and packer does "
+                "not guess which of the two is right")
+        if components == 1:
+            fix = ("set (0028,0002) Samples per Pixel to 1 and (0028,0004) Photometric Interpretation to MONOCHROME2 "
+                   "(MONOCHROME1 where the frames display inverted), removing (0028,0006) Planar Configuration")
+        elif components == 3:
+            fix = ("set (0028,0002) Samples per Pixel to 3, (0028,0004) Photometric Interpretation to the colour "
+                   "model the frames hold (RGB; YBR_FULL_422 or YBR_FULL for a lossy JPEG colour frame in YCbCr, as "
+                   "most encoders write one; YBR_ICT or YBR_RCT for a JPEG 2000 one with its colour transform) and "
+                   "(0028,0006) Planar Configuration to 0")
+        else:
+            return (f"{said}; no Photometric Interpretation packer reads takes {components} components (1 or 3): "
+                    "re-export the file from its source")
+        return f"{said}; where the frames are right, {fix}; else re-export the file from its source"
+    return None
+
+
 #: JPEG Baseline (Process 1) and Extended (Process 2 & 4): the syntaxes whose 8-bit frames
 #: :func:`_jpeg_scan_lost` checks (lossless JPEG is not TurboJPEG's; 12-bit Extended neither)
 _JPEG_CHECKED = ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51")
@@ -1477,6 +1514,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
             failed = f" ({plugin}: {type(err).__name__}: {err})" if str(err) else ""
             return _issue(ref, "read", "truncated", f"encapsulated pixel data is cut short{failed}: {short}")
+        if encapsulated and (mismatch := _component_mismatch(ds, geometry)) is not None:
+            return _issue(ref, "read", "decode_failed", f"{mismatch} ({plugin}: {type(err).__name__})")
         return _issue(ref, "read", "decode_failed", f"{plugin} could not decode {UID(geometry.transfer_syntax).name} "
                                                     f"pixel data: {type(err).__name__}: {err}; re-export the file "
                                                     "from its source (where the message names an Image Pixel "
@@ -1484,6 +1523,8 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     samples = 3 if geometry.photometric == PALETTE else geometry.samples
     want_size = geometry.frames * geometry.rows * geometry.columns * samples
     if arr.size != want_size:
+        if encapsulated and (mismatch := _component_mismatch(ds, geometry)) is not None:
+            return _issue(ref, "read", "decode_failed", f"{mismatch} ({plugin} decoded it to {arr.size} values)")
         return _issue(ref, "validate", "bad_shape",
                       f"decoded {arr.shape} ({arr.size} values) but the header describes {geometry.frames} frame(s) "
                       f"of {geometry.rows}×{geometry.columns}×{samples}; fix (0028,0008) Number of Frames, Rows, "

@@ -132,6 +132,27 @@ def codestream_header(frame: bytes) -> Codestream | None:
         xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
         ssiz = frame[42]  # component 0: bit 7 the sign, the rest the precision minus 1
         return Codestream(max(0, ysiz - yosiz), max(0, xsiz - xosiz), (ssiz & 0x7F) + 1)
+    pos = _jpeg_sof(frame)
+    if pos is None or pos + 9 > len(frame):
+        return None
+    precision = frame[pos + 4]
+    height, width = struct.unpack_from(">HH", frame, pos + 5)
+    return Codestream(height, width, precision) if height else None
+
+
+def codestream_components(frame: bytes) -> int | None:
+    """The component count a JPEG / JPEG-LS frame's SOFn header (Nf, ITU T.81 B.2.2; T.87 keeps
+    it) or a JPEG 2000 codestream's SIZ (Csiz, T.800 A.5.1) declares; None where the frame is
+    neither or the header is cut short. Only the headers are read, never the scan."""
+    if frame[:4] == b"\xff\x4f\xff\x51":  # SOC then SIZ
+        return struct.unpack_from(">H", frame, 40)[0] if len(frame) >= 42 else None
+    pos = _jpeg_sof(frame)
+    return frame[pos + 9] if pos is not None and pos + 10 <= len(frame) else None
+
+
+def _jpeg_sof(frame: bytes) -> int | None:
+    """Where a JPEG / JPEG-LS frame's SOFn marker is: the marker segments before it are walked,
+    however many; None where the frame is no JPEG or a SOS or EOI (or the frame's end) comes first."""
     if frame[:2] != b"\xff\xd8":
         return None
     pos = 2
@@ -143,12 +164,7 @@ def codestream_header(frame: bytes) -> Codestream | None:
         marker = frame[pos + 1]
         if marker == 0xDA or marker == 0xD9:  # start of scan / end of image: no SOF before it
             return None
-        length = struct.unpack_from(">H", frame, pos + 2)[0]
         if marker in _JPEG_SOF:
-            if pos + 9 > len(frame):
-                return None
-            precision = frame[pos + 4]
-            height, width = struct.unpack_from(">HH", frame, pos + 5)
-            return Codestream(height, width, precision) if height else None
-        pos += 2 + length
+            return pos
+        pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
     return None
