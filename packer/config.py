@@ -29,7 +29,7 @@ import yaml
 from packer.errors import ConfigError, blocking_file, exhausted
 from packer.files import parse_byte_size
 from packer.records import safe_key
-from packer.schemas import schema_defaults, validate_document
+from packer.schemas import joined_surrogate_pairs, schema_defaults, validate_document
 from packer.storage import check_protocol, is_url, local_path
 from packer.structures import Structure, StructureMap, code_key, normalise_name
 from packer.where import BOOL_TEXTS, Condition, parse_where
@@ -2248,6 +2248,14 @@ class JobLoader(yaml.SafeLoader):
     silently, so a second ``ratios:`` or ``output:`` replaced the first unseen); keys a merge
     (``<<: *defaults``) brings in may still be overridden, as YAML intends."""
 
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> Any:
+        """A scalar's text with each escaped UTF-16 surrogate pair (JSON's ``"\\ud83d\\ude00"``,
+        as json.dump writes a character outside the BMP) the one character it is in JSON: YAML
+        keeps the two halves, which no UTF-8 text holds (a half alone is refused when the job is
+        checked, naming its key path)."""
+        value = super().construct_scalar(node)
+        return joined_surrogate_pairs(value) if isinstance(value, str) else value
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         # keyed by (type, value): Python's True == 1 and 1 == 1.0, but YAML's true, 1 and 1.0 are
         # different keys (a label map may list the cells true and 1, or 1 and 1.0)
@@ -2426,9 +2434,10 @@ def _as_yaml_values(value: Any) -> Any:
     if numpy is not None and isinstance(value, numpy.ndarray):
         return _as_yaml_values(value.tolist())
     if isinstance(value, Mapping):
-        return {key: _as_yaml_values(item) for key, item in value.items()}
+        return {(joined_surrogate_pairs(key) if isinstance(key, str) else key): _as_yaml_values(item)
+                for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_as_yaml_values(item) for item in value]
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value
+        value = os.fspath(value)
+    return joined_surrogate_pairs(value) if isinstance(value, str) else value

@@ -106,6 +106,42 @@ def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str
     return None
 
 
+#: A UTF-16 surrogate pair (a high half, then a low half), and any half of one.
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def joined_surrogate_pairs(text: str) -> str:
+    """``text`` with each UTF-16 surrogate pair made the one character it stands for. JSON writes a
+    character outside the BMP escaped as two halves (``"\\ud83d\\ude00"``, as Python's json.dump
+    does by default), which RFC 8259 (section 7) reads as one character; a YAML reader keeps the
+    two halves, which no UTF-8 text can hold. A half without its other half stays as it is."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE_PAIR.sub(lambda m: m.group().encode("utf-16", "surrogatepass").decode("utf-16"), text)
+
+
+def _lone_surrogate(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], str, bool] | None:
+    """The key path, text and whether it is a key, of the first string or key in a parsed document
+    that holds half of a UTF-16 surrogate pair (pairs are joined before), or None."""
+    if isinstance(value, str):
+        return (path, value, False) if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return path, key, True
+        items: Iterable[tuple[str | int, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _lone_surrogate(item, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
 def _path_text(parts: Iterable[str | int]) -> str:
     """``["sources", 0, "root"]`` → ``sources[0].root``; no parts → ``(top level)``."""
     text = ""
@@ -303,6 +339,14 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
         path, value = where
         raise ConfigError(f"{source}: {_path_text(path)}: {value} is not a finite number (YAML's .nan and .inf "
                           "are no fraction, ratio or size packer can use); give a finite number")
+    lone = _lone_surrogate(plain)
+    if lone is not None:  # no UTF-8 text can hold it: the build would fail to write or hash it
+        path, text, is_key = lone
+        half = next(_SURROGATE.finditer(text)).group()
+        raise ConfigError(f"{source}: {_path_text(path)}: {'the key ' if is_key else ''}{json.dumps(text)} holds "
+                          f"\\u{ord(half):04x}, half of a UTF-16 surrogate pair without its other half, which "
+                          "is no character; JSON escapes a character outside the BMP as both halves "
+                          "(\\ud83d\\ude00 is one emoji): write both halves, or the character itself")
     validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))
     validator = validator_cls(load_schema(schema_name), format_checker=validator_cls.FORMAT_CHECKER,
                               registry=schema_registry())

@@ -1,0 +1,62 @@
+"""A job file as people and tools write it: JSON's escapes, YAML's words, settings that only
+act in some splits, numbers that look like labels. Each test loads a real job file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.files import canonical_json
+
+MINIMAL = {
+    "name": "t",
+    "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+    "split": {"by": "entity", "seed": 3},
+    "pack": {"format": "webdataset"},
+    "output": "out",
+}
+
+
+def write_json_job(folder: Path, doc: dict) -> Path:
+    """The job as Python's json.dump writes it: ASCII only, a character outside the BMP as two
+    escaped UTF-16 halves."""
+    path = folder / "job.json"
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def test_a_json_escaped_surrogate_pair_is_the_one_character_it_stands_for(tmp_path: Path) -> None:
+    path = write_json_job(tmp_path, {**MINIMAL, "labels": ["\U00020BB7cat", "dog"],
+                                     "sources": [{**MINIMAL["sources"][0], "where": {"site": "\U0001F600"}}]})
+    assert "\\ud842\\udfb7cat" in path.read_text()  # the file holds the two halves
+    job = load_job(path)
+    assert job.labels == ("\U00020BB7cat", "dog")
+    assert "\U0001F600" in json.dumps(job.sources[0].to_json(), ensure_ascii=False)
+    canonical_json(job.identity())  # the job hashes: no half of a pair is left to refuse UTF-8
+
+
+def test_a_json_escaped_surrogate_pair_in_a_key_is_the_one_character(tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({**MINIMAL, "sources": [{**MINIMAL["sources"][0], "where": {"\U0001F600": "a"}}]}))
+    assert "\\ud83d" in path.read_text()
+    assert load_job(path).sources[0].to_json()["where"] == {"\U0001F600": "a"}
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('"labels": ["\\ud83dcat", "dog"]', "labels[0]"),
+    ('"labels": ["cat", "dog\\ude00"]', "labels[1]"),
+    ('"sources": [{"kind": "image", "root": "raw", "where": {"\\ud83d": "a"}}]', "sources[0].where"),
+])
+def test_half_a_surrogate_pair_is_a_config_error_naming_the_field(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({k: v for k, v in MINIMAL.items() if k not in text})[:-1] + ", " + text + "}")
+    with pytest.raises(ConfigError) as caught:
+        load_job(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {where}")
+    assert "surrogate" in message and "half" in message
+    assert "the character itself" in message  # the fix
