@@ -2299,8 +2299,8 @@ class JobLoader(yaml.SafeLoader):
 
 def _key_text(key: Any) -> str:
     """The text a mapping key becomes where the job is checked (:func:`packer.schemas.validate_document`
-    makes every key text: a boolean as JSON writes it), so that two keys of one text are found twice."""
-    return str(key).lower() if isinstance(key, bool) else str(key)
+    makes every key text: a boolean or null as JSON writes it), so that two keys of one text are found twice."""
+    return "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
 
 
 def _as_written(node: yaml.Node) -> str:

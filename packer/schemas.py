@@ -83,10 +83,28 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (date, datetime)):
         return value.isoformat()
     if isinstance(value, dict):
-        return {(str(k).lower() if isinstance(k, bool) else str(k)): _plain(v) for k, v in value.items()}
+        return {_key_word(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+def _key_word(key: Any) -> str:
+    """A mapping key as JSON text: a boolean or null key (an unquoted ``true:`` or ``null:``) as
+    the job file spells it, ``true`` or ``null``, not Python's ``True`` or ``None``."""
+    return json.dumps(key) if key is None or isinstance(key, bool) else str(key)
+
+
+def _yaml_words(value: Any) -> str:
+    """``repr(value)`` with null, true and false as a job file spells them (``[true, false, 'auto']``
+    where Python writes ``[True, False, 'auto']``): the words a message may ask the user to write."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_yaml_words, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_yaml_words(k)}: {_yaml_words(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], float] | None:
@@ -146,6 +164,7 @@ def _path_text(parts: Iterable[str | int]) -> str:
     """``["sources", 0, "root"]`` → ``sources[0].root``; no parts → ``(top level)``."""
     text = ""
     for part in parts:
+        part = part if part != "" else "''"  # an empty key, as YAML writes it
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 
@@ -449,7 +468,7 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
         close = difflib.get_close_matches(error.instance.lower(), list(words), n=1)
         if close:
             message += f" (did you mean {words[close[0]]!r}?)"
-    message += _word_for_a_mapping(error) + _missing_in_the_closest_form(error)
+    message += _word_for_a_mapping(error) + _missing_in_the_closest_form(error) + _quote_the_number(error)
     if (error.validator in _VALUE_CHECKS or error.validator in _CHOICES) and isinstance(description, str) \
             and description:  # the value's description, which says what each form means
         return f"{message}. {description}"
@@ -457,14 +476,32 @@ def _what_is_wrong(error: jsonschema.ValidationError) -> str:
 
 
 def _message(error: jsonschema.ValidationError) -> str:
-    """jsonschema's message, with a value it names first in the job's words rather than Python's:
-    ``pack: null is not of type 'object'``, where jsonschema says ``None`` (and ``True``, ``False``),
+    """jsonschema's message in the job's words rather than Python's, both the value it names first
+    and the values a key takes: ``pack: null is not of type 'object'``, ``'yes' is not one of [true,
+    false, 'auto']``, ``true was expected``, where jsonschema says ``None``, ``True``, ``False``,
     words a YAML or JSON job never holds."""
-    if error.instance is None or isinstance(error.instance, bool):
-        python = repr(error.instance)
-        if error.message.startswith(f"{python} "):
-            return json.dumps(error.instance) + error.message.removeprefix(python)
-    return error.message
+    message = error.message
+    python, written = repr(error.instance), _yaml_words(error.instance)
+    if written != python and message.startswith(f"{python} "):
+        message = written + message.removeprefix(python)
+    expected = repr(error.validator_value)
+    if error.validator == "enum" and message.endswith(f" {expected}"):
+        message = message.removesuffix(expected) + _yaml_words(error.validator_value)
+    elif error.validator == "const" and message == f"{expected} was expected":
+        message = f"{_yaml_words(error.validator_value)} was expected"
+    return message
+
+
+def _quote_the_number(error: jsonschema.ValidationError) -> str:
+    """For a number where text is due (``name: 007``, which YAML reads as 7), to quote it."""
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if error.validator != "type" or "string" not in wanted or {"number", "integer"} & set(wanted) \
+            or not isinstance(error.instance, (int, float)) or isinstance(error.instance, bool):
+        return ""
+    key = error.absolute_path[-1] if error.absolute_path else None
+    quoted = f"{key}: '{error.instance}'" if isinstance(key, str) else f"'{error.instance}'"
+    return (f" (YAML reads an unquoted number as a number: quote it as the file writes it, {quoted}, leading "
+            "zeros included)")
 
 
 def _word_for_a_mapping(error: jsonschema.ValidationError) -> str:

@@ -60,3 +60,50 @@ def test_half_a_surrogate_pair_is_a_config_error_naming_the_field(tmp_path: Path
     assert message.startswith(f"{path}: {where}")
     assert "surrogate" in message and "half" in message
     assert "the character itself" in message  # the fix
+
+
+JOB_YAML = """name: t
+sources:
+  - kind: image
+    root: raw
+    table: raw/labels.csv{source}
+split:
+  by: entity
+  seed: 3{split}
+pack:
+  format: webdataset
+output: out
+{top}"""
+
+
+def load_error(tmp_path: Path, *, source: str = "", split: str = "", top: str = "", name: str = "t") -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(source=source, split=split, top=top).replace("name: t\n", f"name: {name}\n"))
+    with pytest.raises(ConfigError) as caught:
+        load_job(path)
+    return str(caught.value).removeprefix(f"{path}: ")
+
+
+def test_an_expected_boolean_in_a_load_error_is_spelled_as_the_job_file_spells_it(tmp_path: Path) -> None:
+    # YAML 1.2: yes is a word; the message lists what the key takes as the job would write it
+    message = load_error(tmp_path, split="\n  near_duplicates: {enabled: yes}")
+    assert message.startswith("split.near_duplicates.enabled: 'yes' is not one of [true, false, 'auto']")
+    message = load_error(tmp_path, source="\n    label: {folder: yes}")
+    assert "sources[0].label.folder: true was expected" in message
+    assert "True" not in message.split(". ")[0]
+
+
+def test_a_null_key_is_named_null_and_an_empty_key_as_quotes(tmp_path: Path) -> None:
+    assert load_error(tmp_path, top="null: 1\n").startswith("null: unknown key (the keys allowed at the top level")
+    assert load_error(tmp_path, top="'': 1\n").startswith("'': unknown key (the keys allowed at the top level")
+    assert load_error(tmp_path, split="\n  '': 1").startswith("split.'': unknown key")
+
+
+@pytest.mark.parametrize("written", ["007", "7", "2024", "1.5"])
+def test_a_number_where_text_is_due_says_to_quote_it(tmp_path: Path, written: str) -> None:
+    message = load_error(tmp_path, name=written)
+    assert message.startswith(f"name: {float(written):g} is not of type 'string'")
+    # the number as read (7 for 007): the message cannot see the file's text, so it says to keep the zeros
+    said = f"{float(written):g}"
+    assert f"(YAML reads an unquoted number as a number: quote it as the file writes it, name: '{said}', " \
+        "leading zeros included)" in message
