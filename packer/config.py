@@ -569,6 +569,13 @@ class SplitConfig:
     mask_dice: float = 0.8
 
     @property
+    def holds_ratios(self) -> bool:
+        """Whether the audit holds the split's shares to its ratios within ``balance_tolerance``:
+        with ``by: entity`` and no pinned table only (a time split's dates decide its shares, and
+        pinned entities stand where they are pinned)."""
+        return self.by == "entity" and self.pinned is None
+
+    @property
     def given(self) -> bool:
         """Whether the split is given (``by: list`` or ``column``) rather than made by packer."""
         return self.by in GIVEN
@@ -1579,6 +1586,14 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
                           "fewer pairs raise split.near_duplicates.min_score (default 0.984), to search wider raise "
                           "neighbors (default 16)")
     balance = raw.get("balance") or {}
+    if "tolerance" in balance and (by == "time" or raw.get("pinned")):
+        why = ("under by: time each entity goes to the split its first record's date falls in and no ratio is "
+               "asked" if by == "time" else
+               "beside a pinned table (split.pinned) the shares are not held to the ratios: pinned entities stand "
+               "where they are pinned")
+        raise ConfigError(f"split.balance.tolerance: {why}, so the tolerance would be ignored; remove "
+                          "balance.tolerance (balance.max_group_share and accept still apply)"
+                          + (", or set split.by: entity" if by == "time" else ", or remove split.pinned"))
     duplicates = _duplicates_settings(raw.get("duplicates", job_default("split.duplicates")))
     return SplitConfig(
         by=by, ratios=ordered, seed=int(raw.get("seed", job_default("split.seed"))), cutoffs=cutoffs,

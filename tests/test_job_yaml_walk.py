@@ -11,6 +11,7 @@ import pytest
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.files import canonical_json
+from tests.test_time_split import CUTOFFS, build_job, write_tree
 
 MINIMAL = {
     "name": "t",
@@ -76,9 +77,11 @@ output: out
 {top}"""
 
 
-def load_error(tmp_path: Path, *, source: str = "", split: str = "", top: str = "", name: str = "t") -> str:
+def load_error(tmp_path: Path, *, source: str = "", split: str = "", top: str = "", name: str = "t",
+               by: str = "entity") -> str:
     path = tmp_path / "job.yaml"
-    path.write_text(JOB_YAML.format(source=source, split=split, top=top).replace("name: t\n", f"name: {name}\n"))
+    path.write_text(JOB_YAML.format(source=source, split=split, top=top).replace("name: t\n", f"name: {name}\n")
+                    .replace("by: entity", f"by: {by}"))
     with pytest.raises(ConfigError) as caught:
         load_job(path)
     return str(caught.value).removeprefix(f"{path}: ")
@@ -107,3 +110,41 @@ def test_a_number_where_text_is_due_says_to_quote_it(tmp_path: Path, written: st
     said = f"{float(written):g}"
     assert f"(YAML reads an unquoted number as a number: quote it as the file writes it, name: '{said}', " \
         "leading zeros included)" in message
+
+
+def split_error(tmp_path: Path, split: str, by: str = "entity") -> str:
+    (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
+    return load_error(tmp_path, split=split, by=by)
+
+
+def test_a_balance_tolerance_under_a_time_split_is_a_config_error_not_a_setting_ignored(tmp_path: Path) -> None:
+    # the dates decide a time split's shares: no ratio is asked, so nothing is held to a tolerance
+    message = split_error(tmp_path, "\n  cutoffs: {valid: 2024-03-01, test: 2024-06-01}\n  balance: {tolerance: 0.01}",
+                          by="time")
+    assert message.startswith("split.balance.tolerance: ")
+    assert "by: time" in message and "remove balance.tolerance" in message
+
+
+def test_a_balance_tolerance_beside_a_pinned_table_is_a_config_error_not_a_setting_ignored(tmp_path: Path) -> None:
+    message = split_error(tmp_path, "\n  pinned: pins.csv\n  balance: {tolerance: 0.01}")
+    assert message.startswith("split.balance.tolerance: ")
+    assert "pinned" in message and "remove balance.tolerance" in message
+
+
+def test_the_balance_settings_a_time_split_or_a_pinned_table_applies_still_load(tmp_path: Path) -> None:
+    (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(source="", top="", split="\n  pinned: pins.csv\n  balance: {max_group_share: 0.3, "
+                                                            "accept: true}"))
+    assert load_job(path).split.max_group_share == 0.3
+    timed = "\n  cutoffs: {valid: 2024-03-01, test: 2024-06-01}\n  balance: {max_group_share: 0.3}"
+    path.write_text(JOB_YAML.format(source="", top="", split=timed).replace("by: entity", "by: time"))
+    assert load_job(path).split.max_group_share == 0.3
+
+
+def test_a_time_split_audit_records_no_tolerance_it_never_applied(tmp_path: Path) -> None:
+    write_tree(tmp_path, [("A", "2023-02-01"), ("B", "2024-02-01"), ("C", "2024-08-01")])
+    result = build_job(tmp_path, {"by": "time", "cutoffs": CUTOFFS})
+    balance = json.loads((result.version_dir / "leakage.json").read_text())["rules"]["split_balance"]
+    assert "tolerance" not in balance
+    assert balance["max_group_share"] == 0.2  # the group share is checked in every split packer makes

@@ -426,7 +426,7 @@ def _balance(samples: _Samples, assignment: Assignment, cfg: SplitConfig, links:
     asked: dict[str, Any] = ({"cutoffs": dict(cfg.cutoffs)} if cfg.by == "time"  # the dates decide, not ratios
                              else {"requested": balance.requested})
     detail: dict[str, Any] = {"shares": {k: round(v, 4) for k, v in balance.shares.items()},
-                              **asked, "tolerance": cfg.balance_tolerance,
+                              **asked, **({"tolerance": cfg.balance_tolerance} if cfg.holds_ratios else {}),
                               "max_group_share": cfg.max_group_share, "accepted": cfg.accept_imbalance,
                               "largest_group_share": round(balance.largest_share, 4)}
     severity = "report" if cfg.accept_imbalance or cfg.given else "fail"

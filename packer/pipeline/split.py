@@ -503,7 +503,7 @@ def measure_balance(assignment: Assignment, cfg: SplitConfig) -> Balance:
     if cfg.given:  # nothing was asked of a given split: it is what the data says
         return Balance(shares=shares, requested={}, worst="train", miss=0.0, allowed=1.0, largest=None,
                        largest_share=0.0, collapsed=None)
-    if total and cfg.by == "entity" and cfg.pinned is None:
+    if total and cfg.holds_ratios:
         def allowed_for(ratio: float) -> float:
             return max(cfg.balance_tolerance, 4.0 * float(np.sqrt(ratio * (1 - ratio) * squares)) / total)
 
