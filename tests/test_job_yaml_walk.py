@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
 import pytest
 
+from packer.badsamples import read_bad_samples
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.files import canonical_json
-from tests.test_time_split import CUTOFFS, build_job, write_tree
+from packer.pipeline.build import BuildOptions, build
+from tests.test_time_split import CUTOFFS, build_job, photo, write_tree
 
 MINIMAL = {
     "name": "t",
@@ -148,3 +151,26 @@ def test_a_time_split_audit_records_no_tolerance_it_never_applied(tmp_path: Path
     balance = json.loads((result.version_dir / "leakage.json").read_text())["rules"]["split_balance"]
     assert "tolerance" not in balance
     assert balance["max_group_share"] == 0.2  # the group share is checked in every split packer makes
+
+
+def test_labels_written_as_zero_padded_numbers_say_yaml_read_them_as_numbers_and_to_quote_them(
+        tmp_path: Path) -> None:
+    # YAML 1.2 reads the unquoted 01 as the number 1, whose label is the text "1" (a class id written
+    # as a number is its text, on purpose): the cells 01 and 02 match no label, and the message says why
+    raw = tmp_path / "raw"
+    rows = ["path,label,entity"]
+    for i in range(4):
+        (raw / f"P{i}").mkdir(parents=True)
+        assert cv2.imwrite(str(raw / f"P{i}" / "img.png"), photo(i))
+        rows.append(f"P{i}/img.png,0{1 + i % 2},P{i}")
+    (raw / "labels.csv").write_text("\n".join(rows) + "\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(source="", split="", top="labels: [01, 02]\nvalidate: {max_bad_fraction: 1.0}\n"))
+    job = load_job(path)
+    assert job.labels == ("1", "2")
+    result = build(job, BuildOptions(scheduler="sync", quiet=True, html_report=False))
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert [b["reason"] for b in bad] == ["unknown_label"] * 4
+    said = next(b["message"] for b in bad if "'01'" in b["message"])
+    assert "'01' is not in the job's labels (1, 2)" in said
+    assert "the job's labels list 1, which YAML reads from an unquoted 01: quote them, labels: ['01', '02']" in said

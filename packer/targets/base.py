@@ -159,8 +159,25 @@ def mapped_name(value: str, value_map: Mapping[str, str | None], known: Sequence
         if len(twins) == 1:
             return twins[0]
         return Refused("unknown_label", f"{where}: {value!r} is not in the job's labels ({', '.join(known)})"
-                                        f"{twins_said(twins)}; fix the value or add the label")
+                                        f"{twins_said(twins)}"
+                                        f"{padded_number_said(value, known) or '; fix the value or add the label'}")
     return value
+
+
+_WHOLE = re.compile(r"[0-9]+")
+
+
+def padded_number_said(value: str, known: Sequence[str]) -> str:
+    """What an ``unknown_label`` message says where ``value`` is a zero-padded whole number
+    (``01``) whose number a listed label is (``1``): YAML 1.2 reads the job's unquoted ``01`` as
+    the number 1, and a class id written as a number is its text, ``1`` (on purpose: ``labels:
+    [0, 1]`` matches the cells ``0`` and ``1``); the fix is to quote the labels, padded as the
+    cell is. Empty where that is not the case."""
+    if len(value) < 2 or not value.startswith("0") or not _WHOLE.fullmatch(value) or str(int(value)) not in known:
+        return ""
+    quoted = ", ".join(f"'{int(name):0{len(value)}d}'" if _WHOLE.fullmatch(name) else name for name in known)
+    return (f"; the job's labels list {int(value)}, which YAML reads from an unquoted {value}: quote them, "
+            f"labels: [{quoted}]")
 
 
 def unicode_twins(value: str, known: Sequence[str]) -> list[str]:

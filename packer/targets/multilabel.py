@@ -42,6 +42,7 @@ from packer.targets.base import (
     join_same_names,
     map_key,
     names_text,
+    padded_number_said,
     register_target_kind,
     shares_text,
     twins_said,
@@ -121,8 +122,8 @@ def _names_of_column(cell: str, where: str, separator: str, value_map: Mapping[s
             twins = unicode_twins(name, known)  # the listed name in another Unicode form: that name
             if len(twins) != 1:
                 return Refused("unknown_label", f"{where}: {name!r} is not in the job's labels ({', '.join(known)})"
-                                                f"{twins_said(twins)}; fix the value, add the label, or map the token "
-                                                "('map:')")
+                                                f"{twins_said(twins)}{padded_number_said(name, known)}; fix the "
+                                                "value, add the label, or map the token ('map:')")
             name = twins[0]
         if SEPARATOR in name or name.startswith(IGNORED):
             return Refused("bad_target", f"{where}: label name {name!r} may not contain {SEPARATOR!r} or start with "
