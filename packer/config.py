@@ -2375,6 +2375,8 @@ def load_job(path: str | Path) -> JobConfig:
         doc = yaml.load(text, Loader=JobLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:  # its marks say 'in "<unicode string>", line 3': name the file there
         where = str(err).replace('"<unicode string>"', f'"{job_path}"')
+        if "found character '\\t' that cannot start any token" in where:  # a JSON job indented with tabs
+            where += "\nindent with spaces (YAML does not allow tabs)"
         raise ConfigError(f"{job_path}: not valid YAML: {where}") from err
     except RecursionError as err:  # PyYAML composes recursively: a mapping nested some thousand levels deep
         raise ConfigError(f"{job_path}: mappings or lists nested deeper than a YAML reader can follow; a job file "

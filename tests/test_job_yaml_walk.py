@@ -174,3 +174,13 @@ def test_labels_written_as_zero_padded_numbers_say_yaml_read_them_as_numbers_and
     said = next(b["message"] for b in bad if "'01'" in b["message"])
     assert "'01' is not in the job's labels (1, 2)" in said
     assert "the job's labels list 1, which YAML reads from an unquoted 01: quote them, labels: ['01', '02']" in said
+
+
+def test_a_job_indented_with_tabs_is_told_to_indent_with_spaces(tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(MINIMAL, indent="\t"))
+    with pytest.raises(ConfigError) as caught:
+        load_job(path)
+    message = str(caught.value)
+    assert "found character '\\t' that cannot start any token" in message and "line 2" in message
+    assert message.endswith("indent with spaces (YAML does not allow tabs)")
