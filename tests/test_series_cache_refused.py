@@ -13,7 +13,10 @@ row without a file), neither decoded nor taken from the build cache.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import pytest
 
 from packer.config import load_job
 from packer.pipeline.build import BuildOptions, BuildResult, build
@@ -73,3 +76,18 @@ def test_a_fresh_build_counts_a_refused_series_as_never_decoded(tmp_path: Path) 
     result = _build(_series_job(tmp_path, raw), tmp_path / "cache")
     assert {issue.reason for issue in result.issues} == {"series_gap"} and len(result.issues) == SLICES - 1
     assert (result.files_decoded, result.files_cached, result.files_total) == (2 * SLICES, 0, 3 * SLICES - 1)
+
+
+def test_the_series_progress_line_counts_the_files_of_series_refused_whole(tmp_path: Path,
+                                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """The `series:` line's bad count held only files refused by their own header; the series
+    refused whole from their headers (here a series_gap) came after the line had closed, so
+    the lines' bad counts did not add up to the summary's."""
+    raw, cache = tmp_path / "raw", tmp_path / "cache"
+    series = _tree(raw)
+    series[1][SLICES // 2].unlink()  # its series' other 4 files are a series_gap
+    result = build(load_job(_series_job(tmp_path, raw)),
+                   BuildOptions(scheduler="sync", quiet=False, html_report=False, cache_dir=cache))
+    assert len(result.issues) == SLICES - 1
+    line = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip().startswith("series:")][-1]
+    assert re.search(rf"\bbad {SLICES - 1}\b", line), line

@@ -729,9 +729,11 @@ def _assemble_groups(executor: Executor, grouping: Grouping, refs: Sequence[Samp
             else:
                 placed.append(item)
         progress.update(len(task.refs), bad=sum(isinstance(item, (Issue, MemberIssue)) for item in found))
-    progress.close()
     groups, records = grouping.assemble(placed, make.job, held=held)
     refused = [*issues, *(r for r in records if isinstance(r, Issue))]
+    said = {issue.sample_id for issue in issues}  # the line counts a file once, refused by header or by its series
+    progress.update(0, bad=len({r.sample_id for r in refused} - said))
+    progress.close()
     key = "series-" + hashlib.sha256("".join(sorted(i.sample_id for i in refused)).encode()).hexdigest()[:24]
     excluded.extend(r for r in records if isinstance(r, Excluded))  # placed, then left out (localizers)
     return groups, ChunkResult(key=key, samples=(), issues=tuple(refused), files=0,
