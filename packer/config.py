@@ -1586,7 +1586,8 @@ def _parse_split(raw: dict[str, Any], base: Path) -> SplitConfig:
                           "fewer pairs raise split.near_duplicates.min_score (default 0.984), to search wider raise "
                           "neighbors (default 16)")
     balance = raw.get("balance") or {}
-    if "tolerance" in balance and (by == "time" or raw.get("pinned")):
+    asked = "tolerance" in balance and float(balance["tolerance"]) != float(job_default("split.balance.tolerance"))
+    if asked and (by == "time" or raw.get("pinned")):  # the default written out (README's example) changes nothing
         why = ("under by: time each entity goes to the split its first record's date falls in and no ratio is "
                "asked" if by == "time" else
                "beside a pinned table (split.pinned) the shares are not held to the ratios: pinned entities stand "

@@ -145,6 +145,19 @@ def test_the_balance_settings_a_time_split_or_a_pinned_table_applies_still_load(
     assert load_job(path).split.max_group_share == 0.3
 
 
+def test_the_default_tolerance_written_out_beside_a_pinned_table_or_a_time_split_still_loads(tmp_path: Path) -> None:
+    # README's split example writes balance: {tolerance: 0.05, ...} beside an optional pinned table: the
+    # default written out asks for nothing that would be ignored, so the job loads as it did
+    (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(source="", top="", split="\n  pinned: pins.csv\n  balance: {tolerance: 0.05, "
+                                                            "max_group_share: 0.2, accept: false}"))
+    assert load_job(path).split.max_group_share == 0.2
+    timed = "\n  cutoffs: {valid: 2024-03-01, test: 2024-06-01}\n  balance: {tolerance: 0.05}"
+    path.write_text(JOB_YAML.format(source="", top="", split=timed).replace("by: entity", "by: time"))
+    assert load_job(path).split.by == "time"
+
+
 def test_a_time_split_audit_records_no_tolerance_it_never_applied(tmp_path: Path) -> None:
     write_tree(tmp_path, [("A", "2023-02-01"), ("B", "2024-02-01"), ("C", "2024-08-01")])
     result = build_job(tmp_path, {"by": "time", "cutoffs": CUTOFFS})
