@@ -362,8 +362,15 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     if lone is not None:  # no UTF-8 text can hold it: the build would fail to write or hash it
         path, text, is_key = lone
         half = next(_SURROGATE.finditer(text)).group()
-        raise ConfigError(f"{source}: {_path_text(path)}: {'the key ' if is_key else ''}{json.dumps(text)} holds "
-                          f"\\u{ord(half):04x}, half of a UTF-16 surrogate pair without its other half, which "
+        said = (f"{source}: {_path_text(path)}: {'the key ' if is_key else ''}{json.dumps(text)} "
+                f"holds \\u{ord(half):04x}")
+        if 0xDC80 <= ord(half) <= 0xDCFF:  # how Python holds a byte of a name that is not UTF-8 (os.fsdecode)
+            raise ConfigError(f"{said}, the byte 0x{ord(half) - 0xDC00:02X} of a file or folder name that is not "
+                              "UTF-8 text (a Latin-1 name, say, as Python reads it from the disk): rename it in "
+                              "UTF-8 (convmv -f latin1 -t utf8 -r --notest FOLDER); in a job file, half of a "
+                              "UTF-16 surrogate pair without its other half, which is no character: write both "
+                              "halves, or the character itself")
+        raise ConfigError(f"{said}, half of a UTF-16 surrogate pair without its other half, which "
                           "is no character; JSON escapes a character outside the BMP as both halves "
                           "(\\ud83d\\ude00 is one emoji): write both halves, or the character itself")
     validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))

@@ -197,3 +197,20 @@ def test_a_job_indented_with_tabs_is_told_to_indent_with_spaces(tmp_path: Path) 
     message = str(caught.value)
     assert "found character '\\t' that cannot start any token" in message and "line 2" in message
     assert message.endswith("indent with spaces (YAML does not allow tabs)")
+
+
+def test_a_root_whose_name_is_not_utf8_is_told_to_be_renamed_not_blamed_on_json(tmp_path: Path) -> None:
+    # Python holds the Latin-1 byte 0xE9 of a folder name as the lone half \udce9 (PEP 383): the
+    # check for JSON's lone surrogates caught it and spoke only of writing both halves of a pair
+    import os
+
+    from packer import api
+
+    root = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9"))
+    os.makedirs(os.fsencode(str(root)) + b"/cat")
+    doc = {"name": "t", "sources": [{"kind": "image", "root": root, "label": "folder"}],
+           "split": {"by": "entity", "seed": 3}, "pack": {"format": "webdataset"}, "output": str(tmp_path / "out")}
+    with pytest.raises(ConfigError) as caught:
+        api.load(doc)
+    assert "the byte 0xE9 of a file or folder name that is not UTF-8 text" in str(caught.value)
+    assert "rename it in UTF-8" in str(caught.value)
