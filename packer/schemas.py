@@ -506,9 +506,10 @@ def _quote_the_number(error: jsonschema.ValidationError) -> str:
             or not isinstance(error.instance, (int, float)) or isinstance(error.instance, bool):
         return ""
     key = error.absolute_path[-1] if error.absolute_path else None
-    quoted = f"{key}: '{error.instance}'" if isinstance(key, str) else f"'{error.instance}'"
-    return (f" (YAML reads an unquoted number as a number: quote it as the file writes it, {quoted}, leading "
-            "zeros included)")
+    name = f"{key}: " if isinstance(key, str) else ""
+    padded = f", or {name}'0{error.instance}' for 0{error.instance}" if isinstance(error.instance, int) else ""
+    return (f" (YAML reads an unquoted number as a number: quote the text as the file writes it, {name}"
+            f"'{error.instance}'{padded}; leading zeros are kept only in quotes)")
 
 
 def _word_for_a_mapping(error: jsonschema.ValidationError) -> str:
