@@ -30,6 +30,17 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 TMP_SUFFIX = ".partial"
 
 
+def parent_folder(path: Path) -> Path:
+    """The folder that holds ``path``, to name in a hint: ``path.parent`` where that is it
+    (``out/pets/v1`` -> ``out/pets``); where ``path`` ends in ``.`` or holds ``..`` (``Path.parent``
+    is lexical: ``Path('.').parent`` is ``.`` itself, ``Path('..').parent`` is ``.``) the parent of
+    its resolved path, relative to the working folder when ``path`` is relative (``..`` for ``.``)."""
+    if path.name not in ("", "..") and ".." not in path.parts:
+        return path.parent
+    parent = path.resolve().parent
+    return parent if path.is_absolute() else Path(os.path.relpath(parent))
+
+
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()

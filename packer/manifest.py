@@ -35,7 +35,7 @@ import numpy as np
 
 from packer import __version__, storage
 from packer.errors import ConfigError, IntegrityError, PackerError
-from packer.files import atomic_output, canonical_json
+from packer.files import atomic_output, canonical_json, parent_folder
 from packer.schemas import load_schema
 from packer.storage import MANIFEST_FILE  # defined by storage, which reads version folders
 
@@ -209,8 +209,8 @@ def resolve_manifest_path(path: str | Path) -> Path:
     if folder is not None and is_incomplete_version(folder):
         raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
                           f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
-                          f"build` again to finish it, or remove it with `packer gc {folder.parent} --keep N` (it "
-                          "removes all but the N newest versions too: --dry-run shows its plan)")
+                          f"build` again to finish it, or remove it with `packer gc {parent_folder(folder)} --keep N` "
+                          "(it removes all but the N newest versions too: --dry-run shows its plan)")
     if candidate.is_dir():
         manifest = candidate / MANIFEST_FILE
         if manifest.is_file() or _holds_version_files(candidate):

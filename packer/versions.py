@@ -30,7 +30,7 @@ from typing import Any
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
-from packer.files import TMP_SUFFIX, human_bytes
+from packer.files import TMP_SUFFIX, human_bytes, parent_folder
 from packer.manifest import MANIFEST_FILE, is_incomplete_version, read_manifest
 from packer.storage import is_url
 
@@ -201,7 +201,7 @@ def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
         raise ConfigError(f"{root}: no such folder; pass a dataset folder <output>/<name>/ (it holds the version "
                           "folders)")
     if (root / MANIFEST_FILE).is_file():
-        raise ConfigError(f"{root}: a version folder; pass the dataset folder that holds it, {root.parent}")
+        raise ConfigError(f"{root}: a version folder; pass the dataset folder that holds it, {parent_folder(root)}")
     if not is_dataset_folder(root):
         datasets = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and is_dataset_folder(entry))
         hint = (f"it is an output folder holding the dataset(s) {', '.join(datasets)}: pass one of them, e.g. "

@@ -170,6 +170,7 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
     Exits 2 when the folder does not exist, 5 when a listed manifest fails its hash.
     """
     from packer.errors import IntegrityError
+    from packer.files import parent_folder
     from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry
     from packer.versions import format_versions, is_dataset_folder, list_versions
 
@@ -187,8 +188,10 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
         return
     registry = folder or DEFAULT_REGISTRY
     if (folder is not None and folder.is_dir() and not (folder / "manifest.json").is_file()  # not a version folder
-            and not any(folder.glob("*/*.json")) and any(folder.glob("*.json")) and name in (None, folder.name)):
-        registry, name = folder.parent, folder.name  # one dataset's folder of the registry: manifests/<name>
+            and not any(folder.glob("*/*.json")) and any(folder.glob("*.json"))
+            and name in (None, folder.resolve().name)):
+        # one dataset's folder of the registry: manifests/<name> (`packer ls .` inside it too)
+        registry, name = parent_folder(folder), folder.resolve().name
     entries = list_registry(registry, name=name)
     if as_json:
         _echo_json([e.to_json() for e in entries])
@@ -198,8 +201,8 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
         hint = (f"; it is an output folder of {len(datasets)} dataset(s) ({shown}): `packer ls "
                 f"{registry / datasets[0]}` lists the versions of {datasets[0]}" if datasets else "")
         if (registry / "manifest.json").is_file():  # a version folder: its dataset folder is the parent
-            hint = (f"; it is a version folder: `packer ls {registry.parent}` lists the versions of its dataset, "
-                    f"`packer inspect {registry}` shows this one")
+            hint = (f"; it is a version folder: `packer ls {parent_folder(registry)}` lists the versions of its "
+                    f"dataset, `packer inspect {registry}` shows this one")
         elif name and not datasets:  # a misspelt --name: the registry's names, the closest first
             import difflib
 

@@ -1,0 +1,105 @@
+"""A dataset's life after its build, walked as a user does: commands run from inside a version
+folder, files of a version passed where a manifest is asked for, the report of a pseudonymized
+build, `packer locate` months later and `packer gc` beside a link that pins a version.
+
+One pseudonymized photo dataset (24 grey PNGs of six entities, tests/photo_jobs.py's tree) is
+built twice in one process (the second time with one more file), and each test works on its own
+copy where it changes anything.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from packer.cli import main
+from packer.config import load_job
+from packer.files import parent_folder
+from packer.pipeline.build import BuildOptions, build
+from tests.photo_jobs import write_tree
+
+
+def packer(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@dataclass(frozen=True)
+class Built:
+    folder: Path     # job.yaml, raw/, phi.key and out/ (the dataset out/photos/)
+    dataset: Path    # out/photos
+    first: Path      # the version of the 24 files
+    second: Path     # the version with raw/P05/extra.png added
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    folder = tmp_path_factory.mktemp("lifecycle")
+    (folder / "raw").mkdir()
+    write_tree(folder / "raw")
+    (folder / "phi.key").write_text(secrets.token_hex(32))
+    (folder / "job.yaml").write_text(yaml.safe_dump({
+        "name": "photos", "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
+        "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 3},
+        "transform": {"image": {"size": [16, 16], "color": "gray"}},
+        "pack": {"format": "webdataset", "max_samples": 4}, "output": "out",
+        "phi": {"mode": "pseudonymize", "key_file": "phi.key"}}, sort_keys=False))
+    first = build(load_job(folder / "job.yaml"), BuildOptions(scheduler="sync", quiet=True)).version_dir
+    shutil.copy(folder / "raw/P05/img20.png", folder / "raw/P05/extra.png")
+    with open(folder / "raw/labels.csv", "a") as fh:
+        fh.write("P05/extra.png,circle,P05\n")
+    second = build(load_job(folder / "job.yaml"), BuildOptions(scheduler="sync", quiet=True)).version_dir
+    assert first != second
+    return Built(folder, folder / "out" / "photos", Path(first), Path(second))
+
+
+@pytest.fixture
+def own(built: Built, tmp_path: Path) -> Built:
+    """A copy of the built folder this test may change (links within it kept as links)."""
+    folder = Path(shutil.copytree(built.folder, tmp_path / "copy", symlinks=True))
+    dataset = folder / "out" / "photos"
+    return Built(folder, dataset, dataset / built.first.name, dataset / built.second.name)
+
+
+# 1. hints from inside a version folder name the dataset folder, not "." again
+
+def test_parent_folder_names_the_folder_that_holds_a_path_written_with_dots(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "out" / "photos" / "v1").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "out" / "photos" / "v1")
+    assert parent_folder(Path(".")) == Path("..")
+    assert parent_folder(Path("..")) == Path("../..")
+    assert parent_folder(Path("../v1")) == Path("..")
+    assert parent_folder(tmp_path / "out" / "photos" / "v1" / ".") == tmp_path / "out" / "photos"
+    assert parent_folder(Path("out/photos/v1")) == Path("out/photos")  # as typed where that is right
+
+
+def test_ls_inside_a_version_folder_points_at_its_dataset_folder(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(built.first)
+    listed = packer("ls", ".")
+    assert "it is a version folder: `packer ls ..` lists the versions of its dataset" in listed.output, listed.output
+    assert packer("ls", "..").exit_code == 0
+    assert built.first.name in packer("ls", "..").output
+
+
+def test_gc_inside_a_version_folder_points_at_its_dataset_folder(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(built.first)
+    refused = packer("gc", ".", "--keep", "1", "--dry-run")
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.rstrip().endswith("a version folder; pass the dataset folder that holds it, .."), \
+        refused.output
+    assert packer("gc", "..", "--keep", "1", "--dry-run").exit_code == 0
+
+
+def test_inspect_inside_a_version_whose_build_stopped_names_the_dataset_folder_to_gc(
+        own: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    (own.second / "manifest.json").unlink()  # killed while publishing: the index is there, the manifest not
+    monkeypatch.chdir(own.second)
+    refused = packer("inspect", ".")
+    assert refused.exit_code == 2, refused.output
+    assert "remove it with `packer gc .. --keep N`" in refused.output, refused.output
