@@ -63,11 +63,11 @@ _RESTORE = "restore the manifest from the registry copy or rebuild"
 
 def _restore(where: str) -> str:
     """The fix for a damaged manifest at ``where``: a version's ``manifest.json`` is restored from
-    its registry copy, but a registry copy (``<registry>/<name>/<version>.json``) is the copy, so
-    it is restored from the version folder's own manifest.json."""
+    its registry copy, but a registry copy (``<registry>/<name>/<version>.json``, the version's
+    twelve hex digits) is the copy, so it is restored from the version folder's own manifest.json."""
     parts = where.replace("\\", "/").rsplit("/", 2)
-    if parts[-1] == MANIFEST_FILE or not parts[-1].endswith(".json"):
-        return _RESTORE
+    if not _VERSION_NAME.fullmatch(parts[-1].removesuffix(".json")) or not parts[-1].endswith(".json"):
+        return _RESTORE  # a manifest.json, or a file a registry never writes (a copy under another name)
     name = parts[-2] if len(parts) > 1 else "<name>"
     return (f"this is a registry copy: copy the version folder's own {MANIFEST_FILE} "
             f"(<output>/{name}/{parts[-1].removesuffix('.json')}/{MANIFEST_FILE}) over it, or rebuild")
@@ -217,10 +217,11 @@ def resolve_manifest_path(path: str | Path) -> Path:
             return manifest
         raise ConfigError(f"{candidate}: {_not_a_version(candidate)}")
     if candidate.is_file():
-        if candidate.suffix == ".json":
+        in_version = (candidate.parent / MANIFEST_FILE).is_file() or _holds_version_files(candidate.parent)
+        if candidate.suffix == ".json" and (candidate.name == MANIFEST_FILE or not in_version
+                                            or _is_manifest_copy(candidate)):
             return candidate
-        beside = (f"; pass its version folder {candidate.parent}" if (candidate.parent / MANIFEST_FILE).is_file()
-                  else "")
+        beside = f"; pass its version folder {candidate.parent}" if in_version else ""
         raise ConfigError(f"{candidate}: not a manifest (a manifest is a {MANIFEST_FILE} or a registry copy "
                           f"<version>.json){beside}")
     if candidate.name == MANIFEST_FILE and _holds_version_files(candidate.parent):
@@ -230,6 +231,19 @@ def resolve_manifest_path(path: str | Path) -> Path:
     if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset)):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
+
+
+def _is_manifest_copy(path: Path) -> bool:
+    """Whether the JSON file ``path``, which sits in a version folder beside its ``manifest.json``
+    or its files, is a copy of a manifest (an object with its ``format_version`` and ``dataset_hash``),
+    not another file of the version (``leakage.json``): the copy is read like the manifest, the others are not
+    manifests at all, so a command given one names the version folder to pass, never a damaged
+    registry copy to overwrite. A file that cannot be read or parsed is no copy."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "dataset_hash" in doc and "format_version" in doc
 
 
 def is_incomplete_version(folder: Path) -> bool:

@@ -103,3 +103,44 @@ def test_inspect_inside_a_version_whose_build_stopped_names_the_dataset_folder_t
     refused = packer("inspect", ".")
     assert refused.exit_code == 2, refused.output
     assert "remove it with `packer gc .. --keep N`" in refused.output, refused.output
+
+
+# 2. a version's other JSON file is not a manifest, nor a damaged registry copy
+
+@pytest.mark.parametrize("command", [["inspect"], ["verify"], ["report", "--output", "{tmp}/r.html"], ["diff"]])
+def test_a_versions_leakage_json_is_not_a_manifest_and_names_its_version_folder(
+        built: Built, tmp_path: Path, command: list[str]) -> None:
+    leakage = built.first / "leakage.json"
+    before = leakage.read_bytes()
+    args = [command[0], leakage, *(a.format(tmp=tmp_path) for a in command[1:])]
+    if command[0] == "diff":
+        args = ["diff", built.second, leakage]
+    refused = packer(*args)
+    assert refused.exit_code == 2, refused.output  # a usage error, as _index.parquet is; not 5 (integrity)
+    assert (f"{leakage}: not a manifest (a manifest is a manifest.json or a registry copy <version>.json); "
+            f"pass its version folder {built.first}") in refused.output, refused.output
+    assert "registry copy: copy" not in refused.output and "over it" not in refused.output
+    assert leakage.read_bytes() == before
+
+
+def test_a_manifest_copied_beside_its_version_files_still_reads_as_that_version(own: Built) -> None:
+    copy = own.first / "pinned.json"
+    shutil.copy(own.first / "manifest.json", copy)
+    assert packer("verify", copy, "-q").exit_code == 0
+    assert own.first.name in packer("inspect", copy).output
+
+
+def test_only_a_registry_named_copy_is_told_to_be_restored_from_the_version_folder(own: Built, tmp_path: Path) -> None:
+    registry = tmp_path / "manifests" / "photos"
+    registry.mkdir(parents=True)
+    cut = (own.first / "manifest.json").read_bytes()[:-40]  # cut short: not valid JSON
+    for name in (f"{own.first.name}.json", "saved-by-hand.json"):
+        (registry / name).write_bytes(cut)
+    copy = packer("inspect", registry / f"{own.first.name}.json")
+    assert copy.exit_code == 5, copy.output
+    assert (f"this is a registry copy: copy the version folder's own manifest.json "
+            f"(<output>/photos/{own.first.name}/manifest.json) over it") in copy.output
+    other = packer("inspect", registry / "saved-by-hand.json")
+    assert other.exit_code == 5, other.output
+    assert "restore the manifest from the registry copy or rebuild" in other.output, other.output
+    assert "this is a registry copy" not in other.output
