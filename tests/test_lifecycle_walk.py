@@ -9,6 +9,7 @@ copy where it changes anything.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -144,3 +145,39 @@ def test_only_a_registry_named_copy_is_told_to_be_restored_from_the_version_fold
     assert other.exit_code == 5, other.output
     assert "restore the manifest from the registry copy or rebuild" in other.output, other.output
     assert "this is a registry copy" not in other.output
+
+
+# 3. the Bad samples section is marked Sensitive only where it lists raw paths
+
+SENSITIVE = "Sensitive: local only, contains raw paths"
+
+
+def test_a_pseudonymized_report_without_bad_samples_is_not_marked_as_holding_raw_paths(built: Built) -> None:
+    html = (built.first / "report.html").read_text()
+    assert (built.first / "bad_samples.jsonl").read_text() == ""  # every file packed
+    assert "No bad samples: every input file was packed." in html
+    assert SENSITIVE not in html
+    assert str(built.folder / "raw") not in html
+
+
+def test_a_pseudonymized_report_whose_bad_sample_file_is_gone_is_not_marked_as_holding_raw_paths(
+        own: Built, tmp_path: Path) -> None:
+    (own.first / "bad_samples.jsonl").unlink()
+    written = packer("report", own.first, "--output", tmp_path / "r.html")
+    assert written.exit_code == 0, written.output
+    html = (tmp_path / "r.html").read_text()
+    assert "bad_samples.jsonl is missing from the version folder" in html
+    assert SENSITIVE not in html
+
+
+def test_a_kept_phi_report_is_marked_sensitive_exactly_when_it_lists_a_raw_path(own: Built) -> None:
+    from packer.htmlreport import render_html_report
+
+    manifest = json.loads((own.first / "manifest.json").read_text())
+    kept = {**manifest, "phi": {**manifest["phi"], "mode": "keep"}}
+    assert SENSITIVE not in render_html_report(own.first, manifest=kept, quiet=True)  # nothing listed
+    bad = own.folder / "raw" / "P00" / "img00.png"
+    (own.first / "bad_samples.jsonl").write_text(json.dumps(
+        {"path": str(bad), "sample_id": "x", "reason": "decode_error", "stage": "read", "message": "cut short"}) + "\n")
+    html = render_html_report(own.first, manifest=kept, quiet=True)
+    assert SENSITIVE in html and "img00.png" in html

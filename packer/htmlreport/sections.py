@@ -325,9 +325,13 @@ def render_bad_samples(data: ReportData) -> str:
     inputs = data.manifest.get("inputs", {})
     excluded = sum(int(n) for n in (inputs.get("excluded") or {}).values())
     total, files = int(bad.get("total", 0)), int(inputs.get("files", 0)) - excluded
+    # the Sensitive banner only where this section lists raw paths: bad-sample or left-out records under
+    # phi.mode keep; a pseudonymized dataset's (sample ids) or one with nothing listed holds none
+    pseudonymized = (data.manifest.get("phi") or {}).get("mode") == "pseudonymize"
+    lists_paths = not pseudonymized and bool(data.bad_records or (inputs.get("excluded") and data.excluded_records))
     banner = ('<p class="sensitive" role="note"><strong>Sensitive: local only, contains raw paths.</strong> '
               "Raw folder and file names may carry patient names or record numbers; do not share this section "
-              "outside the team that built the dataset.</p>")
+              "outside the team that built the dataset.</p>") if lists_paths else ""
     over = float(bad.get("fraction", 0)) > float(bad.get("max_fraction", 1))
     status = (f'<p class="{"warn" if over else "muted"}">{total:,} of {files:,} input files are bad '
               f'({float(bad.get("fraction", 0)):.1%}; the build fails above '
@@ -344,7 +348,7 @@ def render_bad_samples(data: ReportData) -> str:
         listing = note(esc(data.bad_note or "no bad-sample report"), "muted")
     elif not data.bad_records:
         listing = note("No bad samples: every input file was packed.", "ok")
-    elif (data.manifest.get("phi") or {}).get("mode") == "pseudonymize":
+    elif pseudonymized:
         # raw paths and the messages naming them stay in bad_samples.jsonl: a shared report
         # of a pseudonymized dataset must not carry folder names that may hold names or MRNs
         records = data.bad_records
