@@ -14,7 +14,9 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from click.testing import CliRunner, Result
@@ -181,3 +183,59 @@ def test_a_kept_phi_report_is_marked_sensitive_exactly_when_it_lists_a_raw_path(
         {"path": str(bad), "sample_id": "x", "reason": "decode_error", "stage": "read", "message": "cut short"}) + "\n")
     html = render_html_report(own.first, manifest=kept, quiet=True)
     assert SENSITIVE in html and "img00.png" in html
+
+
+# 4. packer locate says what a key that names no file is
+
+def index_rows(version: Path) -> list[dict[str, Any]]:
+    return pq.read_table(version / "_index.parquet").to_pylist()
+
+
+def located(job: Path, *keys: str) -> dict[str, str]:
+    ran = packer("locate", job, *keys)
+    assert ran.exit_code == 0, ran.output
+    return dict(line.split("\t") for line in ran.output.splitlines())
+
+
+def test_locate_given_an_entity_id_lists_that_entitys_samples(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(built.folder)
+    rows = index_rows(built.second)  # the version of the tree as it is now
+    entity = rows[0]["entity_id"]
+    samples = sorted(r["key"] for r in rows if r["entity_id"] == entity)
+    assert entity.startswith("e-") and len(samples) >= 4  # tests/photo_jobs.py: four files an entity (P05: five)
+    refused = packer("locate", "job.yaml", entity)
+    assert refused.exit_code == 2, refused.output
+    assert f"{entity}: an entity id of job.yaml, not a sample key" in refused.output, refused.output
+    listed = refused.output.split("its samples: ")[1].split(" (")[0].split()
+    assert sorted(listed) == samples
+    files = located(Path("job.yaml"), *listed)
+    assert len({Path(p).parent.name for p in files.values()}) == 1  # one entity: one P0N folder
+    assert "another PHI key" not in refused.output
+
+
+def test_locate_given_an_entity_id_of_no_file_says_it_is_one(built: Built) -> None:
+    refused = packer("locate", built.folder / "job.yaml", "e-" + "0" * 20)
+    assert refused.exit_code == 2
+    assert "e-00000000000000000000: an entity id (e- and 20 hex digits), not a sample key" in refused.output
+
+
+def test_locate_takes_a_sample_named_source_colon_key_as_a_finding_names_it(built: Built) -> None:
+    key = index_rows(built.first)[0]["key"]
+    plain = located(built.folder / "job.yaml", key)
+    assert located(built.folder / "job.yaml", f"raw:{key}") == {f"raw:{key}": plain[key]}
+    other = packer("locate", built.folder / "job.yaml", f"nosuchsource:{key}")
+    assert other.exit_code == 2  # only the job's own source names are taken off
+
+
+def test_locate_of_a_file_removed_since_the_build_names_that_cause(own: Built) -> None:
+    job = own.folder / "job.yaml"
+    keys = [r["key"] for r in index_rows(own.first)]
+    gone_key, gone = next((k, p) for k, p in located(job, *keys).items() if p.endswith("P00/img00.png"))
+    Path(gone).unlink()
+    table = own.folder / "raw" / "labels.csv"
+    table.write_text("".join(line for line in table.read_text().splitlines(keepends=True)
+                             if not line.startswith("P00/img00.png,")))
+    refused = packer("locate", job, gone_key)
+    assert refused.exit_code == 2
+    assert (f"{gone_key}: no file of {job} makes this sample key; it is the key of a file since removed from the "
+            "job's sources") in refused.output, refused.output

@@ -2036,7 +2036,8 @@ def unique_ids(refs: list[SampleRef], *, hide_paths: bool = False) -> tuple[list
 
 def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
                    storage_options: Mapping[str, Any] | None = None,
-                   refused: dict[str, str] | None = None) -> dict[str, str | None]:
+                   refused: dict[str, str] | None = None,
+                   entities: dict[str, list[str]] | None = None) -> dict[str, str | None]:
     """The raw file (path or URL) of each sample key of ``job``, None for a key no file of its
     sources makes: the sources are listed again and each file's sample id made as discovery
     makes it (with ``phi``, the job's pseudonymizer: the key decides the ids). A frame's, a page's
@@ -2045,7 +2046,11 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
     the key of a file the job has names a part that file cannot be cut into (a frame of a photo,
     a tile of a job that cuts none) goes, with why. A path is the file's real name, as the OS
     gives it, also where its record holds it escaped (not valid UTF-8: its bad bytes are
-    surrogates here, which :func:`os.fsencode` turns back into them)."""
+    surrogates here, which :func:`os.fsencode` turns back into them). ``entities``: where a key
+    no file makes is an entity id of the job's files as its outputs write it (``e-`` and 20 hex
+    under pseudonymization, ``leakage.json``'s ``entities``), the sample ids of that entity's
+    files go, by key; only entities known from the listing (a table's or a path's, or the file's
+    own), never one read from a file's headers (nothing is decoded)."""
     found = discover(job, phi, storage_options=storage_options)
     files = dict(zip(found.refs.column("sample_id"), found.refs.column("path"), strict=True))
     kinds = dict(zip(found.refs.column("sample_id"), found.refs.column("kind"), strict=True))
@@ -2069,6 +2074,14 @@ def locate_samples(job: JobConfig, keys: Sequence[str], phi: Pseudonymizer, *,
         out[key] = files.get(key) or (files.get(parts.file_id) if made else None)
         if out[key] is None and not made and refused is not None and kind is not None:
             refused[key] = _unmade_part(job, kind, parts, head)
+    unmade = {key for key, path in out.items() if path is None and key not in (refused or {})}
+    if entities is not None and unmade:
+        written: dict[str, str] = {}  # an entity as the listing has it -> as outputs write it
+        for sample_id, entity in zip(found.refs.column("sample_id"), found.refs.column("entity"), strict=True):
+            if entity is not None:
+                written.setdefault(entity, phi.entity(entity))
+                if written[entity] in unmade:
+                    entities.setdefault(written[entity], []).append(sample_id)
     return out
 
 
