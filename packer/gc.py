@@ -20,7 +20,9 @@ of the dataset folder that is a symbolic link (``ln -s /shared/teamA/ds/<v> out/
 brought in without copying, or a link named ``.staging-*``) is no version of this folder: it is left
 alone and never counted, the link and what it points to. Removing only the link would be harmless to
 its target, but gc removes what builds of this folder wrote, and nothing else: the plan names the
-link so that whoever made it removes it.
+link so that whoever made it removes it. A link of the dataset folder that points at one of its own
+versions (``out/ds/prod -> <v>``: a team pinning the version it trains on) keeps that version,
+beyond the ``keep`` newest and never counted among them: removing it would leave the link dangling.
 
 Which bytes: removing a version removes its directory entries. With hard-linked shards, a file
 is freed only when its last link goes, so the plan counts, by inode, the files whose every link
@@ -91,6 +93,8 @@ class GcPlan:
     not look into (each with why: :func:`packer.versions.unreadable_folder`), left alone and never
     counted (a colleague's version of mode 700: only its owner can tell what it is). ``keep_newest``:
     the ``keep`` the plan was made for (:func:`run_gc` makes it again under the build lock).
+    ``pinned``: the versions kept only because links of the dataset folder point at them (each
+    with those links): beyond the ``keep`` newest, not counted among them.
     """
 
     root: Path
@@ -111,6 +115,7 @@ class GcPlan:
     left_alone_holders: tuple[str, ...] = ()
     temporaries: tuple[str, ...] = ()
     unguarded_temporaries: tuple[str, ...] = ()
+    pinned: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": str(self.root), "keep": [v.to_json() for v in self.keep],
@@ -123,7 +128,9 @@ class GcPlan:
                 "unreadable": [{"folder": name, "problem": problem} for name, problem in self.unreadable],
                 "freed_bytes": self.freed_bytes,
                 "shared_bytes": self.shared_bytes, "elsewhere_bytes": self.elsewhere_bytes,
-                "left_alone_bytes": self.left_alone_bytes, "left_alone_holders": list(self.left_alone_holders)}
+                "left_alone_bytes": self.left_alone_bytes, "left_alone_holders": list(self.left_alone_holders),
+                "pinned": [{"folder": name, "links": list(links)} for name, links in self.pinned]}
+
 
 
 def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
@@ -152,8 +159,13 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     # a failed build's version (exit 3) never counts toward --keep; the ones newer than every kept
     # version stay (the latest attempts, for their reports), older ones go with the old versions
     newest_kept = (kept_good[0].created_at, kept_good[0].version) if kept_good else ("", "")
-    kept = tuple(v for v in readable if v in kept_good or (v.failed is not None
-                                                            and (v.created_at, v.version) > newest_kept))
+    kept_anyway = [v for v in readable if v in kept_good or (v.failed is not None
+                                                              and (v.created_at, v.version) > newest_kept)]
+    # a version a link of the dataset folder points at (prod -> <v>, a pinned training version) stays too,
+    # not counted: removing it would leave the link dangling
+    pins = _pins(listing.root, [name for name, _ in linked])
+    pinned = tuple((v.folder, pins[v.folder]) for v in readable if v.folder in pins and v not in kept_anyway)
+    kept = tuple(v for v in readable if v in kept_anyway or v.folder in pins)
     removed = tuple(v for v in readable if v not in kept)
     trash = tuple(o.folder for o in listing.others if o.kind == "trash")
     incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
@@ -185,7 +197,24 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
                   left_alone_bytes=left_alone, left_alone_holders=tuple(sorted(holders)), temporaries=temporaries,
                   unguarded_temporaries=unguarded_temporaries,
                   incomplete=incomplete, linked=linked, unguarded_staging=unguarded, keep_newest=keep,
-                  unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"))
+                  unreadable=tuple((o.folder, o.problem or "") for o in listing.others if o.kind == "unreadable"),
+                  pinned=pinned)
+
+
+def _pins(root: Path, links: list[str]) -> dict[str, tuple[str, ...]]:
+    """The folders of ``root`` that its entries ``links`` (symbolic links to folders) point at,
+    directly or through further links, or into: each with the links naming it. A link that
+    leads out of ``root``, or nowhere, pins nothing."""
+    real = root.resolve()
+    pins: dict[str, list[str]] = {}
+    for name in links:
+        try:
+            parts = (root / name).resolve(strict=True).relative_to(real).parts
+        except (OSError, RuntimeError, ValueError):  # dangling, a loop, or outside the dataset folder
+            continue
+        if parts:
+            pins.setdefault(parts[0], []).append(name)
+    return {folder: tuple(names) for folder, names in pins.items()}
 
 
 def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> GcPlan:
@@ -313,7 +342,8 @@ def _remove_tree(path: Path) -> None:
 def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
     """What ``packer gc`` prints: the plan (``dry_run``) or what it did."""
     verb = "would remove" if dry_run else "removed"
-    counted = sum(v.failed is None for v in plan.keep)
+    pinned = dict(plan.pinned)
+    counted = sum(v.failed is None and v.folder not in pinned for v in plan.keep)
     lines = [f"gc {plan.root}: keeping the {counted} newest version(s) by the manifest's created_at, "
              f"{verb} {len(plan.remove)}" + ("; a failed build's version (bad samples over the limit, exit 3) "
                                             "never counts as one" if any(v.failed for v in (*plan.keep, *plan.remove))
@@ -321,7 +351,10 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
     for v in plan.keep:
         lines.append(f"  keep    {v.folder:<14}{v.created_at:<22}{human_bytes(v.bytes):>12}"
                      + ("  (a failed build, newer than every kept version: kept for its report, not counted)"
-                        if v.failed else ""))
+                        if v.failed and v.folder not in pinned else "")
+                     + (f"  (kept: the link{'s' if len(pinned[v.folder]) > 1 else ''} "
+                        f"{', '.join(pinned[v.folder])} point{'' if len(pinned[v.folder]) > 1 else 's'} at it; "
+                        "not counted)" if v.folder in pinned else ""))
     for v in plan.remove:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{v.folder:<14}{v.created_at:<22}"
                      f"{human_bytes(v.bytes):>12}" + ("  (a failed build)" if v.failed else ""))

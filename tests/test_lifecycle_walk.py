@@ -58,6 +58,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         fh.write("P05/extra.png,circle,P05\n")
     second = build(load_job(folder / "job.yaml"), BuildOptions(scheduler="sync", quiet=True)).version_dir
     assert first != second
+    manifest = json.loads((Path(first) / "manifest.json").read_text())
+    manifest["created_at"] = "2024-01-01T00:00:00Z"  # outside the hash: the older one, though built the same second
+    (Path(first) / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return Built(folder, folder / "out" / "photos", Path(first), Path(second))
 
 
@@ -239,3 +242,37 @@ def test_locate_of_a_file_removed_since_the_build_names_that_cause(own: Built) -
     assert refused.exit_code == 2
     assert (f"{gone_key}: no file of {job} makes this sample key; it is the key of a file since removed from the "
             "job's sources") in refused.output, refused.output
+
+
+# 5. gc keeps a version that a link of the dataset folder points at
+
+def test_gc_keeps_the_version_a_link_in_the_dataset_folder_pins_and_counts_it_not(own: Built) -> None:
+    (own.dataset / "prod").symlink_to(own.first.name, target_is_directory=True)
+    planned = packer("gc", own.dataset, "--keep", "1", "--dry-run", "--json")
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.output)
+    assert [v["folder"] for v in plan["keep"]] == [own.second.name, own.first.name] and plan["remove"] == []
+    assert plan["pinned"] == [{"folder": own.first.name, "links": ["prod"]}]
+    ran = packer("gc", own.dataset, "--keep", "1")
+    assert ran.exit_code == 0, ran.output
+    assert "keeping the 1 newest version(s)" in ran.output
+    assert f"keep    {own.first.name}" in ran.output and "(kept: the link prod points at it; not counted)" in ran.output
+    assert (own.dataset / "prod" / "manifest.json").is_file()  # the link still leads to a version
+    assert packer("verify", own.dataset / "prod", "-q").exit_code == 0
+    (own.dataset / "prod").unlink()  # unpinned: the next gc removes it
+    assert packer("gc", own.dataset, "--keep", "1").exit_code == 0
+    assert sorted(p.name for p in own.dataset.iterdir()) == [own.second.name]
+
+
+def test_gc_keeps_a_version_pinned_through_a_chain_of_links_and_ignores_links_leading_elsewhere(
+        own: Built, tmp_path: Path) -> None:
+    (own.dataset / "prod").symlink_to(own.first.name, target_is_directory=True)
+    (own.dataset / "current").symlink_to("prod", target_is_directory=True)  # current -> prod -> first
+    (tmp_path / "elsewhere").mkdir()
+    (own.dataset / "scratch").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    plan = json.loads(packer("gc", own.dataset, "--keep", "1", "--dry-run", "--json").output)
+    assert plan["pinned"] == [{"folder": own.first.name, "links": ["current", "prod"]}]
+    (own.dataset / "prod").unlink()  # prod, and current through it, now lead out of the dataset folder
+    (own.dataset / "prod").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    plan = json.loads(packer("gc", own.dataset, "--keep", "1", "--dry-run", "--json").output)
+    assert plan["pinned"] == [] and [v["folder"] for v in plan["remove"]] == [own.first.name]
