@@ -397,6 +397,26 @@ _PET_WITHOUT_RESCALE = (
     "pack its stored counts as Bq/ml or SUV, far off its series' other slices; export the series again with them "
     "from the scanner or PACS (an anonymiser or converter may have dropped them), or leave the file out with the "
     "source's where:")
+#: The enhanced PET classes, whose pair lives in the Pixel Value Transformation functional group,
+#: not in the classic PET Image module: their message names the class and that group.
+_ENHANCED_PET_CLASSES = {"1.2.840.10008.5.1.4.1.1.130": "Enhanced PET Image Storage",
+                         "1.2.840.10008.5.1.4.1.1.128.1": "Legacy Converted Enhanced PET Image Storage"}
+
+
+def _pet_without_rescale(ds: Dataset, frame: int) -> str:
+    """Why this PET ``frame`` is refused: the classic module's message, or for an Enhanced PET
+    (PS3.3 A.56) or Legacy Converted Enhanced PET (A.21) its class and where the pair belongs."""
+    name = _ENHANCED_PET_CLASSES.get(str(ds.get("SOPClassUID", "")))
+    if name is None:
+        return _PET_WITHOUT_RESCALE
+    return ("(0028,1053) Rescale Slope and (0028,1052) Rescale Intercept are absent (or empty) for frame "
+            f"{frame + 1} of an enhanced PET image ({name}), where both are required in the Pixel Value "
+            "Transformation functional group (PS3.3 C.7.6.16.2.9): a (0028,9145) Pixel Value Transformation Sequence "
+            "item in the frame's (5200,9230) Per-Frame Functional Groups Sequence item or in the (5200,9229) Shared "
+            "Functional Groups Sequence; neither holds them, nor does the top level. Each PET frame has its own "
+            "slope, and taking slope 1 would pack its stored counts as Bq/ml or SUV, far off the true values; "
+            "export the series again with them from the scanner or PACS (an anonymiser or converter may have "
+            "dropped them), or leave the file out with the source's where:")
 
 
 def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
@@ -419,7 +439,7 @@ def modality_transform(ds: Dataset, frame: int) -> ModalityTransform:
     slope = _rescale(source, "RescaleSlope", "RescaleIntercept")
     intercept = _rescale(source, "RescaleIntercept", "RescaleSlope")
     if lut is None and slope is None and intercept is None and str(ds.get("SOPClassUID", "")) in PET_IMAGE_CLASSES:
-        raise MalformedValue(_PET_WITHOUT_RESCALE)
+        raise MalformedValue(_pet_without_rescale(ds, frame))
     dose = None
     # Dose Grid Scaling is RT Dose's alone (PS3.3 C.8.8.3): a stray one in a CT halved its HU
     if str(ds.get("SOPClassUID", "")) == RT_DOSE_STORAGE or str(ds.get("Modality", "")).strip().upper() == "RTDOSE":
