@@ -436,9 +436,12 @@ def _render_frame(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: int, m
         if modality.lut is None and not cfg.by_series and (
                 flat := _rescale_flattens(ref, stored[:, :, 0], mask, modality, frame)) is not None:
             return flat
+        # on the frame's own grid float64, cast once to float16; resized, resampled or unrounded float32
+        keeps = not cfg.unrounded and keeps_geometry(*stored.shape[:2], pixel_spacing=resample_from,
+                                                     spacing=cfg.spacing, size=cfg.size)
         try:
             image = render_modality_float(to_modality_values(stored[:, :, 0], modality), padding=mask,
-                                          monochrome1=inverted)
+                                          monochrome1=inverted, keeps_grid=keeps)
         except ValueError as err:  # values float16 cannot hold would be infinite: non_finite, as the README says
             return _issue(ref, "transform", "non_finite",
                           f"frame {frame}: {err}; use output uint8/uint16 with a window instead of float16")

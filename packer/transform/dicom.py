@@ -21,8 +21,10 @@ frame, whose interpolated values are no stored value's formula anyway (float64 f
 several times the float32 time). See :func:`display_dtype`, :func:`quantise`.
 
 ``float16`` output skips the VOI stage: one channel of modality values, padding filled with the
-frame's smallest real value. Colour frames (RGB after pydicom's YBR conversion, or PALETTE COLOR
-after the palette) are scaled to [0, 1] by their bit depth and quantised the same way.
+frame's smallest real value; on the frame's own grid they stay float64 until the cast to float16,
+each value rounded once (:func:`render_modality_float`). Colour frames (RGB after pydicom's YBR
+conversion, or PALETTE COLOR after the palette) are scaled to [0, 1] by their bit depth and
+quantised the same way.
 """
 
 from __future__ import annotations
@@ -257,12 +259,18 @@ def finish_stored(stored: np.ndarray, modality: ModalityTransform, vois: tuple[V
     return finish_image(image, pixel_spacing=pixel_spacing, spacing=spacing, size=size, policy=policy, output=output)
 
 
-def render_modality_float(values: np.ndarray, *, padding: np.ndarray, monochrome1: bool = False) -> np.ndarray:
-    """Modality values (float64 H×W) → H×W×1 float32 for ``float16`` output, no window.
+def render_modality_float(values: np.ndarray, *, padding: np.ndarray, monochrome1: bool = False,
+                          keeps_grid: bool = True) -> np.ndarray:
+    """Modality values (float64 H×W) → H×W×1 for ``float16`` output, no window.
 
-    Padding pixels take the non-padding value of the frame that displays black (not the padding
-    value itself, which would wreck min/max or z-score normalisation downstream): the smallest,
-    or, for ``monochrome1`` (kept as stored, inverted by the window applied later), the largest.
+    ``keeps_grid`` (:func:`keeps_geometry`; False for a resampled volume's unrounded slice too):
+    float64, which :func:`quantise` casts to float16 once, so each value is the nearest float16 to
+    stored × slope + intercept (through float32 first, 2049.0001 became 2049.0, a float16 tie, and
+    then 2048, not 2050); otherwise float32, which the resize or resample interpolates (its values
+    are no stored value's formula), as before. Padding pixels take the non-padding value of the
+    frame that displays black (not the padding value itself, which would wreck min/max or z-score
+    normalisation downstream): the smallest, or, for ``monochrome1`` (kept as stored, inverted by
+    the window applied later), the largest.
     Raises ``ValueError`` when a value does not fit in float16 (|x| > 65504).
     """
     out = values.astype(np.float64, copy=True)
@@ -272,7 +280,7 @@ def render_modality_float(values: np.ndarray, *, padding: np.ndarray, monochrome
     peak = float(np.abs(out).max()) if out.size else 0.0
     if peak > FLOAT16_MAX:
         raise ValueError(f"modality values reach {peak:g}, beyond float16's range (±{FLOAT16_MAX:g})")
-    return out.astype(np.float32)[:, :, None]
+    return (out if keeps_grid else out.astype(np.float32))[:, :, None]
 
 
 def render_color(rgb: np.ndarray, bits: int, dtype: type[np.floating] = np.float32) -> np.ndarray:
@@ -358,12 +366,14 @@ def output_content(height: int, width: int, *, pixel_spacing: tuple[float, float
 
 
 def quantise(image: np.ndarray, output: str) -> np.ndarray:
-    """H×W×C float32 (float64 for uint16: :func:`display_dtype`) → H×W×C of dtype ``output``.
+    """H×W×C float32 (float64 for uint16: :func:`display_dtype`; for float16 modality values on
+    their own grid: :func:`render_modality_float`) → H×W×C of dtype ``output``.
 
     ``uint8``/``uint16``: input in [0, 1] (clipped), ``round(y·255)`` / ``round(y·65535)``,
     round half to even. For float64 input, a value within :data:`HALF_LEVEL_TOLERANCE` of a
     half level is rounded as that half level (to even): the exact formula's ties stay ties.
-    ``float16``: a plain cast. :data:`UNROUNDED`: float32, nothing rounded (the caller quantises).
+    ``float16``: a plain cast (from float64: one rounding). :data:`UNROUNDED`: float32, nothing
+    rounded (the caller quantises).
     """
     if output == UNROUNDED:
         return image.astype(np.float32, copy=False)
