@@ -282,3 +282,23 @@ def test_rows_where_leaves_out_are_not_counted_as_the_joins(tmp_path: Path) -> N
     assert "all 4" not in said and "all 2" not in said
     assert "the join (missing: drop) left out 2 of the 5 rows, among them 2 of the 4 naming a file under the root " \
            "(where: left out the other 2)" in said
+
+
+@pytest.mark.parametrize("on", ["image", "image_id"])
+def test_a_join_key_the_tables_name_apart_says_to_name_it_alike_not_each_others_name(tmp_path: Path,
+                                                                                      on: str) -> None:
+    """ISIC 2018's ground truth keys its rows `image`, HAM10000's metadata `image_id`: each table's
+    own did-you-mean sent the user to the other's name and back; packer joins on one name, so the
+    message says so and which header to rename."""
+    _files(tmp_path / "imgs", ["ISIC_0.jpg"])
+    _csv(tmp_path / "gt.csv", "image,MEL,NV", ["ISIC_0,1.0,0.0"])
+    _csv(tmp_path / "meta.csv", "lesion_id,image_id,dx", ["HAM_0,ISIC_0,mel"])
+    job = _job(tmp_path, {"root": "imgs", "table": {"file": "gt.csv", "path": {"template": "{image}.jpg"},
+                                                    "join": [{"file": "meta.csv", "on": on}]},
+                          "entity": {"column": "lesion_id"},
+                          "label": {"kind": "multilabel", "columns": ["MEL", "NV"]}})
+    with pytest.raises(ConfigError) as caught:
+        discover(load_job(job))
+    message = str(caught.value)
+    assert "a join's on columns are named alike in both tables" in message
+    assert "rename 'image_id' to 'image'" in message or "rename 'image' to 'image_id'" in message

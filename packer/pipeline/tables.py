@@ -877,6 +877,27 @@ def wanted_columns(source: SourceConfig) -> dict[str, str]:
     return wanted
 
 
+def _refuse_keys_named_apart(path: Path | str, columns: Sequence[str], other: Path | str,
+                             other_columns: Sequence[str], on: Sequence[str]) -> None:
+    """A ``join.on`` key one table holds and the other holds under another name (ISIC's
+    ``image`` against HAM10000's ``image_id``): each table's own "did you mean" would send the
+    user to the other's name and back, so say that the key must be named alike in both."""
+    import difflib
+
+    for key in on:
+        sides = ((columns, path, other_columns, other), (other_columns, other, columns, path))
+        for has, holder, lacks, lacker in sides:
+            if key not in has or key in lacks:
+                continue
+            near = difflib.get_close_matches(key, [c for c in lacks if c not in has], n=1, cutoff=0.6)
+            if near:
+                raise ConfigError(
+                    f"join.on: {key!r} is a column of {holder} but not of {lacker}, whose key column looks like "
+                    f"{near[0]!r}, which {holder} does not have: a join's on columns are named alike in both "
+                    f"tables; rename {near[0]!r} to {key!r} in {lacker}'s header line (or {key!r} to {near[0]!r} "
+                    f"in {holder}'s and write on: {near[0]})")
+
+
 def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: list[tuple[int, Record]],
           storage_options: Mapping[str, Any] | None, *, hide_values: bool = False,
           number_columns: Sequence[str] = ()) -> Records:
@@ -889,6 +910,7 @@ def _join(table: TableConfig, path: Path | str, columns: tuple[str, ...], rows: 
     for join in table.join:
         join_columns, join_rows = _read_file(join.file, join.records, storage_options, hide_values=hide_values,
                                              number_columns=number_columns)
+        _refuse_keys_named_apart(path, all_columns or columns, join.file, join_columns, join.on)
         _check_columns(path, columns if not all_columns else all_columns, {c: "join.on" for c in join.on})
         _check_columns(join.file, join_columns, {c: "join.on" for c in join.on})
         _check_repeated(join.file, join_columns)
