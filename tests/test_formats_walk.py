@@ -116,6 +116,47 @@ def test_an_rt_dose_of_dvhs_only_is_not_image_whether_or_not_the_source_asks_for
         assert "a dose grid (" not in found.detail
 
 
+def dose_grid() -> Dataset:
+    """A grid-based RT Dose (PS3.3 A.18.3: Image Pixel, Multi-frame and RT Dose modules): Rows,
+    Columns, Number of Frames, Grid Frame Offset Vector, Dose Grid Scaling, 32-bit Pixel Data."""
+    ds = _object(RT_DOSE, "RTDOSE")
+    ds.Rows = ds.Columns = 8
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated = ds.BitsStored = 32
+    ds.HighBit, ds.PixelRepresentation, ds.NumberOfFrames = 31, 0, 1
+    ds.ImagePositionPatient, ds.ImageOrientationPatient = [0, 0, 0], [1, 0, 0, 0, 1, 0]
+    ds.PixelSpacing = [2.5, 2.5]
+    ds.DoseUnits, ds.DoseType, ds.DoseSummationType = "GY", "PHYSICAL", "PLAN"
+    ds.GridFrameOffsetVector, ds.DoseGridScaling = [0.0], 0.001
+    ds.PixelData = np.arange(64, dtype=np.uint32).tobytes()
+    return ds
+
+
+def cut_before_pixels(ds: Dataset, path: Path, tag: bytes = b"\xe0\x7f\x10\x00") -> Path:
+    """``ds`` written to ``path`` and cut where its (top-level, last) pixel data element begins:
+    a copy interrupted there."""
+    full = save(ds, path).read_bytes()
+    path.write_bytes(full[:full.rfind(tag)])
+    return path
+
+
+def test_an_rt_dose_grid_without_its_pixel_data_is_a_damaged_grid_not_a_dvh_only_dose(tmp_path: Path) -> None:
+    """Rows and Columns say the dose is grid-based (A.18.3 requires Image Pixel only then): cut
+    where its Pixel Data begins, or with it stripped, it is a damaged grid, a bad sample when the
+    source asks for RT Dose, and "a dose grid" left out when it does not; never "only DVHs"."""
+    cut = cut_before_pixels(dose_grid(), tmp_path / "cut" / "RD.dcm")
+    stripped = dose_grid()
+    del stripped.PixelData
+    for path in (cut, save(stripped, tmp_path / "stripped" / "RD.dcm")):
+        found = probe(path, (Condition("Modality", "in", ("CT", "RTDOSE")),))
+        assert not isinstance(found, Excluded), (path, found)
+        issue = issue_of(found if isinstance(found, Issue) else read(path), "no_pixel_data")
+        assert "RT Dose Storage" in issue.message, issue.message
+        left_out = probe(path)
+        assert isinstance(left_out, Excluded) and left_out.why == "not_requested", left_out
+        assert "a dose grid (" in left_out.detail and "DVH" not in left_out.detail
+
+
 def test_the_chunks_of_a_zarr_store_under_a_dicom_root_are_told_as_the_stores_not_as_failed_exports(
         tmp_path: Path) -> None:
     save(ct_dataset(), tmp_path / "ct" / "IM0.dcm")

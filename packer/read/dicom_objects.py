@@ -288,6 +288,11 @@ def has_pixels(ds: Dataset) -> bool:
     return any(k in ds for k in _PIXEL_KEYWORDS)
 
 
+def _grid(ds: Dataset) -> bool:
+    """Whether ``ds`` has Rows and Columns (an Image Pixel module's, or a module's own grid)."""
+    return "Rows" in ds and "Columns" in ds
+
+
 def _slide_auxiliary(ds: Dataset) -> str | None:
     """The :data:`SLIDE_AUXILIARY` value of ``ds``'s Image Type value 3, None where it holds none."""
     values = [v.strip().upper() for v in header_values(ds, "ImageType")]
@@ -324,8 +329,9 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
         return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")
-    if (uid == RT_DOSE or modality == "RTDOSE") and not held:
-        # PS3.3 A.18.3: the Image Pixel module is required only where the dose is grid-based
+    if (uid == RT_DOSE or modality == "RTDOSE") and not held and not _grid(ds):
+        # PS3.3 A.18.3: the Image Pixel module is required only where the dose is grid-based, so
+        # Rows and Columns without pixel data are a grid that lost them (read: no_pixel_data)
         return ObjectClass(modality, name, "not_image",
                            f"{what} holds no image to pack: an RT Dose with no dose grid (no Pixel Data), only "
                            "dose-volume histograms (DVH Sequence) or point doses")
