@@ -157,6 +157,43 @@ def test_an_rt_dose_grid_without_its_pixel_data_is_a_damaged_grid_not_a_dvh_only
         assert "a dose grid (" in left_out.detail and "DVH" not in left_out.detail
 
 
+ENHANCED_US_VOLUME = "1.2.840.10008.5.1.4.1.1.6.2"
+PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
+
+
+def _image_object(sop_class: str, modality: str, bits: int) -> Dataset:
+    ds = _object(sop_class, modality)
+    ds.Rows = ds.Columns = 8
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.NumberOfFrames = 1, "MONOCHROME2", 1
+    ds.BitsAllocated = bits
+    return ds
+
+
+@pytest.mark.parametrize(("sop_class", "modality", "name"), [
+    (ENHANCED_US_VOLUME, "US", "Enhanced US Volume Storage"),  # Image Pixel module + Pixel Data
+    (PARAMETRIC_MAP, "MR", "Parametric Map Storage"),  # Float Pixel Data
+    ("1.3.12.2.1107.5.9.1", "MR", "1.3.12.2.1107.5.9.1"),  # a vendor's private class with an image grid
+])
+def test_an_image_object_whose_class_name_lacks_image_cut_before_its_pixels_is_a_damaged_image(
+        tmp_path: Path, sop_class: str, modality: str, name: str) -> None:
+    """Rows and Columns without pixel data are a valid object only for a class whose module holds
+    them without pixels (MR Spectroscopy); any other class's file is an image that lost its pixels
+    (no_pixel_data, as a cut CT), whether or not its SOP class's name says Image."""
+    ds = _image_object(sop_class, modality, 32 if sop_class == PARAMETRIC_MAP else 8)
+    if sop_class == PARAMETRIC_MAP:
+        ds.FloatPixelData = np.linspace(0, 1, 64, dtype=np.float32).tobytes()
+        tag = b"\xe0\x7f\x08\x00"
+    else:
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 7, 0
+        ds.PixelData = bytes(range(64))
+        tag = b"\xe0\x7f\x10\x00"
+    path = cut_before_pixels(ds, tmp_path / "IM0001.dcm", tag)
+    found = probe(path)
+    assert not isinstance(found, Excluded), found
+    issue = issue_of(found if isinstance(found, Issue) else read(path), "no_pixel_data")
+    assert name in issue.message, issue.message
+
+
 def test_the_chunks_of_a_zarr_store_under_a_dicom_root_are_told_as_the_stores_not_as_failed_exports(
         tmp_path: Path) -> None:
     save(ct_dataset(), tmp_path / "ct" / "IM0.dcm")

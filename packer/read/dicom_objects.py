@@ -72,6 +72,10 @@ MASK_CLASSES = frozenset({
     "1.2.840.10008.5.1.4.1.1.66.5",   # Surface Segmentation Storage
     "1.2.840.10008.5.1.4.1.1.481.3",  # RT Structure Set Storage (RTSTRUCT: contours)
 })
+#: The SOP classes whose valid objects hold Rows and Columns without pixel data: MR Spectroscopy
+#: Storage (PS3.3 A.49: its MR Spectroscopy module's voxel grid, beside Spectroscopy Data). Any
+#: other class's file with Rows and Columns but no pixel data is an image that lost its pixels.
+GRID_WITHOUT_PIXELS = frozenset({"1.2.840.10008.5.1.4.1.1.4.2"})
 #: Modality values (PS3.3 C.7.3.1.1.1) of objects that hold no image to train on.
 NOT_IMAGE_MODALITIES = frozenset({"SR", "PR", "KO", "RTPLAN", "RTRECORD", "RTSTRUCT", "SEG", "DOC", "REG", "FID",
                                   "PLAN", "RWV", "ECG", "HD", "AU", "RESP"})
@@ -284,7 +288,7 @@ def _asked(conditions: Iterable[Condition], keys: Sequence[str], ds: Dataset) ->
 def has_pixels(ds: Dataset) -> bool:
     """Whether ``ds`` holds pixel data: Pixel Data, Float Pixel Data or Double Float Pixel Data
     (PS3.3 C.7.6.3). Rows and Columns alone are no image: an MR Spectroscopy object's module holds
-    them (its voxel grid) beside Spectroscopy Data, and a vendor's private object may."""
+    them (its voxel grid) beside Spectroscopy Data (:data:`GRID_WITHOUT_PIXELS`)."""
     return any(k in ds for k in _PIXEL_KEYWORDS)
 
 
@@ -306,13 +310,17 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
     RT Dose, secondary captures, localizers); ``slices``: the job packs single files (not
     series, whose localizers the series rule handles); ``pixels``: whether the file holds pixel
     data where ``ds`` was read without it (a header-only parse stops before it), None where ``ds``
-    holds all the file does (:func:`has_pixels`). A file of an image SOP class without pixel data
-    is no exclusion: the read calls it ``no_pixel_data``, a real defect.
+    holds all the file does (:func:`has_pixels`). A file of an image SOP class without pixel data,
+    or of any class but :data:`GRID_WITHOUT_PIXELS` with Rows and Columns but no pixel data, is no
+    exclusion: the read calls it ``no_pixel_data``, a real defect.
     """
-    held = has_pixels(ds) or bool(pixels)
     meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
     # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
     uid = next(iter(header_values(ds, "SOPClassUID")), "").strip() or meta_uid
+    # no image: no pixel data, and no Rows and Columns either unless the class holds them without
+    # pixels (an image object of a class whose name lacks "Image", a Parametric Map or an Enhanced
+    # US Volume, that lost its pixels is a damaged image, no_pixel_data, not an object without one)
+    imageless = not (has_pixels(ds) or pixels) and (not _grid(ds) or uid in GRID_WITHOUT_PIXELS)
     modality = str(ds.get("Modality", "") or "").strip().upper()
     name = sop_class_name(uid)
     what = f"Modality {modality or '(none)'} ({name})"
@@ -322,14 +330,14 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
     # image: a well-formed object of a class no standard names, not a damaged image
     private_class = (known is None and not uid.startswith("1.2.840.10008.") and _UID.fullmatch(uid) is not None
                      and meta_uid in ("", uid))  # a damaged UID, or one its file meta contradicts, is no class
-    if private_class and modality not in NOT_IMAGE_MODALITIES and not held:
+    if private_class and modality not in NOT_IMAGE_MODALITIES and imageless:
         return ObjectClass(modality, name, "not_image", f"{what}: a vendor's private object, without an image "
-                                                        "(no Pixel Data)")
-    if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and not held):
+                                                        "(no Pixel Data, no Rows and Columns)")
+    if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and imageless):
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
         return ObjectClass(modality, name, "not_image", f"{what} holds no image to pack{mask}")
-    if (uid == RT_DOSE or modality == "RTDOSE") and not held and not _grid(ds):
+    if (uid == RT_DOSE or modality == "RTDOSE") and imageless:
         # PS3.3 A.18.3: the Image Pixel module is required only where the dose is grid-based, so
         # Rows and Columns without pixel data are a grid that lost them (read: no_pixel_data)
         return ObjectClass(modality, name, "not_image",
