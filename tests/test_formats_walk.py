@@ -106,6 +106,30 @@ def test_a_file_holding_its_pixel_data_without_rows_is_bad_shape_naming_rows_mis
     assert "(0028,0100) BitsAllocated is missing" in issue.message
 
 
+def test_an_icon_thumbnails_pixel_data_is_not_the_files_own(tmp_path: Path) -> None:
+    """An Icon Image Sequence item (PS3.3 C.7.6.1.1.6) holds its own Rows, Columns and Pixel Data:
+    a file without its own Rows and Pixel Data has no image (no_pixel_data), not "holds its Pixel
+    Data" (bad_shape); with its own Pixel Data, the missing Rows is still named."""
+    icon = Dataset()
+    icon.Rows = icon.Columns = 4
+    icon.SamplesPerPixel, icon.PhotometricInterpretation = 1, "MONOCHROME2"
+    icon.BitsAllocated = icon.BitsStored = 8
+    icon.HighBit, icon.PixelRepresentation = 7, 0
+    icon.PixelData = bytes(range(16))
+    ds = ct_dataset()
+    ds.IconImageSequence = DicomSequence([icon])
+    del ds.Rows
+    kept = save(ds, tmp_path / "kept.dcm")
+    del ds.PixelData
+    lost = save(ds, tmp_path / "lost.dcm")
+    for found in (probe(lost), read(lost)):
+        issue = issue_of(found, "no_pixel_data")
+        assert "(0028,0010) Rows" in issue.message and "holds its Pixel Data" not in issue.message
+    for found in (probe(kept), read(kept)):
+        issue = issue_of(found, "bad_shape")
+        assert "(0028,0010) Rows is missing" in issue.message and "holds its Pixel Data" in issue.message
+
+
 def test_an_rt_dose_of_dvhs_only_is_not_image_whether_or_not_the_source_asks_for_rt_dose(tmp_path: Path) -> None:
     path = save(dvh_only_dose(), tmp_path / "dvh_only.dcm")
     for where in ((), (Condition("Modality", "in", ("CT", "RTDOSE")),)):

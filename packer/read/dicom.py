@@ -473,8 +473,9 @@ def _pixel_module_ints(ds: Dataset) -> tuple[int, int, int, int, int] | str:
             values["BitsStored"])
 
 
-def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
-    """Image Pixel module (PS3.3 C.7.6.3), Number of Frames and transfer syntax checks."""
+def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP) -> _Geometry | Issue:
+    """Image Pixel module (PS3.3 C.7.6.3), Number of Frames and transfer syntax checks. ``stop``:
+    where a header-only parse of ``ds`` stopped (:func:`_parse_at`); the default, a whole parse."""
     if len(ds) == 0:
         return _issue(ref, "read", "unreadable", "the file has a DICOM preamble but no data set after the file "
                                                  "meta information (cut short or corrupt); copy it again")
@@ -482,7 +483,7 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
     empty = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
                                               ("0028,0100", "BitsAllocated")) if kw in ds and ds.get(kw) in (None, "")]
-    if missing and not _lacks_pixel_element(ref, ds):
+    if missing and not _lacks_pixel_element(ds, stop):
         # absent, or present with no value (an anonymiser that blanks or drops values leaves such):
         # the image is there, so "exported without its pixels" would send the user to re-export a
         # file that has them
@@ -521,7 +522,7 @@ def _check_image(ref: SampleRef, ds: Dataset) -> _Geometry | Issue:
                       "fix the header or re-export the file")
     photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     expected_samples = 3 if photometric in RGB_DECODED else 1
-    if not photometric and _lacks_pixel_element(ref, ds):
+    if not photometric and _lacks_pixel_element(ds, stop):
         return _issue(ref, "validate", "no_pixel_data",
                       f"{sop_class_name(str(ds.get('SOPClassUID', '') or ''))} has no image: no (7FE0,0010) Pixel "
                       "Data and no (0028,0004) Photometric Interpretation (a header exported without its pixels); "
@@ -638,22 +639,11 @@ def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: 
     return None
 
 
-#: The tag of (7FE0,0010) Pixel Data as it starts an element: little and big endian.
-_PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\x7f\xe0\x00\x10")
-
-
-def _lacks_pixel_element(ref: SampleRef, ds: Dataset) -> bool:
-    """Whether the file holds no pixel data element: none in ``ds``, nor (a header-only parse
-    stops before it) the (7FE0,0010) tag anywhere in the file's bytes. Read only on the way to
-    an error, so the whole file is read once at most."""
-    if any(keyword in ds for keyword in _PIXEL_KEYWORDS):
-        return False
-    try:
-        with open(ref.path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return False  # the caller's own message stands; the read reports an unreadable file
-    return not any(tag in data for tag in _PIXEL_TAGS)
+def _lacks_pixel_element(ds: Dataset, stop: tuple[int, bytes]) -> bool:
+    """Whether the file holds no pixel data element of its own (top level: an Icon Image
+    Sequence item's Pixel Data is a thumbnail's): none in ``ds``, nor where a header-only parse
+    stopped (``stop``: :func:`_parse_at`'s; see :func:`_pixels_follow`)."""
+    return not (any(keyword in ds for keyword in _PIXEL_KEYWORDS) or _pixels_follow(ds, stop))
 
 
 def _decoded_bytes(geometry: _Geometry) -> tuple[int, str]:
@@ -884,7 +874,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         return excluded
     if too_big is not None:  # an image (only an image is read whole), over the limit: never read whole
         return _member(too_big, ds, entity_keyword) if placement else too_big
-    geometry = _check_image(ref, ds)
+    geometry = _check_image(ref, ds, stop)
     if isinstance(geometry, Issue):
         return _member(geometry, ds, entity_keyword) if placement else geometry
     problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
@@ -1139,10 +1129,10 @@ def _cut_inside_pixel_data(ref: SampleRef, limits: LimitsConfig) -> Issue | None
     """pydicom drops the *whole* dataset (with only a warning) when a file ends inside undefined-
     length pixel data (found by looking for its sequence delimiter); the header read still sees the
     Image Pixel module then. The issue of such a file (:func:`_undefined_length_issue`), or None."""
-    head = _parse(ref, header_only=True, limits=limits)
+    head, stop = _parse_at(ref, header_only=True, limits=limits)
     if isinstance(head, Issue):
         return None
-    geometry = _check_image(ref, head)
+    geometry = _check_image(ref, head, stop)
     if isinstance(geometry, Issue) or not _has_undefined_pixel_tag(ref.path):
         return None
     return _undefined_length_issue(ref, geometry.transfer_syntax)
