@@ -23,7 +23,13 @@ pass reads them from that version.
   ref's label and cells, so the packed bytes equal a fresh build's.
 - A file's **move key** (:func:`move_key`) is its key without its name, with its inode in its
   fingerprint: a file moved or renamed (``mv`` keeps inode, size and mtime) misses its unit
-  key and is found by it; its samples are re-keyed from its new id (:func:`copy_units`).
+  key and is found by it. The move key only finds a candidate: a *new* file at a new path can
+  share a deleted file's inode (ext4 hands a freed inode number to the next file created), size
+  and mtime (``tar``, ``cp -p`` and ``rsync -t`` keep it, and an unpacked archive gives every
+  file one). So each entry records the sha256 of each such unit's raw file (:func:`source_digests`),
+  and a candidate is taken only where its own file's sha256 is the one recorded: one read of a
+  file that would otherwise be decoded. Its samples are then re-keyed from its new id
+  (:func:`copy_units`).
 - A **damaged** entry (a published shard it reads back from changed in place, its spill cut
   short by an interrupted build) is not given up whole: each unit is checked on its own and
   only the units whose bytes no longer check out are decoded again (:func:`copy_units`),
@@ -46,7 +52,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +139,9 @@ class Copies:
 
     units: dict[str, CopiedUnit]
     damaged: tuple[DamagedUnit, ...] = ()
+    #: the sha256 of each move candidate's file, by unit key, read to confirm the move (``""``:
+    #: unreadable): a candidate refused is decoded, and its entry records this digest
+    hashed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,9 @@ class CopiedUnit:
     issues: tuple[Issue, ...]
     excluded: tuple[Excluded, ...]
     notes: tuple[tuple[str, str], ...]
+    #: the sha256 of the raw file the samples were made from, where the entry records one (a
+    #: unit with a move key): what confirms a move, and what the new entry records for the unit
+    source_sha256: str = ""
 
 
 def keyed_fields(ref: SampleRef, source: SourceConfig) -> dict[str, Any]:
@@ -264,7 +276,7 @@ def _units_held(cache_dir: Path, key: str) -> set[str]:
     """The unit keys entry ``key``'s records list; none where they are missing or damaged."""
     try:
         data = json.loads(records_path(cache_dir, key).read_text(encoding="utf-8"))
-        return {unit for unit, _, _ in unit_records(data)}
+        return {unit for unit, _, _, _ in unit_records(data)}
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return set()
 
@@ -284,7 +296,10 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     table cells. A unit found by its move key (a file moved or renamed) takes the new ref's id,
     path and relative path too, and its samples' keys are re-made from the new file id
     (:func:`_moved`); only a unit that gave samples and nothing else (no issue, exclusion or
-    note, whose texts name the old path) is taken so."""
+    note, whose texts name the old path) is taken so, and only where the file at the new path
+    is the file the entry's samples were made from: its sha256 the one the entry records for
+    the unit. The move key matches a new file that took a deleted file's inode number, size
+    and mtime too; such a file is decoded."""
     by_chunk: dict[str, set[str]] = defaultdict(set)
     for place in found.values():
         by_chunk[place.chunk].add(place.held)
@@ -306,6 +321,7 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     new_refs = {ref.sample_id: ref for ref in refs}
     sources = {s.name: s for s in job.sources}
     copied: dict[str, CopiedUnit] = {}
+    hashed: dict[str, str] = {}
     for unit in units:
         earlier = found.get(unit.key)
         held = None if earlier is None else held_units.get((earlier.chunk, earlier.held))
@@ -316,10 +332,46 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
                 replace(s, spilled=replace(s.spilled, ref=_relabelled(s.spilled.ref, new_refs, sources)))
                 for s in held.samples))
             continue
-        moved = _moved(held, new_refs[unit.sample_ids[0]], sources)
+        ref = new_refs[unit.sample_ids[0]]
+        if held.source_sha256:  # an entry that records no digest cannot confirm a move: decoded
+            hashed[unit.key] = source_sha256(ref.path)
+        if not held.source_sha256 or hashed[unit.key] != held.source_sha256:
+            continue  # another file on the moved one's inode, size and mtime: decoded
+        moved = _moved(held, ref, sources)
         if moved is not None:
             copied[unit.key] = moved
-    return Copies(units=copied, damaged=tuple(damaged))
+    return Copies(units=copied, damaged=tuple(damaged), hashed=hashed)
+
+
+def source_sha256(path: str) -> str:
+    """The sha256 of the local raw file ``path`` (one read), ``""`` where it cannot be read: no
+    move is confirmed by it, and its reader reports the file as it finds it."""
+    try:
+        return file_sha256(Path(path))[1]
+    except OSError:
+        return ""
+
+
+def source_digests(units: Sequence[Unit], refs: Sequence[SampleRef], copied: Mapping[str, CopiedUnit],
+                   hashed: Mapping[str, str]) -> dict[str, str]:
+    """Unit key → the sha256 of its raw file that the chunk's new entry records, for each of
+    ``units`` with a move key (one local file): what a copied unit's earlier entry records
+    (``copied``), the digest read to confirm a move (``hashed``, :attr:`Copies.hashed`), else
+    the file read now: one read of a file this build decoded, so that a later build can confirm
+    it moved (:func:`copy_units`). ``""`` where there is none (an earlier entry recorded none, an
+    unreadable file)."""
+    paths = {ref.sample_id: ref.path for ref in refs}
+    digests: dict[str, str] = {}
+    for unit in units:
+        if not unit.move:
+            continue
+        if unit.key in copied:
+            digests[unit.key] = copied[unit.key].source_sha256
+        elif unit.key in hashed:
+            digests[unit.key] = hashed[unit.key]
+        else:
+            digests[unit.key] = source_sha256(paths[unit.sample_ids[0]])
+    return digests
 
 
 def _moved(held: CopiedUnit, ref: SampleRef, sources: Mapping[str, SourceConfig]) -> CopiedUnit | None:
@@ -363,9 +415,10 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> tuple[dict[str,
         return {}, []
     data, samples = entry
     records = unit_records(data)
-    units = {unit: ids for unit, ids, _ in records}
+    units = {unit: ids for unit, ids, _, _ in records}
+    sources = {unit: source for unit, _, _, source in records}
     # a wanted key is a unit's key or its move key
-    resolve = {**{move: unit for unit, _, move in records if move}, **{unit: unit for unit in units}}
+    resolve = {**{move: unit for unit, _, move, _ in records if move}, **{unit: unit for unit in units}}
     asked = {key: resolve[key] for key in wanted if key in resolve}
     held = sorted(set(asked.values()))
     if not held:
@@ -415,7 +468,7 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> tuple[dict[str,
         if (unit := unit_of(str(note[0]))) in out:
             out[unit][3].append((str(note[0]), str(note[1])))
     copied = {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
-                               notes=tuple(parts[3])) for unit, parts in out.items()}
+                               notes=tuple(parts[3]), source_sha256=sources[unit]) for unit, parts in out.items()}
     return ({key: copied[unit] for key, unit in asked.items() if unit in copied},
             [DamagedUnit(where, units[unit]) for unit, where in sorted(damaged.items())])
 

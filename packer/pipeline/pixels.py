@@ -38,7 +38,15 @@ from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
 from packer.pipeline.dedup import is_blank
-from packer.pipeline.filecache import CopiedUnit, DamagedUnit, Unit, copy_units, find_earlier, unit_keys
+from packer.pipeline.filecache import (
+    CopiedUnit,
+    DamagedUnit,
+    Unit,
+    copy_units,
+    find_earlier,
+    source_digests,
+    unit_keys,
+)
 from packer.pipeline.nearcopy import packed_signature
 from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import FetchIssue, RawObject, fetched, remote_listing
@@ -365,7 +373,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
     excluded: list[Excluded] = []
     clock = StageClock()
     clock.switch("reuse")
-    units, copied, damaged = _copied_units(task, cache_dir, listed, signed=sig_dir is not None)
+    units, copied, damaged, hashed = _copied_units(task, cache_dir, listed, signed=sig_dir is not None)
     notes: dict[tuple[str, str], None] = {}  # in order, once per file
     outcomes: Iterable[list[Sample] | Issue | Excluded | CopiedUnit]
     if task.group is not None:
@@ -405,11 +413,14 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           meta=canonical_json(sample.metadata), shape=shape,
                           dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest,
                           blank=is_blank(image), instance=sample.instance)
+        clock.switch("reuse")
+        # the sha256 of each decoded file a later build could find moved (a move candidate's, read already)
+        sources = source_digests(units, task.refs, copied, hashed)
         clock.switch("spill")
     # a record of the store's state at the fetch (an object replaced since the listing, say) is
     # not the file's: the entry is not kept, so the next build fetches the file again
     spill.finish(files=len(task.refs), issues=issues, notes=tuple(notes), excluded=excluded,
-                 units=[(unit.key, unit.sample_ids, unit.move) for unit in units],
+                 units=[(unit.key, unit.sample_ids, unit.move, sources.get(unit.key, "")) for unit in units],
                  cached=not any(isinstance(issue, FetchIssue) for issue in issues))
     return ChunkResult(key=task.key, samples=tuple(spill.samples), issues=tuple(issues), files=len(task.refs),
                        seconds=clock.items(), notes=tuple(notes), excluded=tuple(excluded),
@@ -418,22 +429,23 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
 
 
 def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, RawObject], *,
-                  signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit], tuple[DamagedUnit, ...]]:
+                  signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit], tuple[DamagedUnit, ...], Mapping[str, str]]:
     """The units of ``task`` (none without a cache), by unit key what earlier cache entries
-    hold for those that did not change (:mod:`packer.pipeline.filecache`), and the units such an
-    entry held whose bytes did not check out. The chunk's own entry is among those entries: it
+    hold for those that did not change (:mod:`packer.pipeline.filecache`), the units such an
+    entry held whose bytes did not check out, and the sha256s of the move candidates' files read
+    to confirm them (:attr:`~packer.pipeline.filecache.Copies.hashed`). The chunk's own entry is among those entries: it
     is here because it did not check out whole (:func:`~packer.pipeline.spill.load_cached_chunk`),
     and the units whose bytes still check out are copied from it, not decoded. A copy without
     the near-copy signatures the job needs (``signed``) is not taken: its unit is decoded."""
     if cache_dir is None:
-        return [], {}, ()
+        return [], {}, (), {}
     units = unit_keys(task.refs, task.job, dict(task.libraries), group=task.group is not None, listed=listed)
     copies = copy_units(cache_dir, find_earlier(cache_dir, units, own=task.key), units, task.refs, task.job)
     copied = copies.units
     if signed:
         copied = {unit: held for unit, held in copied.items()
                   if all(sample.signature is not None for sample in held.samples)}
-    return units, copied, copies.damaged
+    return units, copied, copies.damaged, copies.hashed
 
 
 def _spill_copied(copied: CopiedUnit, spill: SpillWriter, issues: list[Issue], excluded: list[Excluded],

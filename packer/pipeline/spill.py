@@ -391,7 +391,7 @@ def load_cached_chunk(cache_dir: Path, key: str, fmt: str, *, own_copy: bool = F
         issues = tuple(Issue(**i) for i in data["issues"])
         notes = tuple((str(n[0]), str(n[1])) for n in data.get("notes", ()))
         excluded = tuple(Excluded(**e) for e in data.get("excluded", ()))
-        units = b"".join(index_keys(unit, move) for unit, _, move in unit_records(data))
+        units = b"".join(index_keys(unit, move) for unit, _, move, _ in unit_records(data))
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None  # a damaged cache entry is recomputed: its units copied where they check out, else decoded
     return CachedChunk(samples=samples, issues=issues, files=data["files"], notes=notes, excluded=excluded,
@@ -449,11 +449,15 @@ def index_keys(key: str, move: str) -> bytes:
     return bytes.fromhex(key) + (bytes.fromhex(move) if move else b"")
 
 
-def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
+def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str, str]]:
     """A records file's units of per-file reuse (:meth:`SpillWriter.finish`): each unit's key,
-    the ids of its files and its move key (``""`` where it has none, as in entries written before
-    move keys). Raises KeyError, TypeError, ValueError or IndexError for damaged records."""
-    return [(str(listed[0]), tuple(str(i) for i in listed[1]), str(listed[2]) if len(listed) > 2 else "")
+    the ids of its files, its move key (``""`` where it has none, as in entries written before
+    move keys) and the sha256 of the raw file its samples were made from, which confirms a move
+    (``""`` where the entry records none: a unit without a move key, a file that could not be
+    read, an entry written before). Raises KeyError, TypeError, ValueError or IndexError for
+    damaged records."""
+    return [(str(listed[0]), tuple(str(i) for i in listed[1]), str(listed[2]) if len(listed) > 2 else "",
+             str(listed[3]) if len(listed) > 3 else "")
             for listed in data["units"]]
 
 
@@ -1005,15 +1009,15 @@ class SpillWriter:
         return meta_digest.hexdigest(), len(self._signatures) - 1 if self.sig_dir is not None else -1
 
     def finish(self, *, files: int, issues: Sequence[Issue], notes: Sequence[tuple[str, str]] = (),
-               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str]] = (),
+               excluded: Sequence[Excluded] = (), units: Sequence[tuple[str, Sequence[str], str, str]] = (),
                cached: bool = True) -> None:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
         the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
         where there are some, so other entries keep their bytes; ``units``: each unit of
-        per-file reuse's key, the ids of its files and its move key, ``""`` for none,
-        :mod:`packer.pipeline.filecache`). ``cached`` False: no records file, so no later build
-        reuses the entry (it holds a record true of this build only); the spill still serves this
-        build's packing."""
+        per-file reuse's key, the ids of its files, its move key, ``""`` for none, and the sha256
+        of its raw file that confirms a move, ``""`` for none, :mod:`packer.pipeline.filecache`).
+        ``cached`` False: no records file, so no later build reuses the entry (it holds a record
+        true of this build only); the spill still serves this build's packing."""
         signed = b""
         if self.sig_dir is not None:
             buffer = io.BytesIO()
@@ -1029,7 +1033,8 @@ class SpillWriter:
             record = {"files": files, "spill_bytes": self._offset, "spill_digest": self._chain.hexdigest(),
                       "shard_format": self.fmt,
                       "samples": [_sample_json(s) for s in self.samples], "issues": [i.to_json() for i in issues],
-                      "units": [[unit, list(ids), *([move] if move else [])] for unit, ids, move in units]}
+                      "units": [[unit, list(ids), *([move, *([source] if source else [])] if move else [])]
+                                for unit, ids, move, source in units]}
             if notes:
                 record["notes"] = [list(note) for note in notes]
             if excluded:
