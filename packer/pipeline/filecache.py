@@ -26,8 +26,8 @@ pass reads them from that version.
   key and is found by it. The move key only finds a candidate: a *new* file at a new path can
   share a deleted file's inode (ext4 hands a freed inode number to the next file created), size
   and mtime (``tar``, ``cp -p`` and ``rsync -t`` keep it, and an unpacked archive gives every
-  file one). So each entry records the sha256 of each such unit's raw file (:func:`source_digests`),
-  and a candidate is taken only where its own file's sha256 is the one recorded: one read of a
+  file one). So each entry records the xxh3-128 of each such unit's raw file (:func:`source_digests`),
+  and a candidate is taken only where its own file's xxh3-128 is the one recorded: one read of a
   file that would otherwise be decoded. Its samples are then re-keyed from its new id
   (:func:`copy_units`).
 - A **damaged** entry (a published shard it reads back from changed in place, its spill cut
@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from packer.config import JobConfig, SourceConfig
 from packer.files import canonical_json, file_sha256
@@ -139,7 +140,7 @@ class Copies:
 
     units: dict[str, CopiedUnit]
     damaged: tuple[DamagedUnit, ...] = ()
-    #: the sha256 of each move candidate's file, by unit key, read to confirm the move (``""``:
+    #: the xxh3-128 of each move candidate's file, by unit key, read to confirm the move (``""``:
     #: unreadable): a candidate refused is decoded, and its entry records this digest
     hashed: Mapping[str, str] = field(default_factory=dict)
 
@@ -152,9 +153,9 @@ class CopiedUnit:
     issues: tuple[Issue, ...]
     excluded: tuple[Excluded, ...]
     notes: tuple[tuple[str, str], ...]
-    #: the sha256 of the raw file the samples were made from, where the entry records one (a
+    #: the xxh3-128 of the raw file the samples were made from, where the entry records one (a
     #: unit with a move key): what confirms a move, and what the new entry records for the unit
-    source_sha256: str = ""
+    source_xxh3: str = ""
 
 
 def keyed_fields(ref: SampleRef, source: SourceConfig) -> dict[str, Any]:
@@ -297,7 +298,7 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     path and relative path too, and its samples' keys are re-made from the new file id
     (:func:`_moved`); only a unit that gave samples and nothing else (no issue, exclusion or
     note, whose texts name the old path) is taken so, and only where the file at the new path
-    is the file the entry's samples were made from: its sha256 the one the entry records for
+    is the file the entry's samples were made from: its xxh3-128 the one the entry records for
     the unit. The move key matches a new file that took a deleted file's inode number, size
     and mtime too; such a file is decoded."""
     by_chunk: dict[str, set[str]] = defaultdict(set)
@@ -333,9 +334,9 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
                 for s in held.samples))
             continue
         ref = new_refs[unit.sample_ids[0]]
-        if held.source_sha256:  # an entry that records no digest cannot confirm a move: decoded
-            hashed[unit.key] = source_sha256(ref.path)
-        if not held.source_sha256 or hashed[unit.key] != held.source_sha256:
+        if held.source_xxh3:  # an entry that records no digest cannot confirm a move: decoded
+            hashed[unit.key] = source_xxh3(ref.path)
+        if not held.source_xxh3 or hashed[unit.key] != held.source_xxh3:
             continue  # another file on the moved one's inode, size and mtime: decoded
         moved = _moved(held, ref, sources)
         if moved is not None:
@@ -343,18 +344,25 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
     return Copies(units=copied, damaged=tuple(damaged), hashed=hashed)
 
 
-def source_sha256(path: str) -> str:
-    """The sha256 of the local raw file ``path`` (one read), ``""`` where it cannot be read: no
-    move is confirmed by it, and its reader reports the file as it finds it."""
+def source_xxh3(path: str) -> str:
+    """The xxh3-128 of the local raw file ``path`` (one read; xxh3, not sha256: every file a
+    build decodes is hashed, and xxh3 runs at memory speed where sha256 would add a tenth to a
+    pack's CPU; a move is confirmed against an accidental match, never an adversary), ``""``
+    where it cannot be read: no move is confirmed by it, and its reader reports the file as it
+    finds it."""
+    digest = xxhash.xxh3_128()
     try:
-        return file_sha256(Path(path))[1]
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
     except OSError:
         return ""
+    return digest.hexdigest()
 
 
 def source_digests(units: Sequence[Unit], refs: Sequence[SampleRef], copied: Mapping[str, CopiedUnit],
                    hashed: Mapping[str, str]) -> dict[str, str]:
-    """Unit key → the sha256 of its raw file that the chunk's new entry records, for each of
+    """Unit key → the xxh3-128 of its raw file that the chunk's new entry records, for each of
     ``units`` with a move key (one local file): what a copied unit's earlier entry records
     (``copied``), the digest read to confirm a move (``hashed``, :attr:`Copies.hashed`), else
     the file read now: one read of a file this build decoded, so that a later build can confirm
@@ -366,11 +374,11 @@ def source_digests(units: Sequence[Unit], refs: Sequence[SampleRef], copied: Map
         if not unit.move:
             continue
         if unit.key in copied:
-            digests[unit.key] = copied[unit.key].source_sha256
+            digests[unit.key] = copied[unit.key].source_xxh3
         elif unit.key in hashed:
             digests[unit.key] = hashed[unit.key]
         else:
-            digests[unit.key] = source_sha256(paths[unit.sample_ids[0]])
+            digests[unit.key] = source_xxh3(paths[unit.sample_ids[0]])
     return digests
 
 
@@ -468,7 +476,7 @@ def _copy_from(cache_dir: Path, chunk: str, wanted: set[str]) -> tuple[dict[str,
         if (unit := unit_of(str(note[0]))) in out:
             out[unit][3].append((str(note[0]), str(note[1])))
     copied = {unit: CopiedUnit(samples=tuple(parts[0]), issues=tuple(parts[1]), excluded=tuple(parts[2]),
-                               notes=tuple(parts[3]), source_sha256=sources[unit]) for unit, parts in out.items()}
+                               notes=tuple(parts[3]), source_xxh3=sources[unit]) for unit, parts in out.items()}
     return ({key: copied[unit] for key, unit in asked.items() if unit in copied},
             [DamagedUnit(where, units[unit]) for unit, where in sorted(damaged.items())])
 

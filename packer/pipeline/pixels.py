@@ -414,7 +414,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                           dtype=image.dtype.name, signature=sig, mask=mask, stored=sample.stored_digest,
                           blank=is_blank(image), instance=sample.instance)
         clock.switch("reuse")
-        # the sha256 of each decoded file a later build could find moved (a move candidate's, read already)
+        # the xxh3-128 of each decoded file a later build could find moved (a move candidate's, read already)
         sources = source_digests(units, task.refs, copied, hashed)
         clock.switch("spill")
     # a record of the store's state at the fetch (an object replaced since the listing, say) is
@@ -432,7 +432,7 @@ def _copied_units(task: ChunkTask, cache_dir: Path | None, listed: Mapping[str, 
                   signed: bool) -> tuple[list[Unit], dict[str, CopiedUnit], tuple[DamagedUnit, ...], Mapping[str, str]]:
     """The units of ``task`` (none without a cache), by unit key what earlier cache entries
     hold for those that did not change (:mod:`packer.pipeline.filecache`), the units such an
-    entry held whose bytes did not check out, and the sha256s of the move candidates' files read
+    entry held whose bytes did not check out, and the xxh3-128s of the move candidates' files read
     to confirm them (:attr:`~packer.pipeline.filecache.Copies.hashed`). The chunk's own entry is among those entries: it
     is here because it did not check out whole (:func:`~packer.pipeline.spill.load_cached_chunk`),
     and the units whose bytes still check out are copied from it, not decoded. A copy without

@@ -194,7 +194,10 @@ class CachedChunk:
 #: BIDS and intent-declared NIfTI label maps are left out; file-name times are read without suffixes.
 #: 61: TIFF pages (and TIFF masks) in a compression OpenCV does not decode are refused, JPEG tiles of a
 #: TIFF checked strictly; derived images meet the originals only where they stand at half their places.
-CACHE_FORMAT = 61
+#: 62: entries record each decoded raw file's xxh3-128 (a move is confirmed by it); 12/16-bit JPEGs and
+#: TIFFs over 4 samples unsupported; DICOM values split only at single-byte backslashes (GB18030, ISO
+#: 2022); colour DICOM flagged signed read unsigned; float16 rounded once; pixel presence by Pixel Data.
+CACHE_FORMAT = 62
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
@@ -452,7 +455,7 @@ def index_keys(key: str, move: str) -> bytes:
 def unit_records(data: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str, str]]:
     """A records file's units of per-file reuse (:meth:`SpillWriter.finish`): each unit's key,
     the ids of its files, its move key (``""`` where it has none, as in entries written before
-    move keys) and the sha256 of the raw file its samples were made from, which confirms a move
+    move keys) and the xxh3-128 of the raw file its samples were made from, which confirms a move
     (``""`` where the entry records none: a unit without a move key, a file that could not be
     read, an entry written before). Raises KeyError, TypeError, ValueError or IndexError for
     damaged records."""
@@ -1014,7 +1017,7 @@ class SpillWriter:
         """Write the signatures (when kept) and, with a cache folder, the records file (``notes``:
         the readers' warnings, and ``excluded``, the files left out on purpose, each kept only
         where there are some, so other entries keep their bytes; ``units``: each unit of
-        per-file reuse's key, the ids of its files, its move key, ``""`` for none, and the sha256
+        per-file reuse's key, the ids of its files, its move key, ``""`` for none, and the xxh3-128
         of its raw file that confirms a move, ``""`` for none, :mod:`packer.pipeline.filecache`).
         ``cached`` False: no records file, so no later build reuses the entry (it holds a record
         true of this build only); the spill still serves this build's packing."""
