@@ -50,9 +50,16 @@ class HeaderFingerprint:
 
 
 #: The attributes that tell two images at one place apart (an echo, a time point, a b-value, an
-#: inversion): the same image exported twice carries the same values (PS3.3: one SOP Instance)
+#: inversion, a dynamic PET's frame by its Frame Reference Time, PS3.3 C.8.9.4.1.5, a dual-energy
+#: CT's tube voltage): the same image exported twice carries the same values (PS3.3: one SOP Instance)
 IMAGE_IDENTITY = ("InstanceNumber", "EchoNumbers", "EchoTime", "TemporalPositionIdentifier", "TriggerTime",
-                  "InversionTime", "DiffusionBValue")
+                  "InversionTime", "DiffusionBValue", "FrameReferenceTime", "KVP")
+
+#: The times of day that tell two images at one place apart where nothing of :data:`IMAGE_IDENTITY`
+#: does (a CT perfusion's time points, one Acquisition Number, written with their times only): a
+#: record names them last, and they never make two files of one SOP Instance UID two images (a
+#: copy's times may have been rewritten by a de-identifier; the UID says it is one image)
+IMAGE_TIMES = ("AcquisitionTime", "ContentTime")
 
 #: Where a multi-frame object's functional groups tell its frames at one place apart (PS3.3
 #: C.7.6.16.2.2, C.8.13.5.2, C.8.13.5.9): (sequence, attribute), named by the attribute
@@ -111,6 +118,8 @@ class SliceGeometry:
     #: A multi-frame object's :data:`FRAME_IDENTITY` values, one tuple per frame (``()`` for a
     #: single frame): what a record names where two of its frames share a position
     frame_identity: tuple[tuple[str, ...], ...] = ()
+    #: The values of :data:`IMAGE_TIMES` as written ("" where absent)
+    times: tuple[str, ...] = ()
     #: Modality (0008,0060), upper case, and the SOP class's name (:func:`sop_class_name`), as a
     #: slice job's records give them: what a series job's record of a file it leaves out (a
     #: localizer, an end slice under ``edge: skip``) is counted by in the manifest
@@ -174,6 +183,7 @@ def slice_geometry(ds: Dataset) -> SliceGeometry:
         kernel=_text(ds, "ConvolutionKernel"),
         identity=tuple(_text(ds, keyword) for keyword in IMAGE_IDENTITY),
         frame_identity=_frame_identity(ds, frames) if frames > 1 else (),
+        times=tuple(_text(ds, keyword) for keyword in IMAGE_TIMES),
         modality=str(element(ds, "Modality") or "").strip().upper(),
         sop_class=sop_class_name(str(element(ds, "SOPClassUID") or "").strip()),
     )

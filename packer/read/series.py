@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, SeriesConfig
-from packer.read.dicom_series import FRAME_IDENTITY, IMAGE_IDENTITY, HeaderFingerprint, SliceGeometry
+from packer.read.dicom_series import FRAME_IDENTITY, IMAGE_IDENTITY, IMAGE_TIMES, HeaderFingerprint, SliceGeometry
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.volume import AXIS_TIE, build_volume, canonical_order, resampled_shape, stack_affine
 
@@ -633,28 +633,44 @@ def _duplicate_cause(members: Sequence[tuple[SampleRef, SliceGeometry]], one: tu
                 f"with a UID per image, or keep one image per position with the source's where:"
                 f"{_keep(a, b) or ' (an Echo Numbers value, say)'}")
     told = _contrasts(a, b)
+    if told and not _contrasts(a, b, times=False):  # their times alone: a time point of each
+        return (f"two images of one position that their headers tell apart by their times alone ({'; '.join(told)}), "
+                "not a file exported twice: several time points in one series (a perfusion or dynamic scan) or an "
+                "acquisition repeated, which one stack cannot hold; keep one time point with the source's "
+                f"where:{_keep(a, b)}, a source (or job) for each: a where: on a time keeps the images written "
+                "with that one time (one time point; a time point whose slices each have their own time, one slice)")
     if told:
         kind = ("two acquisitions in one series" if len(told) == 1 and told[0].startswith("AcquisitionNumber ")
-                else "several echoes, b-values, image types (magnitude and phase, original and derived) or temporal "
-                     "positions in one series")
-        return (f"two images of one position that their headers tell apart ({'; '.join(told)}), not one file "
-                f"twice: {kind}, which one stack cannot hold; keep one image per position with the source's "
+                else "several echoes, b-values, image types (magnitude and phase, original and derived), temporal "
+                     "positions, frames of a dynamic series or tube voltages in one series")
+        return (f"two images of one position that their headers tell apart ({'; '.join(told)}), not a file "
+                f"exported twice: {kind}, which one stack cannot hold; keep one image per position with the source's "
                 f"where:{_keep(a, b)}, a source (or job) for each")
     return "one file twice in the export, or two acquisitions in one series"
 
 
 #: The header facts (:func:`_facts`) that tell two images of one position apart as a ``where:``
 #: can keep one of them, in the order a record suggests them: Instance Number differs between
-#: any two files, and rows, columns and kernel have been checked alike before positions are
+#: any two files, and rows, columns and kernel have been checked alike before positions are;
+#: their times (:data:`~packer.read.dicom_series.IMAGE_TIMES`) last, where nothing else does
 _CONTRASTS = (*IMAGE_IDENTITY[1:], "ImageType", "AcquisitionNumber")
 
 
-def _contrasts(a: SliceGeometry, b: SliceGeometry) -> list[str]:
+def _time_facts(a: SliceGeometry, b: SliceGeometry) -> list[tuple[str, str, str]]:
+    """The times of day of two files, by DICOM keyword, as :func:`_facts` gives its facts."""
+    return list(zip(IMAGE_TIMES, a.times, b.times, strict=False))
+
+
+def _contrasts(a: SliceGeometry, b: SliceGeometry, times: bool = True) -> list[str]:
     """What tells the images of two files at one position apart beyond their Instance Number
-    (``EchoNumbers 1 against 2``), in :data:`_CONTRASTS` order; ``[]`` where nothing does."""
+    (``EchoNumbers 1 against 2``), in :data:`_CONTRASTS` order; where nothing of those does (and
+    ``times``), their Acquisition and Content Times that differ; ``[]`` where nothing does."""
     facts = {name: (x, y) for name, x, y in _facts(a, b) if x != y}
-    return [f"{name} {facts[name][0] or '(none)'} against {facts[name][1] or '(none)'}"
-            for name in _CONTRASTS if name in facts]
+    told = [name for name in _CONTRASTS if name in facts]
+    if not told and times:
+        facts = {name: (x, y) for name, x, y in _time_facts(a, b) if x != y}
+        told = [name for name in IMAGE_TIMES if name in facts]
+    return [f"{name} {facts[name][0] or '(none)'} against {facts[name][1] or '(none)'}" for name in told]
 
 
 def _image_type_value(mine: Sequence[str], theirs: Sequence[str]) -> str:
@@ -670,7 +686,7 @@ def _keep(a: SliceGeometry, b: SliceGeometry) -> str:
     """The ``where:`` that keeps one of the images ``a`` and ``b`` and not the other (`` {EchoNumbers:
     1}``: ``a``'s value, ``b``'s where ``a`` has none), by the first of :data:`_CONTRASTS` that tells
     them apart; by Image Type, each side's value (`` {ImageType: ORIGINAL} (or {ImageType: TRACEW})``);
-    "" where none does."""
+    where none does, by their times, quoted (`` {AcquisitionTime: '120002'}``); "" where nothing does."""
     for name, x, y in sorted(_facts(a, b), key=lambda f: _CONTRASTS.index(f[0]) if f[0] in _CONTRASTS else 99):
         if x == y or name not in _CONTRASTS:
             continue
@@ -683,6 +699,9 @@ def _keep(a: SliceGeometry, b: SliceGeometry) -> str:
             continue
         if x or y:
             return f" {{{name}: {x or y}}}"
+    for name, x, y in _time_facts(a, b):  # a time is text: quoted (an unquoted 070000 is a YAML octal number)
+        if x != y and (x or y):
+            return f" {{{name}: '{x or y}'}}"
     return ""
 
 
