@@ -53,6 +53,7 @@ REASONS = (
     "series_too_short",
     "series_localizer",
     "series_kernels",
+    "series_mixed",
     "series_incomplete",
     "missing_entity",
     "missing_time",

@@ -1,13 +1,17 @@
 """Series that hold a fourth dimension: images of one place told apart by a time, a frame or an
-energy.
+energy, and contrasts whose slices interleave.
 
 Every file here is a real DICOM file (written with pydicom, read back by packer's header reader,
-or built into shards end to end). Such series went wrong:
+or built into shards end to end). Two kinds of series went wrong:
 
 - a dynamic PET's frames (Frame Reference Time, PS3.3 C.8.9.4), a CT perfusion's time points
   (Acquisition Time and Content Time only) and a dual-energy CT's two tube voltages (KVP) at the
   same positions were refused as "one file twice in the export, or two acquisitions in one
-  series", naming nothing that tells the images apart and no ``where:`` that keeps one.
+  series", naming nothing that tells the images apart and no ``where:`` that keeps one;
+- two echoes (or temporal positions, or b-values) of one series whose slices interleave (echo 1
+  at 0, 3, 6 mm, echo 2 at 1.5, 4.5 mm) were packed as one volume alternating the two contrasts,
+  silently: they are refused as ``series_mixed``, naming the attribute, its values and the
+  ``where:`` that keeps one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pydicom
+import pytest
 from pydicom.dataset import Dataset
 from pydicom.uid import CTImageStorage, MRImageStorage, PositronEmissionTomographyImageStorage
 
@@ -177,3 +182,90 @@ def test_the_where_a_dynamic_and_a_perfusion_record_names_packs_one_volume_of_fi
                    transform={"dicom": {"output": "float16", "sample": "volume"}})
         (volume,) = ShardDataset(str(_build(job).manifest_path), "train", shuffle=False, records=True)
         assert tuple(volume["image"].shape) == (1, 5, 8, 8)
+
+
+# --- contrasts whose slices interleave ------------------------------------------------------------
+
+def _interleaved(folder: Path, told: str, values: tuple[Any, Any], **extra: Any) -> Path:
+    """An MR series of two images (``told`` ``values[0]`` and ``values[1]``) whose slices interleave:
+    the first at 0, 3, 6, 9, 12 mm, the second at 1.5, 4.5, 7.5, 10.5, 13.5 mm; one Acquisition
+    Number, one Image Type."""
+    n = 0
+    for e, value in enumerate(values):
+        for z in range(5):
+            n += 1
+            _write(folder / f"f{n:02d}.dcm", "MR", 1.5 * e + 3.0 * z, n, ImageType=["ORIGINAL", "PRIMARY", "M", "ND"],
+                   AcquisitionNumber=1, SliceThickness=1.5, **{told: value}, **extra)
+    return folder
+
+
+@pytest.mark.parametrize(("told", "values", "named", "fix"), [
+    ("EchoNumbers", (1, 2), "EchoNumbers 1 (5 files", "where: {EchoNumbers: 1}"),
+    ("TemporalPositionIdentifier", (1, 2), "TemporalPositionIdentifier 1 (5 files",
+     "where: {TemporalPositionIdentifier: 1}"),
+    ("DiffusionBValue", (0.0, 1000.0), "DiffusionBValue 0.0 (5 files", "where: {DiffusionBValue: 0.0}"),
+], ids=["echoes", "temporal-positions", "b-values"])
+def test_interleaved_contrasts_of_one_series_are_refused_naming_the_attribute_its_values_and_the_where(
+        tmp_path: Path, told: str, values: tuple[Any, Any], named: str, fix: str) -> None:
+    """They were stacked as one volume of 10 slices alternating the two contrasts, with no record."""
+    messages = _messages(_assembled(_interleaved(tmp_path / "mr", told, values)), "series_mixed")
+    assert len(messages) == 10
+    for message in messages:
+        assert named in message and f"{values[1]} (5 files" in message, message
+        assert fix in message, message
+        assert "the series is not packed" in message
+
+
+def test_two_echoes_that_interleave_are_refused_end_to_end_and_the_where_packs_one_echo(tmp_path: Path) -> None:
+    """The repro: echo 1 (bright) and echo 2 (dark) interleaved; refused as series_mixed, and
+    where: {EchoNumbers: 1} packs echo 1's 5 slices, every one bright."""
+    raw = _interleaved(tmp_path / "mr", "EchoNumbers", (1, 2), EchoTime=5.0)
+    job = _job(tmp_path / "all", [{"kind": "dicom", "root": str(raw), "label": "none"}],
+               transform={"dicom": {"output": "float16", "sample": "volume"}}, validate={"max_bad_fraction": 1.0})
+    result = _build(job)
+    bad = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert len(bad) == 10 and {r["reason"] for r in bad} == {"series_mixed"}
+    job = _job(tmp_path / "one", [{"kind": "dicom", "root": str(raw), "label": "none", "where": {"EchoNumbers": 1}}],
+               transform={"dicom": {"output": "float16", "sample": "volume"}})
+    (volume,) = ShardDataset(str(_build(job).manifest_path), "train", shuffle=False, records=True)
+    assert tuple(volume["image"].shape) == (1, 5, 8, 8)
+    levels = sorted(int(float(volume["image"][0, d].float().mean())) for d in range(5))
+    assert levels == [100, 200, 300, 400, 500]  # files 1-5: echo 1's, none of echo 2's (600-1000)
+
+
+def test_series_of_one_contrast_whose_other_values_vary_still_pack(tmp_path: Path) -> None:
+    """The rule looks at Echo Numbers, Temporal Position Identifier and Diffusion b-value alone,
+    and at values written: an Echo Numbers on some slices only, an Echo Numbers written 1 on one slice
+    and 01 on another, an Echo Time that drifts, a Trigger Time per slice (a gated scan), a
+    Frame Reference Time per bed position (a static whole-body PET, whose beds start at different
+    times: PS3.3 C.8.9.4.1.5), and MR concatenations (every other slice another Acquisition Number)
+    are each one stack."""
+    cases: dict[str, list[dict[str, Any]]] = {
+        "echo-on-some": [{"EchoNumbers": 1} if z % 2 else {} for z in range(6)],
+        "echo-spelt-twice": [{"EchoNumbers": "1" if z % 2 else "01"} for z in range(6)],
+        "echo-time-drifts": [{"EchoNumbers": 1, "EchoTime": 10.0 + 0.01 * z} for z in range(6)],
+        "trigger-per-slice": [{"TriggerTime": 100.0 * z} for z in range(6)],
+        "pet-beds": [{"FrameReferenceTime": 0.0 if z < 3 else 180000.0} for z in range(6)],
+        "concatenations": [{"AcquisitionNumber": 1 + z % 2, "EchoNumbers": 1} for z in range(6)],
+    }
+    for case, per_slice in cases.items():
+        folder = tmp_path / case
+        for z, attrs in enumerate(per_slice):
+            modality = "PT" if case == "pet-beds" else "MR"
+            _write(folder / f"f{z:02d}.dcm", modality, 3.0 * z, z + 1, ImageType=["ORIGINAL", "PRIMARY"], **attrs)
+        out = _assembled(folder)
+        assert len(out.series) == 1 and not out.issues, (case, [i.message for i in out.issues])
+        assert len(out.series[0].slices) == 6
+
+
+def test_two_echoes_in_runs_of_their_own_acquisition_number_are_still_stacked_per_acquisition(tmp_path: Path) -> None:
+    """A series of two acquisitions apart along the normal (0..12 mm and 100..112 mm), each its own
+    echo, was split by Acquisition Number and packed as two stacks: it still is, not refused whole."""
+    n = 0
+    for echo, start in ((1, 0.0), (2, 100.0)):
+        for z in range(5):
+            n += 1
+            _write(tmp_path / f"f{n:02d}.dcm", "MR", start + 3.0 * z, n, ImageType=["ORIGINAL", "PRIMARY"],
+                   AcquisitionNumber=echo, EchoNumbers=echo)
+    out = _assembled(tmp_path)
+    assert not out.issues and [len(s.slices) for s in out.series] == [5, 5]

@@ -23,6 +23,8 @@ turns every file's header facts (:class:`~packer.read.dicom_series.SliceGeometry
   ``series_kernels`` (slices of two or more Convolution Kernels: reconstructions never mixed),
   ``series_geometry`` (rows, columns or pixel spacing differ),
   ``series_duplicate_position`` (two slices within 1e-3 mm along the normal),
+  ``series_mixed`` (slices of two or more echoes, temporal positions or b-values at different
+  positions: :func:`_mixed`),
   ``series_gap`` (a step differs from the median step by more than ``gap_tolerance``),
   ``series_too_short`` (fewer than ``min_slices``).
 
@@ -260,7 +262,7 @@ def assemble(files: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig
 #: The failures a series of several acquisitions shows where each acquisition is a sound stack:
 #: the step between two runs (a chest then an abdomen) or the positions they share (pre and post
 #: contrast), or their kernels (a chest run reconstructed with a lung kernel, the abdomen with a soft one).
-_ACQUISITION_REASONS = ("series_gap", "series_duplicate_position", "series_kernels")
+_ACQUISITION_REASONS = ("series_gap", "series_duplicate_position", "series_kernels", "series_mixed")
 
 
 def _acquisitions(members: list[tuple[SampleRef, SliceGeometry]], key: tuple[str, ...], cfg: SeriesConfig
@@ -536,6 +538,9 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                                                         f"along the slice normal ({both}: "
                                                         f"{_duplicate_cause(members, slices[at], slices[at + 1])})",
                      uid_key, part)
+    mixed = _mixed(members)
+    if mixed is not None:
+        return _fail(refs, "series_mixed", mixed, uid_key, part)
     median = float(np.median(steps)) if steps.size else 0.0  # one slice (min_slices: 1): no step to check
     off = np.abs(steps - median) > cfg.gap_tolerance * median
     if off.any():
@@ -578,6 +583,51 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
                   fingerprints=tuple(members[i][1].fingerprint for i in order),
                   objects=tuple((members[i][1].modality, members[i][1].sop_class) for i in order),
                   depth_assumed=len(slices) == 1 and depth is None)
+
+
+#: The attributes whose values name one image of several that an MR series holds of each place
+#: (an echo, a temporal position, a b-value; the what of each, as a record names it): a stack whose
+#: slices hold two or more values of one (a slice without it aside) would alternate them where their
+#: positions interleave (echo 1 at 0, 3, 6 mm, echo 2 at 1.5, 4.5 mm), as it refuses them where they
+#: share positions. Not Trigger Time (a gated CT or MR writes one per slice), Echo Time (a value that
+#: may differ slightly between slices of one echo), Image Type or Slice Thickness, nor Frame Reference
+#: Time: a static whole-body PET's beds start at different times, so its slices hold one per bed
+#: (PS3.3 C.8.9.4.1.5)
+MIXED = (("EchoNumbers", "echoes"), ("TemporalPositionIdentifier", "temporal positions"),
+         ("DiffusionBValue", "b-values"))
+
+
+def _value_key(text: str) -> tuple[int, tuple[float, ...], str]:
+    """A value of :data:`MIXED` as compared and sorted: as numbers where each of its values is one
+    (``1`` and ``01``, ``1000`` and ``1000.0`` are one value), else as text."""
+    try:
+        return 0, tuple(float(v) for v in text.split("\\")), ""
+    except ValueError:
+        return 1, (), text
+
+
+def _mixed(members: Sequence[tuple[SampleRef, SliceGeometry]]) -> str | None:
+    """What is wrong where the slices of ``members`` (a stack, no two at one position) hold two or
+    more values of an attribute of :data:`MIXED`, ignoring slices without it: the values, each
+    with its file count and a file, and the ``where:`` that keeps the first; None where none do."""
+    for name, what in MIXED:
+        at = IMAGE_IDENTITY.index(name)
+        files: dict[tuple[int, tuple[float, ...], str], list[str]] = {}
+        written: dict[tuple[int, tuple[float, ...], str], str] = {}
+        for ref, g in members:
+            text = g.identity[at] if len(g.identity) > at else ""
+            if text:
+                written.setdefault(_value_key(text), text)
+                files.setdefault(_value_key(text), []).append(ref.path)
+        if len(files) > 1:
+            values = sorted(files)
+            shown = "; ".join(f"{name} {written[v]} ({len(files[v])} file{'s' if len(files[v]) > 1 else ''}, "
+                              f"e.g. {files[v][0]})" for v in values)
+            return (f"its slices hold {len(values)} values of {name} ({shown}) at different positions: {what} of one "
+                    "series whose slices interleave along the normal (or lie apart), which one stack would "
+                    f"alternate; keep one with the source's where: {{{name}: {written[values[0]]}}}, a source (or "
+                    "job) for each")
+    return None
 
 
 def _same_spacing(spacing: tuple[float, float] | None, first: tuple[float, float] | None
