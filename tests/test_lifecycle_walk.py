@@ -276,3 +276,16 @@ def test_gc_keeps_a_version_pinned_through_a_chain_of_links_and_ignores_links_le
     (own.dataset / "prod").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     plan = json.loads(packer("gc", own.dataset, "--keep", "1", "--dry-run", "--json").output)
     assert plan["pinned"] == [] and [v["folder"] for v in plan["remove"]] == [own.first.name]
+
+
+def test_ls_lists_a_registry_folder_linked_in_under_another_name(built: Built, tmp_path: Path) -> None:
+    """manifests/photos -> /nfs/registry/photos-2024 (a registry on shared storage linked in): the
+    dataset is the one the link names; 5b3a7e5 took the target's name and found nothing."""
+    shared = tmp_path / "nfs" / "photos-2024"
+    shared.mkdir(parents=True)
+    shutil.copy(built.second / "manifest.json", shared / f"{built.second.name}.json")
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "photos").symlink_to(shared)
+    result = packer("ls", tmp_path / "manifests" / "photos")
+    assert result.exit_code == 0, result.output
+    assert built.second.name in result.output and "no manifests" not in result.output

@@ -187,11 +187,14 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
                                  + ", ".join(str(v.path) for v in broken_versions) + "; run `packer verify` on them")
         return
     registry = folder or DEFAULT_REGISTRY
+    # a folder's own name, where it has one: a registry folder linked in under another name
+    # (manifests/photos -> /nfs/registry/photos-2024) is the dataset it is named as, beside the link
+    own = None if folder is None else folder.name if folder.name not in ("", ".", "..") else folder.resolve().name
     if (folder is not None and folder.is_dir() and not (folder / "manifest.json").is_file()  # not a version folder
             and not any(folder.glob("*/*.json")) and any(folder.glob("*.json"))
-            and name in (None, folder.resolve().name)):
+            and name in (None, own)):
         # one dataset's folder of the registry: manifests/<name> (`packer ls .` inside it too)
-        registry, name = parent_folder(folder), folder.resolve().name
+        registry, name = parent_folder(folder), own
     entries = list_registry(registry, name=name)
     if as_json:
         _echo_json([e.to_json() for e in entries])
