@@ -507,7 +507,8 @@ def _quote_the_number(error: jsonschema.ValidationError) -> str:
         return ""
     key = error.absolute_path[-1] if error.absolute_path else None
     name = f"{key}: " if isinstance(key, str) else ""
-    padded = f", or {name}'0{error.instance}' for 0{error.instance}" if isinstance(error.instance, int) else ""
+    number = error.instance
+    padded = f", or {name}'0{number}' for 0{number}" if isinstance(number, int) and number >= 0 else ""
     return (f" (YAML reads an unquoted number as a number: quote the text as the file writes it, {name}"
             f"'{error.instance}'{padded}; leading zeros are kept only in quotes)")
 

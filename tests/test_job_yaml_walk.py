@@ -215,3 +215,9 @@ def test_a_root_whose_name_is_not_utf8_is_told_to_be_renamed_not_blamed_on_json(
         api.load(doc)
     assert "the byte 0xE9 of a file or folder name that is not UTF-8 text" in str(caught.value)
     assert "rename it in UTF-8" in str(caught.value)
+
+
+def test_a_negative_number_where_text_is_due_gets_no_padded_spelling(tmp_path: Path) -> None:
+    message = load_error(tmp_path, name="-7")
+    assert "quote the text as the file writes it, name: '-7'; leading zeros" in message
+    assert "0-7" not in message
