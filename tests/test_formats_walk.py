@@ -196,7 +196,6 @@ def _image_object(sop_class: str, modality: str, bits: int) -> Dataset:
 @pytest.mark.parametrize(("sop_class", "modality", "name"), [
     (ENHANCED_US_VOLUME, "US", "Enhanced US Volume Storage"),  # Image Pixel module + Pixel Data
     (PARAMETRIC_MAP, "MR", "Parametric Map Storage"),  # Float Pixel Data
-    ("1.3.12.2.1107.5.9.1", "MR", "1.3.12.2.1107.5.9.1"),  # a vendor's private class with an image grid
 ])
 def test_an_image_object_whose_class_name_lacks_image_cut_before_its_pixels_is_a_damaged_image(
         tmp_path: Path, sop_class: str, modality: str, name: str) -> None:
@@ -276,3 +275,20 @@ def test_the_reports_legend_for_unsupported_format_does_not_tell_a_zip_of_dicom_
     legend = text[text.index("unsupported_format:"):].split(";")[0]
     assert "convert it to PNG" not in legend and "archive" in legend and "unpack" in legend
     assert "its detail in excluded.jsonl says" in legend
+
+
+@pytest.mark.parametrize("sop_class", ["1.3.46.670589.11.0.0.12.1",  # Philips Private MR Spectrum Storage
+                                       "1.3.12.2.1107.5.9.1"])  # Siemens CSA Non-Image
+def test_a_vendors_private_spectrum_with_rows_and_columns_is_left_out_not_called_damaged(
+        tmp_path: Path, sop_class: str) -> None:
+    """Philips keeps an MR spectrum in (2005,1270) beside Rows, Columns and Pixel Spacing, with no
+    Pixel Data: a well-formed vendor object, left out as not_image, not a no_pixel_data bad sample
+    telling the user to export it again (74884b1 made it one)."""
+    ds = _object(sop_class, "MR")
+    ds.Rows = ds.Columns = 1
+    ds.PixelSpacing = [10, 10]
+    path = tmp_path / "SPEC0001.dcm"
+    save(ds, path)
+    found = probe(path)
+    assert isinstance(found, Excluded) and found.why == "not_image", found
+    assert "a vendor's private object, without pixel data" in found.detail

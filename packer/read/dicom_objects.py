@@ -311,8 +311,9 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
     series, whose localizers the series rule handles); ``pixels``: whether the file holds pixel
     data where ``ds`` was read without it (a header-only parse stops before it), None where ``ds``
     holds all the file does (:func:`has_pixels`). A file of an image SOP class without pixel data,
-    or of any class but :data:`GRID_WITHOUT_PIXELS` with Rows and Columns but no pixel data, is no
-    exclusion: the read calls it ``no_pixel_data``, a real defect.
+    or of any standard class but :data:`GRID_WITHOUT_PIXELS` with Rows and Columns but no pixel
+    data, is no exclusion: the read calls it ``no_pixel_data``, a real defect. A vendor's private
+    class without pixel data is left out whatever it holds (its spectrum in private tags).
     """
     meta_uid = str(getattr(ds, "file_meta", None) and ds.file_meta.get("MediaStorageSOPClassUID", "") or "").strip()
     # a DICOMDIR (Media Storage Directory Storage) names its class in its file meta only
@@ -330,9 +331,12 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
     # image: a well-formed object of a class no standard names, not a damaged image
     private_class = (known is None and not uid.startswith("1.2.840.10008.") and _UID.fullmatch(uid) is not None
                      and meta_uid in ("", uid))  # a damaged UID, or one its file meta contradicts, is no class
-    if private_class and modality not in NOT_IMAGE_MODALITIES and imageless:
-        return ObjectClass(modality, name, "not_image", f"{what}: a vendor's private object, without an image "
-                                                        "(no Pixel Data, no Rows and Columns)")
+    # Rows and Columns do not make a private class's object an image that lost its pixels: Philips'
+    # Private MR Spectrum and Siemens' CSA Non-Image objects hold them beside a spectrum kept in
+    # private tags (a private image cut exactly before its pixel data is the rarer file)
+    if private_class and modality not in NOT_IMAGE_MODALITIES and not (has_pixels(ds) or pixels):
+        return ObjectClass(modality, name, "not_image", f"{what}: a vendor's private object, without pixel "
+                                                        "data (a spectrum or other data in private tags)")
     if uid in MASK_CLASSES or modality in NOT_IMAGE_MODALITIES or (non_image_class and imageless):
         mask = (" (to pack it as the mask of its series, give the source mask: {from: dicom, segments/rois: "
                 "...})") if uid in MASK_CLASSES or modality in ("RTSTRUCT", "SEG") else ""
