@@ -158,3 +158,22 @@ def test_the_quoted_shard_dataset_signature_is_the_real_one() -> None:
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert list(said) == list(real)
     assert {name: str(value) for name, value in real.items()} == said
+
+
+def test_the_cluster_block_names_the_shared_cache_packer_requires_on_a_cluster() -> None:
+    # packer refuses --scheduler without a shared --cache-dir or PACKER_WORK_DIR (exit 2): the
+    # block a user pastes must carry one, not only the bullet below it
+    block = README.split("## Running on a cluster", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    build = next(line for line in block.splitlines() if line.startswith("packer build"))
+    assert "--scheduler" in build and "--cache-dir" in build, build
+
+
+def test_bench_loader_help_lists_every_device_the_readme_synopsis_does() -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    synopsis = re.search(r"packer bench-loader [^\n]*--device ([a-z|]+)", README)
+    assert synopsis is not None
+    text = " ".join(CliRunner().invoke(main, ["bench-loader", "--help"]).output.split())
+    assert all(device in text for device in synopsis.group(1).split("|")), (synopsis.group(1), text)

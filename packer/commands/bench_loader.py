@@ -29,8 +29,8 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.argument("manifest_arg", metavar="MANIFEST")
 @click.option("--split", default="train", show_default=True, help="Which split's shards to read.")
 @click.option("--device", default="cpu", show_default=True,
-              help="cpu, or cuda to also time host→device copies and data-wait vs compute (a device this "
-                   "machine has: any other is refused before measuring, exit 2).")
+              help="cpu, or cuda, mps or xpu to also time host→device copies and data-wait vs compute (a "
+                   "device this machine has: any other is refused before measuring, exit 2).")
 @click.option("--workers", default="0,1,2", show_default=True, help="DataLoader num_workers values to try.")
 @click.option("--batch-sizes", default="32", show_default=True, help="Batch sizes to try.")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
