@@ -479,6 +479,12 @@ def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() ->
     unlucky = Assignment(split={k: "train" if i < 95 else "test" for i, k in enumerate(keys)}, fold={},
                          groups=singles, dropped=(), pinned={})
     assert balance_warning(unlucky, BY_ENTITY) is None  # no group explains it: chance, not a cause
+    # eight entities of three samples each, all drawn to train: each holds 12%, over the size test
+    # alone, yet none stands out; the first of them was named as the cause
+    few = [f"k{i}" for i in range(24)]
+    eight = tuple(SplitGroup(members=tuple(range(3 * e, 3 * e + 3)), entities=(f"E{e:03d}",)) for e in range(8))
+    drawn = Assignment(split=dict.fromkeys(few, "train"), fold={}, groups=eight, dropped=(), pinned={})
+    assert balance_warning(drawn, replace(BY_ENTITY, ratios=(("train", 0.8), ("valid", 0.2)))) is None
 
 
 def test_one_requested_split_cannot_collapse_however_large_a_group_is() -> None:
@@ -568,15 +574,27 @@ def test_a_groups_members_are_one_array_that_reads_as_the_tuple_of_its_rows() ->
         group.members.rows[0] = 7   # read-only: a group's rows cannot change under it
 
 
-def test_a_one_sample_entity_is_one_sample_in_the_balance_warning() -> None:
-    """Three entities of one sample each, all in train: "holds 1 samples (33%)" read as a typo."""
+def test_three_one_sample_entities_all_in_train_are_luck_and_name_no_entity() -> None:
+    """Three entities of one sample each, all in train: no entity stands out, so none is named as
+    the cause (the warning said "one entity (E0) holds 1 sample (33%)", E0 being merely first)."""
     from packer.pipeline.split import Assignment, SplitGroup, balance_warning
 
     keys = ["k0", "k1", "k2"]
     groups = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(3))
     alone = Assignment(split=dict.fromkeys(keys, "train"), fold={}, groups=groups, dropped=(), pinned={})
-    message = balance_warning(alone, BY_ENTITY)
-    assert message is not None and "holds 1 sample (33%)" in message and "1 samples" not in message
+    assert balance_warning(alone, BY_ENTITY) is None
+
+
+def test_an_entity_that_stands_out_is_named_with_its_samples_in_the_balance_warning() -> None:
+    from packer.pipeline.split import Assignment, SplitGroup, balance_warning
+
+    keys = [f"k{i}" for i in range(10)]
+    groups = (SplitGroup(members=tuple(range(6)), entities=("BIG",)),
+              *(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(6, 10)))
+    drawn = Assignment(split={k: "train" if i < 9 else "test" for i, k in enumerate(keys)}, fold={}, groups=groups,
+                       dropped=(), pinned={})
+    message = balance_warning(drawn, BY_ENTITY)
+    assert message is not None and "one entity (BIG) holds 6 samples (60%)" in message
 
 
 def test_a_missed_share_that_no_link_formed_is_not_told_to_tune_near_copy_settings() -> None:
