@@ -26,10 +26,19 @@ from packer.config import JobConfig, LimitsConfig, SourceConfig
 from packer.read.image_structure import Defect, file_header, sniff_format, tiff_chain
 from packer.read.tiff_codecs import check_opencv_decodes
 from packer.records import Issue, Sample, SampleRef
-from packer.transform.mask import MaskError, check_mask, decode_mask, decode_mask_pages, displayed_size_fix
+from packer.transform.mask import (
+    MaskError,
+    check_lossless_tiff,
+    check_mask,
+    decode_mask,
+    decode_mask_pages,
+    displayed_size_fix,
+)
 
 if TYPE_CHECKING:
     from packer.read.kinds import SourceKind
+
+_COMPRESSION = 259  # TIFF Compression
 
 
 def _issue(ref: SampleRef, reason: str, message: str) -> Issue:
@@ -72,17 +81,20 @@ def _check_header_size(data: bytes, height: int, width: int, orientation: int = 
                                                  "size"))
 
 
-def _check_tiff_codecs(data: bytes, limits: LimitsConfig) -> None:
-    """Raise MaskError ``mask_unreadable`` where a TIFF mask has a page in a compression OpenCV's
-    libtiff does not decode (JPEG 2000, ZSTD, WebP, ...: :func:`check_opencv_decodes`): it would
-    come back as zeros, background everywhere, or as nothing. Every page is looked at (a mask of a
-    multi-page image decodes them all); a damaged chain is left to the decoder to describe."""
+def _check_tiff_codecs(data: bytes, limits: LimitsConfig, path: str) -> None:
+    """Raise MaskError ``mask_unreadable`` where a TIFF mask (the file ``path``) has a page in a
+    lossy compression (JPEG, WebP, JPEG 2000, ...: :func:`check_lossless_tiff`, the decoder's own
+    check, whose message names the compression and the lossless fix), or in one OpenCV's libtiff
+    does not decode (ZSTD, LZMA, ...: :func:`check_opencv_decodes`): it would come back as zeros,
+    background everywhere, or as nothing. Every page is looked at (a mask of a multi-page image
+    decodes them all); a damaged chain is left to the decoder to describe."""
     if sniff_format(bytes(data[:8])) != "tiff":
         return
     try:
         chain = tiff_chain(lambda offset, count: bytes(data[offset:offset + count]), len(data), limits)
     except Defect:
         return
+    check_lossless_tiff([(ifd.tags.get(_COMPRESSION) or (1,))[0] for ifd in chain], path)
     try:
         check_opencv_decodes(chain)
     except Defect as err:
@@ -110,7 +122,7 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
     try:
         frames, height, width = kind.mask_grid(first)
         orientation = _orientation(first)
-        _check_tiff_codecs(data, job.limits)
+        _check_tiff_codecs(data, job.limits, path)
         _check_header_size(data, height, width, orientation)
         mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames,
                         orientation=orientation)
@@ -162,7 +174,7 @@ def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceCon
     ref = samples[0].ref
     listed = ", ".join(f"{height}×{width}" for height, width in sizes)
     try:
-        _check_tiff_codecs(data, job.limits)
+        _check_tiff_codecs(data, job.limits, path)
         _check_header_size(data, *sizes[0])
         pages = decode_mask_pages(data, path)
         if len(pages) != len(sizes):

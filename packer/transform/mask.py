@@ -45,6 +45,18 @@ _TIFF_BITS = 0x0102  # BitsPerSample
 _TIFF_PHOTOMETRIC = 0x0106  # PhotometricInterpretation: 0 WhiteIsZero, 1 BlackIsZero, 3 Palette
 _TIFF_SAMPLES, _TIFF_PLANAR = 0x0115, 0x011C  # SamplesPerPixel; PlanarConfiguration (2: one plane per sample)
 _TIFF_INTEGERS = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the types of the strip tags
+_TIFF_COMPRESSION = 0x0103
+#: TIFF Compression (259) values a mask page may not be stored in, each one's name: JPEG (7, and
+#: old-style 6; DNG's lossy JPEG) is lossy, as a ``.jpg`` mask is, and invents class ids along every
+#: edge (quality 75 turns ids 0-2 into 0-4); WebP, JPEG XL, JPEG 2000 and JPEG XR are lossy unless
+#: written in a lossless mode that the tags do not record (:data:`_MAYBE_LOSSLESS`), so a page in one
+#: of them cannot be told lossless without decoding it against the original, and is refused as well.
+LOSSY_TIFF_COMPRESSIONS = {
+    6: "old-style JPEG", 7: "JPEG", 34892: "DNG lossy JPEG", 50001: "WebP", 34927: "WebP (its draft code)",
+    50002: "JPEG XL", 52546: "DNG JPEG XL", 33003: "Aperio YCbCr JPEG 2000", 33004: "lossy JPEG 2000",
+    33005: "Aperio RGB JPEG 2000", 34712: "JPEG 2000", 34934: "JPEG XR", 22610: "Hamamatsu NDPI JPEG XR",
+}
+_MAYBE_LOSSLESS = frozenset({50001, 34927, 50002, 52546, 34712, 34934, 22610})
 _SHOWN_IDS = 10
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 #: Each Orientation value that swaps an image's axes (5-8): how a viewer shows the stored pixels, and what
@@ -106,6 +118,23 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
         raise MaskError("mask_unreadable", f"{name}: not a PNG, TIFF or .npy file (starts with {head.hex()}); "
                                            "save masks as single-channel PNG, TIFF or .npy")
     return _class_ids(mask, name)
+
+
+def check_lossless_tiff(compressions: Sequence[int], name: str) -> None:
+    """Raise MaskError ``mask_unreadable`` for the first page of a TIFF mask whose Compression
+    (``compressions``, one per IFD of its main chain, in order) is lossy or may be
+    (:data:`LOSSY_TIFF_COMPRESSIONS`), naming ``name``, the page, the compression and the fix,
+    as a ``.jpg`` mask is refused: its pixels would pack with class ids nobody drew."""
+    for page, number in enumerate(compressions):
+        label = LOSSY_TIFF_COMPRESSIONS.get(number)
+        if label is None:
+            continue
+        lossy = ("which is lossy unless written in its lossless mode (the TIFF's tags do not say which), and "
+                 "lossy compression invents" if number in _MAYBE_LOSSLESS else
+                 f"{'JPEG 2000' if 'JPEG 2000' in label else 'JPEG'} is lossy and invents")
+        raise MaskError("mask_unreadable", (
+            f"{name} page {page}: a TIFF mask compressed with {label} (Compression {number}); {lossy} class ids "
+            "along every edge; save the mask as PNG or as a TIFF with LZW, Deflate or no compression (or as .npy)"))
 
 
 def decode_mask_pages(data: bytes, name: str) -> list[np.ndarray]:
@@ -312,6 +341,8 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
     """Every page of a TIFF mask, H×W each (each of its own size), in stored order."""
     try:
         unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
+        # a lossy page (JPEG inside the TIFF) decodes, with ids nobody drew: refused as a .jpg mask is
+        check_lossless_tiff([(tags.get(_TIFF_COMPRESSION) or (1,))[0] for tags in chain], name)
         # the compressed strips that libtiff pads with zero rows where they run out: Deflate's
         # before every decode; LZW's and PackBits' (slower to check) where the padding could not
         # be told from the ids: a palette or WhiteIsZero page, whose zeros are not id 0, or a
