@@ -5,6 +5,11 @@ A mask saved as a JPEG-compressed TIFF is as lossy as a ``.jpg`` mask, which pac
 those invented ids, silently where no classes were declared. A TIFF mask page whose Compression
 tag is lossy (or may be, and the header cannot tell) is now ``mask_unreadable`` too, naming the
 compression and the fix.
+
+Pascal VOC's ``SegmentationClass/`` and ``SegmentationObject/`` and Cityscapes' ``gtFine/``
+(``*_gtFine_labelIds.png``, ``*_gtFine_color.png``, ...) hold label maps; a source without a table
+packed each as a training image. They are now left out as ``label_map``, as Kvasir's ``masks/``
+and ISIC's ``_GroundTruth/`` are.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import yaml
 from PIL import Image
 
 from packer.badsamples import read_bad_samples
+from packer.config import load_job
+from packer.pipeline.discover import MaskPartners, discover, mask_named
 from packer.transform.mask import MaskError, decode_mask, decode_mask_pages
 from tests.test_targets import _build, _job
 
@@ -137,3 +144,61 @@ def test_the_decoder_refuses_every_lossy_tiff_compression_from_its_tag(number: i
     with pytest.raises(MaskError, match=rf"^m\.tif page 1: .*\(Compression {number}\)"):
         decode_mask(_with_compression(plain, number, range(1, 2)), "m.tif")
     assert np.array_equal(decode_mask(plain, "m.tif"), np.stack([IDS, IDS]))
+
+
+def _touch_png(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (12, 16), dtype=np.uint8)).save(path)
+
+
+VOC = ["VOC2012/JPEGImages/2007_000032.jpg", "VOC2012/SegmentationClass/2007_000032.png",
+       "VOC2012/SegmentationObject/2007_000032.png", "VOC2012/SegmentationClassAug/2007_000032.png"]
+CITYSCAPES = ["leftImg8bit/train/aachen/aachen_000000_000019_leftImg8bit.png",
+              "gtFine/train/aachen/aachen_000000_000019_gtFine_labelIds.png",
+              "gtFine/train/aachen/aachen_000000_000019_gtFine_instanceIds.png",
+              "gtFine/train/aachen/aachen_000000_000019_gtFine_labelTrainIds.png",
+              "gtFine/train/aachen/aachen_000000_000019_gtFine_color.png",
+              "gtCoarse/train/aachen/aachen_000000_000019_gtCoarse_labelIds.png"]
+
+
+def test_voc_and_cityscapes_label_maps_are_named_by_their_folders() -> None:
+    voc = MaskPartners.of(VOC)
+    assert [mask_named(rel, voc) for rel in VOC] == [
+        None, "folder 'SegmentationClass'", "folder 'SegmentationObject'", "folder 'SegmentationClassAug'"]
+    city = MaskPartners.of(CITYSCAPES)
+    assert [mask_named(rel, city) for rel in CITYSCAPES] == [None] + ["folder 'gtFine'"] * 4 + ["folder 'gtCoarse'"]
+
+
+def test_cityscapes_endings_name_a_label_map_only_in_its_ground_truth_folder() -> None:
+    """``_color``, ``_labelIds`` and the like say nothing of a file outside a masks folder: a
+    photo ``sunset_color.png`` beside ``sunset.png`` is packed, and so is a gtFine file whose
+    city/sequence/frame names no image of the source."""
+    photos = ["photos/sunset.png", "photos/sunset_color.png", "photos/a_labelIds.png", "photos/a.png"]
+    partners = MaskPartners.of(photos)
+    assert [mask_named(rel, partners) for rel in photos] == [None] * 4
+    alone = ["leftImg8bit/train/aachen/aachen_000000_000019_leftImg8bit.png",
+             "gtFine/train/bonn/bonn_000000_000019_gtFine_labelIds.png"]
+    assert mask_named(alone[1], MaskPartners.of(alone)) is None
+
+
+@pytest.mark.parametrize(("layout", "kept", "folders"), [
+    (VOC, ["VOC2012/JPEGImages/2007_000032.jpg"],
+     ["SegmentationClass", "SegmentationClassAug", "SegmentationObject"]),
+    (CITYSCAPES, ["leftImg8bit/train/aachen/aachen_000000_000019_leftImg8bit.png"], ["gtCoarse", "gtFine"]),
+])
+def test_a_voc_or_cityscapes_root_without_a_table_packs_only_its_images(
+        tmp_path: Path, layout: list[str], kept: list[str], folders: list[str]) -> None:
+    root = tmp_path / "data"
+    for n, rel in enumerate(layout):
+        _touch_png(root / rel, n)
+    job = {"name": "seg", "sources": [{"kind": "image", "root": str(root), "label": "none", "entity": "path"}],
+           "split": {"by": "entity", "seed": 1, "ratios": {"train": 1.0}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out")}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    found = discover(load_job(path))
+    assert sorted(ref.relpath for ref in found.refs) == kept
+    assert sorted(rel for rel in layout if rel not in kept) == sorted(
+        str(Path(e.path).relative_to(root)) for e in found.excluded if e.why == "label_map")
+    assert {e.detail.split(":")[0] for e in found.excluded} == {f"folder {f!r}" for f in folders}
+    assert any(f"{len(layout) - 1} file(s) named as masks or label maps left out" in w for w in found.warnings)

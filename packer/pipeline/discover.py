@@ -720,11 +720,23 @@ def _undecodable_names(source: SourceConfig, files: list[tuple[str, str]], phi: 
 #: Folders whose files are masks or label maps (compared in lower case): ``masks/`` (Kvasir-SEG),
 #: ``labelsTr/`` (the Medical Segmentation Decathlon, nnU-Net), ``segmentations/`` (TotalSegmentator),
 #: ``Ground Truth/`` (CVC-ClinicDB); and a folder whose name ends in the word ``GroundTruth``
-#: (ISIC 2018's ``ISIC2018_Task1_Training_GroundTruth/``). A class folder such as ``with_mask/``
+#: (ISIC 2018's ``ISIC2018_Task1_Training_GroundTruth/``); Pascal VOC's ``SegmentationClass/`` and
+#: ``SegmentationObject/`` (and SBD's ``SegmentationClassAug/``), each file named as its image in
+#: ``JPEGImages/``; Cityscapes' ``gtFine/`` and ``gtCoarse/``, whose files are named as their image in
+#: ``leftImg8bit/`` less its ending (:data:`_CITYSCAPES_ENDING`). A class folder such as ``with_mask/``
 #: (a face-mask classification set) is none of them. KiTS23's ``case_00000/instances/`` (one mask per
 #: instance and annotator) counts only beside its case's label map (:data:`_CASE_MASK_FOLDERS`).
 MASK_FOLDERS = frozenset({"mask", "masks", "labels", "labelstr", "labelsts", "labelsva", "seg", "segs", "segmentation",
-                          "segmentations", "ground truth", "ground_truth", "groundtruth", "gt", "instances"})
+                          "segmentations", "ground truth", "ground_truth", "groundtruth", "gt", "instances",
+                          "segmentationclass", "segmentationclassaug", "segmentationobject", "gtfine", "gtcoarse"})
+#: The ending of a Cityscapes label map's name in its ``gtFine/`` or ``gtCoarse/`` folder
+#: (``aachen_000000_000019_gtFine_labelIds``, ``_instanceIds``, ``_labelTrainIds``, ``_color``): what
+#: is left names its image (``aachen_000000_000019_leftImg8bit``). It counts only for a file in one
+#: of those folders (:data:`_CITYSCAPES_FOLDERS`): a photo ``sunset_color.png`` beside ``sunset.png``
+#: is no label map.
+_CITYSCAPES_FOLDERS = frozenset({"gtfine", "gtcoarse"})
+_CITYSCAPES_ENDING = re.compile(r"(?:_gtfine|_gtcoarse)?_(?:labelids|instanceids|labeltrainids|color)$",
+                                re.IGNORECASE)
 #: Masks folders too common a word to count on an image beside them alone: they count only in a
 #: folder that also holds a file named as a mask (KiTS23's ``segmentation.nii.gz`` beside ``instances/``)
 _CASE_MASK_FOLDERS = frozenset({"instances"})
@@ -772,7 +784,9 @@ def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool
     """Whether a file in a masks folder has the image it belongs to: a file of the same name
     outside any masks folder (Kvasir-SEG's ``masks/x.jpg`` and ``images/x.jpg``, the Decathlon's
     ``labelsTr/`` and ``imagesTr/``), or of that name and a suffix (nnU-Net's ``imagesTr/x_0000``
-    beside ``labelsTr/x``), or an image in the folder that holds the masks folder
+    beside ``labelsTr/x``), or, in Cityscapes' ``gtFine/`` and ``gtCoarse/``, of its name less its
+    ending (``x_gtFine_labelIds`` beside ``x_leftImg8bit``: :data:`_CITYSCAPES_ENDING`), or an image
+    in the folder that holds the masks folder
     (TotalSegmentator's ``s0000/ct.nii.gz`` beside ``s0000/segmentations/``), or an images folder
     beside the masks folder (:data:`_IMAGE_FOLDER`: ``imagesTr/`` beside ``labelsTr/``), whatever
     its files' names: a partial download that lacks one case's image still ships that case's label
@@ -787,6 +801,9 @@ def _folder_has_partner(relpath: str, stem: str, partners: MaskPartners) -> bool
         return holder in partners.folders and holder in partners.labelled
     if _named_by_image(stem, partners):  # nnU-Net's imagesTr/x_0000 (a channel suffix) holds labelsTr/x's image
         return True
+    ending = _CITYSCAPES_ENDING.search(stem) if parts[index].lower() in _CITYSCAPES_FOLDERS else None
+    if ending is not None and ending.start() and _named_by_image(stem[:ending.start()], partners):
+        return True  # gtFine/x_gtFine_labelIds: leftImg8bit/x_leftImg8bit is its image
     return holder in partners.folders or holder in partners.image_folders
 
 
