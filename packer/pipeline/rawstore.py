@@ -119,6 +119,14 @@ def _hidden(relpath: str) -> bool:
     return any(part.startswith(".") for part in relpath.split("/"))
 
 
+def _folder_marker(name: str, info: Mapping[str, Any]) -> bool:
+    """Whether a listing's entry stands for a folder, not a file: a directory, or an object whose
+    key ends in ``/`` (the zero-byte "folder" objects the S3 console's "Create folder" and sync
+    tools write, which object stores list as files). A local folder is never a file; neither is
+    its marker."""
+    return info.get("type", "file") != "file" or name.endswith("/")
+
+
 def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = None,
                       where: str = "root") -> list[RemoteFile]:
     """Every file under the URL ``root`` (hidden files and folders skipped, as in the local
@@ -143,10 +151,12 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
     found = []
     base = join_relpath(root, ".")
     for name, info in entries.items():
-        key = name.rstrip("/")[len(path) + 1:]  # as the store names it (percent-encoded under http)
+        if _folder_marker(name, info):
+            continue
+        key = name[len(path) + 1:]  # as the store names it (percent-encoded under http)
         # the listing's links are URL paths: the relative path is the file's real name
         relpath = unquote(key) if _encoded(root) else key
-        if info.get("type", "file") == "file" and relpath and not _hidden(relpath):
+        if relpath and not _hidden(relpath):
             found.append(RemoteFile(relpath=relpath, url=_listed_url(base, key), stat=raw_object(info)))
     if _encoded(root):
         found = _with_headers(fs, found, [name for name, info in entries.items() if info.get("size") is None])
