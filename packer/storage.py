@@ -279,9 +279,9 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
         try:
             fs.connect()  # makes the client (no request); cached on the filesystem, which fsspec caches
         except (TypeError, ValueError, AttributeError) as err:  # AttributeError: client_kwargs=abc, not a mapping
-            raise _options_error(url, storage_options, err) from err
+            raise (_environment_error(url, storage_options, err) or _options_error(url, storage_options, err)) from err
         except remote_errors() as err:  # botocore's PartialCredentialsError: key= without secret=, or the reverse
-            raise _options_error(url, storage_options, err) from err
+            raise (_environment_error(url, storage_options, err) or _options_error(url, storage_options, err)) from err
     return fs, path
 
 
@@ -306,6 +306,58 @@ def _options_error(url: str, storage_options: Mapping[str, Any] | None, err: Bas
     return ConfigError(f"{url}: the storage options (given: {given}) are not accepted ({type(err).__name__}: "
                        f"{err}); check each storage option, e.g. "
                        f"{surface().storage_options(endpoint_url='http://127.0.0.1:9000')}")
+
+
+#: The environment variables botocore reads a key pair from, each with its partner.
+_KEY_PAIR = {"AWS_ACCESS_KEY_ID": "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY": "AWS_ACCESS_KEY_ID"}
+
+
+def _environment_error(url: str, storage_options: Mapping[str, Any] | None, err: BaseException) -> ConfigError | None:
+    """The ``ConfigError`` naming the environment variable at fault when making the store's client
+    failed on a value that came from the environment, not from a storage option the user gave
+    (``AWS_PROFILE`` naming no profile, an ``AWS_ENDPOINT_URL`` that is no URL, half of an
+    ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` pair, an ``AWS_DEFAULT_REGION`` that is no
+    region name), with its fix; None where the options are to blame. Credentials are never shown."""
+    given = dict(storage_options or {})
+    client = given.get("client_kwargs")
+    given_client = dict(client) if isinstance(client, Mapping) else {}
+    fields: Mapping[str, Any] = getattr(err, "kwargs", None) or {}
+    kind = type(err).__name__
+    if kind == "ProfileNotFound" and "profile" not in given:
+        variable = next((name for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE")
+                         if os.environ.get(name) and os.environ[name] == fields.get("profile")), None)
+        if variable is not None:
+            config = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+            credentials = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+            return ConfigError(f"{url}: the environment variable {variable} names the profile "
+                               f"'{os.environ[variable]}', which does not exist ({kind}: {err}); a profile must "
+                               f"exist in {config} (as [profile NAME]) or {credentials} (as [NAME]): set {variable} "
+                               "to one that does, or unset it to use the default credentials")
+    if kind == "PartialCredentialsError" and fields.get("provider") == "env":
+        missing = str(fields.get("cred_var", ""))
+        partner = _KEY_PAIR.get(missing)
+        if partner is not None:
+            return ConfigError(f"{url}: the environment variable {missing} is not set (or empty) but {partner} is "
+                               "(its value not shown): botocore takes a key pair from the environment whole; set "
+                               f"both, or neither (then AWS_PROFILE or {surface().storage_options(key='...')} and "
+                               "secret=... give the credentials)")
+    if kind == "InvalidRegionError" and "region_name" not in given_client:
+        region = os.environ.get("AWS_DEFAULT_REGION")
+        if region and region == fields.get("region_name"):
+            return ConfigError(f"{url}: the environment variable AWS_DEFAULT_REGION is '{region}', not a region "
+                               f"name ({kind}: {err}); set it to one, e.g. AWS_DEFAULT_REGION=us-east-1, or unset it")
+    if isinstance(err, ValueError) and str(err).startswith("Invalid endpoint") \
+            and "endpoint_url" not in given and "endpoint_url" not in given_client:
+        variable = next((name for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(name)), None)
+        if variable is not None:
+            value = os.environ[variable]
+            shown = value if "@" not in value else "...@" + value.rsplit("@", 1)[-1]  # no user or password
+            example = (f"{variable}=http://{shown}" if "://" not in value
+                       else f"{variable}=http://HOST:PORT or https://HOST")
+            return ConfigError(f"{url}: the environment variable {variable} is '{shown}', not an endpoint URL; "
+                               f"an endpoint needs its scheme, http:// or https:// (e.g. {example}), or unset "
+                               f"{variable} for the store's own endpoint")
+    return None
 
 
 def check_protocol(url: str) -> None:

@@ -59,3 +59,48 @@ def test_folder_marker_objects_are_folders_not_empty_files(store: Store, tmp_pat
     assert [f.relpath for f in listed] == ["pat0/IM0001", "pat1/IM0001", "pat2/IM0001"]
     found = discover(job_for(tmp_path, {"kind": "dicom", "name": "ct", "root": f"s3://{BUCKET}/markers"}))
     assert [e.path for e in found.excluded if not e.path.endswith("IM0001")] == []
+
+
+@pytest.mark.parametrize(("variables", "named", "fix"), [
+    ({"AWS_PROFILE": "nosuchprofile"}, "AWS_PROFILE", "a profile must exist in "),
+    ({"AWS_ENDPOINT_URL": "minio.local:9000"}, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL=http://minio.local:9000"),
+    ({"AWS_ENDPOINT_URL_S3": "minio.local:9000", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "AWS_ENDPOINT_URL_S3",
+     "AWS_ENDPOINT_URL_S3=http://minio.local:9000"),
+    ({"AWS_ACCESS_KEY_ID": "AKIAENVONLYSECRET"}, "AWS_SECRET_ACCESS_KEY", "set both, or neither"),
+    ({"AWS_DEFAULT_REGION": "us east 1"}, "AWS_DEFAULT_REGION", "e.g. AWS_DEFAULT_REGION=us-east-1"),
+])
+def test_a_bad_aws_variable_is_named_as_the_setting_at_fault_not_the_storage_options_never_given(
+        monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], named: str, fix: str) -> None:
+    """The user gave no storage option: the message names the environment variable whose value
+    botocore refused and how to fix it, and never shows a credential's value."""
+    s3fs = pytest.importorskip("s3fs")
+    from packer.errors import ConfigError
+    from packer.storage import filesystem_for
+
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                 "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance connected under other variables would not connect again
+    with pytest.raises(ConfigError) as err:
+        filesystem_for("s3://bkt/photos")
+    message = str(err.value)
+    assert message.startswith("s3://bkt/photos: ")
+    assert f"environment variable {named}" in message and fix in message, message
+    assert "storage options (given: none)" not in message and "AKIAENVONLYSECRET" not in message
+
+
+def test_a_bad_storage_option_is_still_blamed_on_the_option_even_with_aws_variables_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint given as ``--storage-option endpoint_url=...`` is the option's fault, not the
+    variable's, whatever the environment holds."""
+    pytest.importorskip("s3fs")
+    from packer.errors import ConfigError
+    from packer.storage import filesystem_for
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match=r"the storage options \(given: endpoint_url\) are not accepted") as err:
+        filesystem_for("s3://bkt/photos", {"endpoint_url": "minio.local:9000"})
+    assert "environment variable" not in str(err.value)
