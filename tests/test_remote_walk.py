@@ -104,3 +104,23 @@ def test_a_bad_storage_option_is_still_blamed_on_the_option_even_with_aws_variab
     with pytest.raises(ConfigError, match=r"the storage options \(given: endpoint_url\) are not accepted") as err:
         filesystem_for("s3://bkt/photos", {"endpoint_url": "minio.local:9000"})
     assert "environment variable" not in str(err.value)
+
+
+def test_a_root_naming_one_object_is_refused_as_an_object_naming_its_folder(store: Store, tmp_path: Path) -> None:
+    """``root: s3://…/cat/i1.png`` (an object's URL pasted as the root) is refused as a local
+    root that is a file is ("is a file, not a folder"), naming the folder to give instead: not
+    "no image files under" a URL that is an image file."""
+    from packer.errors import ConfigError
+
+    store.client.put_object(Bucket=BUCKET, Key="pasted/cat/i1.png", Body=png_bytes(1))
+    root = f"s3://{BUCKET}/pasted/cat/i1.png"
+    job = job_for(tmp_path, {"kind": "image", "name": "cats", "root": root, "label": "folder"})
+    with pytest.raises(ConfigError) as err:
+        discover(job)
+    message = str(err.value)
+    assert f"sources.cats.root: {root} is an object, not a folder" in message, message
+    assert f"s3://{BUCKET}/pasted/cat" in message.split("not a folder", 1)[1] and "no image files" not in message
+    # an object that is also a prefix (``a.png`` beside ``a.png/b.png``) is a folder as well: its files are listed
+    store.client.put_object(Bucket=BUCKET, Key="both/a.png", Body=png_bytes(2))
+    store.client.put_object(Bucket=BUCKET, Key="both/a.png/b.png", Body=png_bytes(3))
+    assert [f.relpath for f in list_remote_files(f"s3://{BUCKET}/both/a.png")] == ["b.png"]

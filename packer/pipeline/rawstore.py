@@ -132,8 +132,9 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
     """Every file under the URL ``root`` (hidden files and folders skipped, as in the local
     listing), sorted by relative path, from one recursive listing.
 
-    Raises ``ConfigError`` naming ``where`` when the root holds nothing or cannot be listed
-    (missing bucket, credentials, endpoint), ``PackerError`` for other store failures.
+    Raises ``ConfigError`` naming ``where`` when the root holds nothing, names one object (not a
+    folder) or cannot be listed (missing bucket, credentials, endpoint), ``PackerError`` for other
+    store failures.
     """
     fs, path = filesystem_for(root, storage_options)
     path = path.rstrip("/")
@@ -148,6 +149,12 @@ def list_remote_files(root: str, *, storage_options: Mapping[str, Any] | None = 
         raise
     except remote_errors() as err:
         raise storage_error(root, err, doing=f"{where}: listing the raw files") from err
+    if list(entries) == [path] and entries[path].get("type") == "file":
+        # an object store's find gives an object's own entry for a path that names one object and no prefix
+        # (http's gives a bare {} for any URL that answers, an empty index page too: not told apart here)
+        raise ConfigError(f"{where}: {root} is an object, not a folder or prefix; a root names the folder the "
+                          f"files are under: give its folder, {join_relpath(root, '..')} (with a table to take only "
+                          "some of its files)")
     found = []
     base = join_relpath(root, ".")
     for name, info in entries.items():
