@@ -124,3 +124,46 @@ def test_a_root_naming_one_object_is_refused_as_an_object_naming_its_folder(stor
     store.client.put_object(Bucket=BUCKET, Key="both/a.png", Body=png_bytes(2))
     store.client.put_object(Bucket=BUCKET, Key="both/a.png/b.png", Body=png_bytes(3))
     assert [f.relpath for f in list_remote_files(f"s3://{BUCKET}/both/a.png")] == ["b.png"]
+
+
+def test_table_cells_that_are_urls_under_the_url_root_name_their_objects(store: Store, tmp_path: Path) -> None:
+    """A labels table whose path cells are the objects' full URLs (as ``aws s3 ls`` or fsspec's
+    glob writes them) names the objects under a URL root, as absolute paths under a local root
+    name their files: also written with a doubled slash or beside relative cells. A URL on
+    another store or bucket is a ``missing_file`` quoting the cell as written, outside the root;
+    one elsewhere in the root's bucket leaves the root (``outside_root``), as an absolute local
+    path outside a local root does."""
+    for i in range(4):
+        store.client.put_object(Bucket=BUCKET, Key=f"urls/photos/i{i}.png", Body=png_bytes(10 + i))
+    rows = [f"s3://{BUCKET}/urls/photos/i0.png,a,e0,2024-01-01", "i1.png,b,e1,2024-01-01",
+            f"s3://{BUCKET}/urls//photos/i2.png,a,e2,2024-01-01", f"S3://{BUCKET}/urls/photos/i3.png,b,e3,2024-01-01",
+            "s3://other-bucket/urls/photos/i9.png,a,e9,2024-01-01",
+            f"s3://{BUCKET}/elsewhere/i8.png,b,e8,2024-01-01"]
+    table = "\n".join(["path,label,entity,timestamp", *rows]) + "\n"
+    store.client.put_object(Bucket=BUCKET, Key="urls/labels.csv", Body=table.encode())
+    job = job_for(tmp_path, {"kind": "image", "name": "ph", "root": f"s3://{BUCKET}/urls/photos/",
+                             "table": f"s3://{BUCKET}/urls/labels.csv"})
+    found = discover(job)
+    assert sorted((r.relpath, r.label) for r in found.refs) == [
+        ("i0.png", "a"), ("i1.png", "b"), ("i2.png", "a"), ("i3.png", "b")]
+    assert found.unlabeled == {}
+    issues = {i.reason: i.message for i in found.issues}
+    assert sorted(issues) == ["missing_file", "outside_root"], issues
+    assert "'s3://other-bucket/urls/photos/i9.png'" in issues["missing_file"]
+    assert "outside the source root" in issues["missing_file"] and "s3:/other" not in issues["missing_file"]
+    assert f"'s3://{BUCKET}/elsewhere/i8.png'" in issues["outside_root"]
+
+
+def test_a_table_of_urls_only_under_the_url_root_is_not_a_table_that_matches_nothing(
+        store: Store, tmp_path: Path) -> None:
+    """Every cell a URL under the root: the table matches, where it was a config error advising
+    a path_base that no value of could make the URLs match."""
+    for i in range(2):
+        store.client.put_object(Bucket=BUCKET, Key=f"only-urls/i{i}.png", Body=png_bytes(20 + i))
+    table = "path,label,entity,timestamp\n" + "".join(
+        f"s3://{BUCKET}/only-urls/i{i}.png,a,e{i},2024-01-01\n" for i in range(2))
+    store.client.put_object(Bucket=BUCKET, Key="only-urls-labels.csv", Body=table.encode())
+    job = job_for(tmp_path, {"kind": "image", "name": "ph", "root": f"s3://{BUCKET}/only-urls",
+                             "table": f"s3://{BUCKET}/only-urls-labels.csv"})
+    found = discover(job)
+    assert sorted(r.relpath for r in found.refs) == ["i0.png", "i1.png"] and found.issues == []

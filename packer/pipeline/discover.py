@@ -52,6 +52,7 @@ from packer.pipeline.tables import (
     TableRow,
     escapes_root,
     folder_link_on_way,
+    is_url_cell,
     normalize_time,
     place_rows,
     read_records,
@@ -1306,6 +1307,14 @@ def _unlisted_rows(source: SourceConfig, rows: Mapping[str, TableRow], seen: set
     folded_files: dict[str, list[str]] | None = None  # the listed files by their name's case fold, when first asked
     for rel, row in sorted(rows.items()):
         if rel in seen:
+            continue
+        if is_url_cell(rel):  # a URL on another store (or under a local root): no path under the root names it
+            issues.append(Issue(sample_id=make_sample_id(source.name, rel, phi), path=rel, stage="discover",
+                                reason="missing_file",
+                                message=f"{_rows_saying(table, row, 'lists')} {row.cell or rel!r}, a URL outside the "
+                                        f"source root {source.root} (another store, bucket or host); give the URL of "
+                                        "the file under the root, or its path relative to the root, or point the "
+                                        "root at the folder the URLs are under"))
             continue
         target = join_relpath(source.root, rel) if isinstance(source.root, str) else str(source.root / rel)
         if escapes_root(rel):

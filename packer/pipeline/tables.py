@@ -43,6 +43,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import unquote
 
 from packer.config import JoinConfig, SourceConfig, SplitConfig, TableConfig
 from packer.errors import ConfigError, exhausted
@@ -1065,8 +1066,12 @@ def _real_folder(folder: str) -> str | None:
 
 def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = True) -> str:
     """A table cell's path relative to the root (it is written relative to ``path_base``); spaces
-    around the cell are dropped (``strip``), as exports pad cells."""
-    text = posixpath.normpath((cell.strip() if strip else cell).replace("\\", "/"))
+    around the cell are dropped (``strip``), as exports pad cells. A cell that is a URL names its
+    file whatever ``path_base`` is (:func:`_rebase_url`)."""
+    written = (cell.strip() if strip else cell).replace("\\", "/")
+    if "://" in written:
+        return _rebase_url(written, root)
+    text = posixpath.normpath(written)
     if table.path_base is None:
         top = os.fspath(root)
         if "://" in top or not (posixpath.isabs(text) or text.startswith("../")):
@@ -1092,6 +1097,36 @@ def _rebase(cell: str, table: TableConfig, root: Path | str, *, strip: bool = Tr
         # download linked in: data/CheXpert-v1.0-small -> /mnt/datasets/...): its folder, resolved
         rel = _through_links(joined, top, rel)
     return rel
+
+
+def is_url_cell(rel: str) -> bool:
+    """Whether ``rel``, a table cell's path as :func:`_rebase` read it, is a URL that no path
+    relative to the root names (another store, bucket or host than the root's, or a URL under a
+    local root): the cell as written, which names no file under the root."""
+    return "://" in rel
+
+
+def _rebase_url(cell: str, root: Path | str) -> str:
+    """A cell that is a URL (``s3://bkt/photos/i4.png``, as ``aws s3 ls`` or fsspec's glob writes
+    a table): its path relative to a URL root on the same store (scheme and bucket or host alike),
+    compared after normalising ``//`` and a trailing slash, never with the scheme's ``//`` eaten:
+    ``i4.png`` under ``s3://bkt/photos``, ``../x.png`` leading out of it elsewhere in the bucket
+    (``outside_root``, as an absolute local path outside a local root). Under an http(s) root the
+    URL's path is percent-decoded, as its listing's names are. Elsewhere (another store, or a
+    local root) the cell as written (:func:`is_url_cell`): no relative path names it."""
+    top = os.fspath(root)
+    if "://" not in top:
+        return cell
+    scheme, rest = cell.split("://", 1)
+    top_scheme, top_rest = top.split("://", 1)
+    host, _, path = rest.partition("/")
+    top_host, _, top_path = top_rest.partition("/")
+    encoded = top_scheme.lower() in ("http", "https")
+    if scheme.lower() != top_scheme.lower() or (host.lower() != top_host.lower() if encoded else host != top_host):
+        return cell
+    if encoded:
+        path = unquote(path.split("?", 1)[0].split("#", 1)[0])
+    return posixpath.relpath(posixpath.normpath("/" + path), posixpath.normpath("/" + top_path))
 
 
 @functools.lru_cache(maxsize=256)
@@ -1397,6 +1432,9 @@ def _no_match_error(source: SourceConfig, records: Records, cells: Sequence[str]
                "enter: it names each file once, at its real path" + ("" if hide_paths else (
                    f" (the cell {linked[0]!r} goes through the link {linked[1]!r}; the file is listed as "
                    f"{linked[2]!r})")) + "; write the rows with the real folder's paths")
+    elif "://" in cell:  # URLs that are not under the root (those under it name their files)
+        fix = (f"the cells are URLs, and none is under the source root {source.root}: point the root at the "
+               "folder the URLs are under, or check that the table belongs to this root")
     elif backslashed is not None:  # a Windows zip unpacked where \ is no separator: one file, named with backslashes
         fix = ("a backslash in the cells is read as a folder separator (a table written on Windows), but the files "
                "under the root have backslashes in their names" + ("" if hide_paths else f" ({backslashed!r} is one "
