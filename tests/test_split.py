@@ -484,7 +484,16 @@ def test_a_split_far_from_its_ratios_names_the_chained_group_that_caused_it() ->
     few = [f"k{i}" for i in range(24)]
     eight = tuple(SplitGroup(members=tuple(range(3 * e, 3 * e + 3)), entities=(f"E{e:03d}",)) for e in range(8))
     drawn = Assignment(split=dict.fromkeys(few, "train"), fold={}, groups=eight, dropped=(), pinned={})
-    assert balance_warning(drawn, replace(BY_ENTITY, ratios=(("train", 0.8), ("valid", 0.2)))) is None
+    message = balance_warning(drawn, replace(BY_ENTITY, ratios=(("train", 0.8), ("valid", 0.2))))
+    assert message is not None and "E00" not in message
+    assert "its 8 split groups are each 3 samples, whole in one split: too few and too coarse" in message
+    # one of two entities holding nine tenths stands out (the median of the others, not of all)
+    two = (SplitGroup(members=tuple(range(18)), entities=("BIG",)), SplitGroup(members=(18, 19), entities=("S",)))
+    keys20 = [f"k{i}" for i in range(20)]
+    skew = Assignment(split={k: "train" if i < 18 else "valid" for i, k in enumerate(keys20)}, fold={}, groups=two,
+                      dropped=(), pinned={})
+    message = balance_warning(skew, replace(BY_ENTITY, ratios=(("train", 0.8), ("valid", 0.2))))
+    assert message is not None and "one entity (BIG) holds 18 samples (90%)" in message
 
 
 def test_one_requested_split_cannot_collapse_however_large_a_group_is() -> None:
@@ -576,13 +585,15 @@ def test_a_groups_members_are_one_array_that_reads_as_the_tuple_of_its_rows() ->
 
 def test_three_one_sample_entities_all_in_train_are_luck_and_name_no_entity() -> None:
     """Three entities of one sample each, all in train: no entity stands out, so none is named as
-    the cause (the warning said "one entity (E0) holds 1 sample (33%)", E0 being merely first)."""
+    the cause (the warning said "one entity (E0) holds 1 sample (33%)", E0 being merely first);
+    the groups' coarseness is."""
     from packer.pipeline.split import Assignment, SplitGroup, balance_warning
 
     keys = ["k0", "k1", "k2"]
     groups = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(3))
     alone = Assignment(split=dict.fromkeys(keys, "train"), fold={}, groups=groups, dropped=(), pinned={})
-    assert balance_warning(alone, BY_ENTITY) is None
+    message = balance_warning(alone, BY_ENTITY)
+    assert message is not None and "E0" not in message and "its 3 split groups are each 1 sample," in message
 
 
 def test_an_entity_that_stands_out_is_named_with_its_samples_in_the_balance_warning() -> None:

@@ -537,11 +537,18 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
         return None
     largest = balance.largest
     cause = None
-    sizes = sorted(g.size for g in assignment.groups)
-    median = sizes[len(sizes) // 2] if sizes else 0
-    # a group explains the miss only where it stands out: eight entities of 3 samples each miss
-    # 80/20 by luck, and the first of them is no cause (each holds 12%, above the size test alone)
-    if largest is not None and largest.size > 2 * tolerance * total and largest.size >= 2 * median:
+    others = sorted(g.size for g in assignment.groups)[:-1]  # every group but (one) largest
+    median = others[(len(others) - 1) // 2] if others else 0
+    coarse = largest is not None and largest.size > 2 * tolerance * total
+    # a group explains the miss only where it stands out from the others; eight entities of 3
+    # samples each (12% apiece) miss 80/20 because whole groups this coarse cannot meet it, and
+    # the first of them is no more the cause than the rest
+    if coarse and largest is not None and len(assignment.groups) > 1 and largest.size < 2 * median:
+        span = f"{largest.size:,}" if others[0] == largest.size else f"{others[0]:,}-{largest.size:,}"
+        cause = (f"; its {len(assignment.groups):,} split groups are each {span} sample"
+                 f"{'' if largest.size == 1 else 's'}, whole in one split: too few and too coarse to meet the "
+                 "ratios closely")
+    elif coarse and largest is not None:
         size = f"{largest.size:,} sample{'' if largest.size == 1 else 's'} ({balance.largest_share:.0%})"
         if len(largest.entities) > 1:
             cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
