@@ -109,9 +109,14 @@ def test_a_jpeg_compressed_tiff_mask_is_unreadable_as_a_jpeg_mask_is(tmp_path: P
         buffer = io.BytesIO()
         Image.fromarray(IDS).save(buffer, format="TIFF", compression=compression)
         masks[f"{compression}.tif"] = buffer.getvalue()
+    # Compression 7 holding a lossless JPEG stream (SOF3, as DNG and tifffile's lossless mode
+    # write it) keeps the ids exactly: its frame marker says so, and it packs
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, IDS, compression="jpeg", compressionargs={"lossless": True})
+    masks["ljpeg.tif"] = buffer.getvalue()
     bad, packed = _mask_build(tmp_path, masks, classes)
     assert sorted(bad) == ["jp2k.tif", "jpeg.tif", "ojpeg.tif", "webp.tif"]
-    assert sorted(packed) == ["lzw.tif", "none.tif", "tiff_deflate.tif"]
+    assert sorted(packed) == ["ljpeg.tif", "lzw.tif", "none.tif", "tiff_deflate.tif"]
     for mask in packed.values():
         assert np.array_equal(mask.reshape(IDS.shape), IDS)
     said = {"jpeg.tif": "JPEG (Compression 7)", "ojpeg.tif": "old-style JPEG (Compression 6)",

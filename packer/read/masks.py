@@ -33,6 +33,7 @@ from packer.transform.mask import (
     decode_mask,
     decode_mask_pages,
     displayed_size_fix,
+    lossless_jpeg_page,
 )
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ def _check_tiff_codecs(data: bytes, limits: LimitsConfig, path: str) -> None:
         chain = tiff_chain(lambda offset, count: bytes(data[offset:offset + count]), len(data), limits)
     except Defect:
         return
-    check_lossless_tiff([(ifd.tags.get(_COMPRESSION) or (1,))[0] for ifd in chain], path)
+    check_lossless_tiff([(ifd.tags.get(_COMPRESSION) or (1,))[0] for ifd in chain], path,
+                        [lossless_jpeg_page(data, ifd.tags) for ifd in chain])
     try:
         check_opencv_decodes(chain)
     except Defect as err:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -120,14 +121,45 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
     return _class_ids(mask, name)
 
 
-def check_lossless_tiff(compressions: Sequence[int], name: str) -> None:
+#: JPEG start-of-frame markers of the lossless process (ITU T.81: SOF3, and SOF7, SOF11, SOF15
+#: differential or arithmetic): a Compression 7 page whose stream starts such a frame (tifffile's
+#: ``compressionargs={"lossless": True}``, DNG's raw data) holds the ids exactly
+_LOSSLESS_SOF = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
+
+
+def lossless_jpeg_page(data: bytes, tags: Mapping[int, Sequence[Any]]) -> bool:
+    """Whether a TIFF page (``tags``, its IFD's values) of Compression 7 stores its first strip or
+    tile as lossless JPEG: the frame marker its stream starts (read from ``data``, the file), never
+    a guess (a marker not found, or a damaged stream, is lossy)."""
+    offsets, counts = tags.get(273) or tags.get(324), tags.get(279) or tags.get(325)
+    if not offsets or not counts:
+        return False
+    start, size = int(offsets[0]), int(counts[0])
+    stream = bytes(data[start:start + min(size, 1 << 16)])
+    if not stream.startswith(b"\xff\xd8"):
+        return False
+    at = 2
+    while at + 4 <= len(stream) and stream[at] == 0xFF:
+        marker = stream[at + 1]
+        if marker in _SOF:
+            return marker in _LOSSLESS_SOF
+        if marker == 0xDA:  # a scan before any frame: no frame to tell
+            return False
+        at += 2 + int.from_bytes(stream[at + 2:at + 4], "big")
+    return False
+
+
+def check_lossless_tiff(compressions: Sequence[int], name: str, lossless: Sequence[bool] = ()) -> None:
     """Raise MaskError ``mask_unreadable`` for the first page of a TIFF mask whose Compression
     (``compressions``, one per IFD of its main chain, in order) is lossy or may be
     (:data:`LOSSY_TIFF_COMPRESSIONS`), naming ``name``, the page, the compression and the fix,
-    as a ``.jpg`` mask is refused: its pixels would pack with class ids nobody drew."""
+    as a ``.jpg`` mask is refused: its pixels would pack with class ids nobody drew. ``lossless``
+    (per page, where given): a JPEG page whose stream is lossless JPEG (:func:`lossless_jpeg_page`)
+    is no such page."""
     for page, number in enumerate(compressions):
         label = LOSSY_TIFF_COMPRESSIONS.get(number)
-        if label is None:
+        if label is None or (number == 7 and page < len(lossless) and lossless[page]):
             continue
         lossy = ("which is lossy unless written in its lossless mode (the TIFF's tags do not say which), and "
                  "lossy compression invents" if number in _MAYBE_LOSSLESS else
@@ -342,7 +374,8 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
     try:
         unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
         # a lossy page (JPEG inside the TIFF) decodes, with ids nobody drew: refused as a .jpg mask is
-        check_lossless_tiff([(tags.get(_TIFF_COMPRESSION) or (1,))[0] for tags in chain], name)
+        check_lossless_tiff([(tags.get(_TIFF_COMPRESSION) or (1,))[0] for tags in chain], name,
+                            [lossless_jpeg_page(data, tags) for tags in chain])
         # the compressed strips that libtiff pads with zero rows where they run out: Deflate's
         # before every decode; LZW's and PackBits' (slower to check) where the padding could not
         # be told from the ids: a palette or WhiteIsZero page, whose zeros are not id 0, or a
