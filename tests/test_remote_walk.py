@@ -167,3 +167,17 @@ def test_a_table_of_urls_only_under_the_url_root_is_not_a_table_that_matches_not
                              "table": f"s3://{BUCKET}/only-urls-labels.csv"})
     found = discover(job)
     assert sorted(r.relpath for r in found.refs) == ["i0.png", "i1.png"] and found.issues == []
+
+
+@pytest.mark.parametrize(("cell", "root", "rel"), [
+    ("http://host/data%20set/photos/i0.png", "http://host/data%20set/photos/", "i0.png"),
+    ("http://host/data%20set/photos/i0.png", "http://host/data set/photos", "i0.png"),
+    ("https://HOST/a/b%2Bc.png?sig=1", "https://host/a", "b+c.png"),
+    ("s3://bkt/data%20set/i0.png", "s3://bkt/data%20set", "i0.png"),  # an s3 key's %20 is literal, both sides
+])
+def test_a_url_cell_under_a_percent_encoded_http_root_names_its_file(cell: str, root: str, rel: str) -> None:
+    """Under an http(s) root both the cell's and the root's paths are read as the listing names
+    them (percent-decoded): the root's data%20set is the folder 'data set' the cells' paths hold."""
+    from packer.pipeline.tables import _rebase_url
+
+    assert _rebase_url(cell, root) == rel

@@ -1124,8 +1124,9 @@ def _rebase_url(cell: str, root: Path | str) -> str:
     encoded = top_scheme.lower() in ("http", "https")
     if scheme.lower() != top_scheme.lower() or (host.lower() != top_host.lower() if encoded else host != top_host):
         return cell
-    if encoded:
+    if encoded:  # both sides as the listing names them: a root's data%20set/ is the folder 'data set'
         path = unquote(path.split("?", 1)[0].split("#", 1)[0])
+        top_path = unquote(top_path.split("?", 1)[0].split("#", 1)[0])
     return posixpath.relpath(posixpath.normpath("/" + path), posixpath.normpath("/" + top_path))
 
 
