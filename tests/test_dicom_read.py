@@ -147,7 +147,7 @@ def test_a_vendors_private_object_without_an_image_is_left_out_not_a_damaged_fil
         ds.Modality = modality
         probed = probe(save(ds, tmp_path / f"{uid}.dcm"))
         assert isinstance(probed, Excluded) and probed.why == "not_image", probed
-        assert "a vendor's private object, without an image" in probed.detail and uid in probed.detail
+        assert "a vendor's private object, without pixel data" in probed.detail and uid in probed.detail
     # a damaged standard UID (not a UID's syntax: the fuzz test's mutant) is no vendor's class
     ds = ct_dataset()
     del ds.PixelData, ds.Rows, ds.Columns
