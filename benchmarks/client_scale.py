@@ -131,8 +131,9 @@ def run_one(n: int, per_entity: int, copies: float) -> dict[str, Any]:
         cfg = job.split
         assignment = stage("split", lambda: assign_splits(samples, cfg, None, quiet=True))
         audit = stage("audit", lambda: audit_assignment(samples, assignment, cfg, None, quiet=True))
-        shards = stage("shard plan", lambda: plan_shards(samples, split_codes(samples, assignment.split),
-                                                         job.pack))  # as stages.py
+        shards = stage("shard plan", lambda: plan_shards(samples, split_codes(samples, assignment.split), job.pack,
+                                                         dataset_target(job, samples.codes("label")[1]),
+                                                         raw_paths=job.phi.mode == "keep"))  # as stages.py
 
         def index() -> None:
             target = dataset_target(job, samples.codes("label")[1])

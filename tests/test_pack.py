@@ -20,9 +20,10 @@ from packer.files import canonical_json
 from packer.pipeline.plan import PER_SAMPLE_OVERHEAD, plan_shards, sample_budget
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
-from packer.shards.encode import EncodedSample
+from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.parquet import write_parquet_shard
 from packer.shards.tar import _member, member_header, write_tar_shard
+from packer.targets import Target
 
 
 def samples(n: int, seed: int = 0) -> list[EncodedSample]:
@@ -156,16 +157,20 @@ def _spilled(index: int, nbytes: int) -> SpilledSample:
 def test_a_shard_of_two_or_more_samples_is_written_within_max_bytes_its_own_bytes_included(
         tmp_path: Path, fmt: str, max_bytes: int) -> None:
     """At 16KiB two 32x32 RGB samples made a 20,480-byte tar: the plan counted the samples and
-    not the tar's end blocks and padding to a 10,240-byte record (Parquet: not its footer)."""
+    not the tar's end blocks and padding to a 10,240-byte record (Parquet: not its footer). The
+    samples are encoded as a build encodes them (a tar plan counts their records exactly)."""
     rng = np.random.default_rng(0)
-    packed = [EncodedSample(key=f"src-{i:03d}", split="train", label=i % 2, label_name=f"c{i % 2}",
-                            entity_id=f"E{i}", source="src", shape=(3, 32, 32), dtype="uint8",
-                            pixels=rng.integers(0, 256, 3 * 32 * 32, dtype=np.uint8).tobytes(),
-                            info={"key": f"src-{i:03d}", "n": i}) for i in range(30)]
-    table = SampleTable.of([dataclasses.replace(_spilled(i, len(s.pixels)), meta_bytes=len(canonical_json(s.info)))
-                            for i, s in enumerate(packed)])
+    target = Target("class", ("c0", "c1"))
+    spilled = [dataclasses.replace(_spilled(i, 3 * 32 * 32), ref=dataclasses.replace(_spilled(i, 0).ref,
+                                                                                     label=f"c{i % 2}"),
+                                   shape=(3, 32, 32), meta_bytes=len(canonical_json({"n": i})))
+               for i in range(30)]
+    packed = [encode_sample(key=s.key, ref=s.ref, shape=s.shape, dtype=s.dtype, split="train", target=target,
+                            pixels=rng.integers(0, 256, 3 * 32 * 32, dtype=np.uint8).tobytes(), metadata={"n": i})
+              for i, s in enumerate(spilled)]
+    table = SampleTable.of(spilled)
     plans = plan_shards(table, {s.key: "train" for s in packed},
-                        PackConfig(format=fmt, max_samples=1000, max_bytes=max_bytes))
+                        PackConfig(format=fmt, max_samples=1000, max_bytes=max_bytes), target)
     write = write_tar_shard if fmt == "webdataset" else write_parquet_shard
     sizes = [(len(p.rows), write(tmp_path / p.file, [packed[int(r)] for r in p.rows]).bytes) for p in plans]
     assert sum(n for n, _ in sizes) == 30

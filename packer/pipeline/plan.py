@@ -10,19 +10,25 @@ other shards' sample lists, and so their bytes (:func:`shard_bounds`).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from packer.config import SPLITS, PackConfig
+from packer.files import canonical_json
 from packer.pipeline.sampletable import SampleTable
-from packer.records import SpilledSample
-from packer.shards.tar import BLOCK, RECORD
+from packer.records import SampleRef, SpilledSample
+from packer.shards.encode import encode_sample
+from packer.shards.members import npy_header
+from packer.shards.tar import BLOCK, RECORD, member_bytes, npy_bytes
+from packer.targets import Target
 
-#: Bytes a sample adds beyond its pixels and metadata: three tar headers with padding, or
-#: Parquet's per-row share of page and column overhead.
-PER_SAMPLE_OVERHEAD = {"webdataset": 3 * 512 + 3 * 511 + 64, "parquet": 64}
+#: Bytes a sample adds beyond the sizes :func:`shard_bounds` is given: none for a tar shard,
+#: whose sizes are already each sample's exact bytes in the file (:func:`tar_sizes`),
+#: and Parquet's per-row share of page and column overhead beyond pixels, metadata and mask.
+PER_SAMPLE_OVERHEAD = {"webdataset": 0, "parquet": 64}
 #: Bytes a Parquet shard adds once, whatever its samples: the footer (schema, column chunk
 #: metadata and statistics) and each column's page headers. An estimate: 3.2 KB measured for
 #: the 11 columns of a shard without masks or targets; 8 KiB leaves room for those columns.
@@ -86,7 +92,8 @@ def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_sam
                  max_bytes: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each shard over samples with these ``keys`` and ``sizes`` in bytes
     (one split, already in its final order), counting each sample's bytes plus the format's
-    per-sample overhead, and the file's own fixed bytes (:func:`sample_budget`).
+    per-sample overhead (:data:`PER_SAMPLE_OVERHEAD`: for a tar, ``sizes`` are each sample's
+    exact bytes in the file, :func:`tar_sizes`), and the file's own fixed bytes (:func:`sample_budget`).
 
     Hard limits: a shard never holds more than ``max_samples`` samples or ``max_bytes`` bytes
     (its tar end blocks and record padding included; Parquet's footer estimated), except that a
@@ -108,6 +115,114 @@ def shard_bounds(keys: Sequence[str], sizes: Sequence[int], *, fmt: str, max_sam
     if len(keys) != len(sizes):
         raise ValueError(f"shard_bounds: {len(keys)} keys but {len(sizes)} sizes; pass one size per key")
     return _bounds(cut_hashes(keys), sizes, fmt=fmt, max_samples=max_samples, max_bytes=max_bytes)
+
+
+#: What each byte of a text value adds to its JSON spelling (``json.dumps(..., ensure_ascii=False)``):
+#: a quote or backslash and the control characters with a short escape (``\b \t \n \f \r``)
+#: one byte, other control characters five (``\u00XX``); everything else, UTF-8 included, none.
+_JSON_ESCAPE = np.zeros(256, dtype=np.uint8)
+_JSON_ESCAPE[:0x20] = 5
+_JSON_ESCAPE[[0x08, 0x09, 0x0A, 0x0C, 0x0D, 0x22, 0x5C]] = 1
+#: text bytes looked at a time by :func:`_json_text_bytes` (bounds its temporary arrays)
+_ESCAPE_CHUNK = 1 << 24
+
+
+def _json_text_bytes(samples: SampleTable, name: str) -> np.ndarray:
+    """Bytes each row's value of text field ``name`` takes in canonical JSON beyond the empty
+    string ``""``: its UTF-8 bytes and their escapes; 2 for a missing value (``null``)."""
+    text = samples.field_text(name)
+    out = np.diff(text.ends, prepend=np.int64(0)).astype(np.int64)
+    data = np.frombuffer(text.data, dtype=np.uint8)
+    for at in range(0, len(data), _ESCAPE_CHUNK):
+        costs = _JSON_ESCAPE[data[at:at + _ESCAPE_CHUNK]]
+        hits = np.flatnonzero(costs)
+        if hits.size:  # rare: the rows holding such bytes get their escapes' extra bytes
+            np.add.at(out, np.searchsorted(text.ends, hits + at, side="right"), costs[hits].astype(np.int64))
+    out[text.null] = 2
+    return out
+
+
+def _json_value_bytes(value: object) -> int:
+    return len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
+
+
+@dataclass(frozen=True)
+class TarSizes:
+    """What each row of a sample table takes in a tar shard (:func:`tar_sizes`), but for the split
+    its record names (:meth:`of` adds it): ``record`` the bytes of its ``.json`` record without
+    the split, ``members`` the bytes of all its other members, headers and padding included."""
+
+    record: np.ndarray
+    members: np.ndarray
+
+    def of(self, rows: np.ndarray, split: str) -> np.ndarray:
+        """The exact bytes (int64) the samples at ``rows`` take in a tar shard of ``split``."""
+        record = self.record[rows] + _json_value_bytes(split) - 2  # the template's split is ""
+        return self.members[rows] + BLOCK + -(-record // BLOCK) * BLOCK
+
+
+def tar_sizes(samples: SampleTable, target: Target, *, raw_paths: bool = False) -> TarSizes:
+    """Each sample's bytes in a tar shard, as :func:`~packer.shards.tar.write_tar_shard` writes
+    it from :func:`~packer.shards.encode.encode_sample`: every member it will hold (``.cls``,
+    ``.json``, ``.npy``, ``.mask.npy``, ``.target.npy``, ``.target_mask.npy``) as its 512-byte
+    header and its data padded to whole blocks, with the ``.npy`` header's exact length, the
+    ``.cls`` text's and the record's. ``raw_paths``: records name their raw files (``phi.mode: keep``).
+
+    The record's length is that of a template record made by ``encode_sample`` itself for each
+    label (every field's text empty, metadata ``{}``), plus each field's own text as canonical
+    JSON spells it, with the spilled metadata's bytes (canonical JSON already, written into the
+    record as they are). Per row it is numpy over the table's buffers; per distinct label,
+    shape, dtype, source and so on a few Python calls."""
+    label_codes, label_texts = samples.codes("label")
+    members = np.zeros(samples.size, dtype=np.int64)
+    record = np.zeros(samples.size, dtype=np.int64)
+    used = np.flatnonzero(np.bincount(label_codes, minlength=len(label_texts)))
+    base_record = np.zeros(len(label_texts), dtype=np.int64)
+    label_members = np.zeros(len(label_texts), dtype=np.int64)
+    for code in used.tolist():
+        text = label_texts[code]
+        if text is None:
+            row = int(np.flatnonzero(label_codes == code)[0])
+            raise ValueError(f"plan_shards: sample {samples.value('key', row)!r} has no label; only samples with "
+                             "one are packed (discovery gives each packed sample its target)")
+        ref = SampleRef(sample_id="", source="", kind="", path="", relpath="", label=text, entity="")
+        encoded = encode_sample(key="", ref=ref, shape=(), dtype="", pixels=b"", metadata={}, split="",
+                                target=target, relpath="" if raw_paths else None)
+        base_record[code] = len(canonical_json(encoded.info))
+        label_members[code] = ((member_bytes(len(str(encoded.label).encode())) if encoded.label is not None else 0)
+                               + (member_bytes(len(npy_bytes(encoded.target))) if encoded.target is not None else 0)
+                               + (member_bytes(len(npy_bytes(encoded.target_mask)))
+                                  if encoded.target_mask is not None else 0))
+    record += base_record[label_codes]
+    members += label_members[label_codes]
+    for name in ("key", "sample_id"):
+        record += _json_text_bytes(samples, name)
+    if raw_paths:
+        path = _json_text_bytes(samples, "relpath")
+        missing = samples.field_text("relpath").null  # no path field at all: less its name and comma
+        record += np.where(missing, -len(',"path":""'), path)
+    for name in ("source", "kind", "entity", "dtype"):
+        codes, values = samples.codes(name)
+        record += np.array([_json_value_bytes(v) - 2 for v in values], dtype=np.int64)[codes] if values else 0
+    shape_codes, shapes = samples.codes("shape")
+    if shapes:
+        record += np.array([_json_value_bytes(list(s)) - 2 for s in shapes], dtype=np.int64)[shape_codes]
+    extra_codes, extras = samples.codes("extra")
+    if extras:  # an extra field where a sample has any: its name, value and comma
+        record += np.array([len(canonical_json({"extra": dict(e)})) - 1 if e else 0 for e in extras],
+                           dtype=np.int64)[extra_codes]
+    record += samples.array("meta_bytes") - 2  # the template's metadata is {}
+    dtype_codes, dtypes = samples.codes("dtype")
+    if shapes and dtypes:  # the pixels' member: numpy.save's header, then the raw pixels
+        pairs = shape_codes.astype(np.int64) * len(dtypes) + dtype_codes
+        heads = np.zeros(len(shapes) * len(dtypes), dtype=np.int64)
+        for p in np.flatnonzero(np.bincount(pairs, minlength=len(heads))).tolist():
+            heads[p] = len(npy_header(tuple(shapes[p // len(dtypes)]), str(dtypes[p % len(dtypes)])))
+        npy = heads[pairs] + samples.array("pixel_bytes")
+        members += BLOCK + -(-npy // BLOCK) * BLOCK
+    mask = samples.array("mask_bytes")
+    members += np.where(mask > 0, BLOCK + -(-mask // BLOCK) * BLOCK, 0)  # a sample without a mask has no member
+    return TarSizes(record=record, members=members)
 
 
 def sample_budget(fmt: str, max_bytes: int) -> int:
@@ -156,6 +271,8 @@ class PlannedShard:
     split: str
     index: int
     rows: np.ndarray
+    #: The file's planned bytes: exact for a tar shard, an estimate for Parquet (:func:`_file_bytes`)
+    bytes: int = 0
 
 
 def order_ranks(samples: SampleTable, order: str) -> np.ndarray | None:
@@ -214,11 +331,19 @@ def row_splits(samples: SampleTable, split_of: SplitOf) -> np.ndarray:
     return codes
 
 
-def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig) -> list[PlannedShard]:
+def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig, target: Target | None = None, *,
+                raw_paths: bool = False) -> list[PlannedShard]:
     """The shards of every split, in split order (train, valid, test), each split's samples in
     ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits.
-    ``split_of``: each sample's split (:func:`row_splits`)."""
+    ``split_of``: each sample's split (:func:`row_splits`). A tar plan (``webdataset``) counts
+    each sample's exact bytes in the file (:func:`tar_sizes`), which depend on the dataset's
+    ``target`` and on ``raw_paths`` (records name their raw files, ``phi.mode: keep``)."""
     codes = row_splits(samples, split_of)
+    if pack.format == "webdataset":
+        if target is None:
+            raise ValueError("plan_shards: a webdataset plan needs the dataset's target: a sample's .cls, .json and "
+                             ".target.npy bytes depend on it; pass target=")
+        sizes = tar_sizes(samples, target, raw_paths=raw_paths)
     nbytes = samples.nbytes
     ranks = order_ranks(samples, pack.order)
     shards: list[PlannedShard] = []
@@ -226,9 +351,19 @@ def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig) -> li
         mine = np.flatnonzero(codes == code).astype(np.int64)
         if ranks is not None:
             mine = mine[np.argsort(ranks[mine], kind="stable")]
-        bounds = _bounds(row_cut_hashes(samples, mine), nbytes[mine], fmt=pack.format,
+        bytes_of = sizes.of(mine, split) if pack.format == "webdataset" else nbytes[mine]
+        bounds = _bounds(row_cut_hashes(samples, mine), bytes_of, fmt=pack.format,
                          max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
-                                   rows=mine[start:stop])
+                                   rows=mine[start:stop], bytes=_file_bytes(bytes_of[start:stop], pack.format))
                       for index, (start, stop) in enumerate(bounds))
     return shards
+
+
+def _file_bytes(sizes: np.ndarray, fmt: str) -> int:
+    """A planned shard's file bytes: exact for a tar (its samples', two end blocks, padding to a
+    whole record), an estimate for Parquet (its samples' with :data:`PER_SAMPLE_OVERHEAD` and
+    :data:`PARQUET_SHARD_OVERHEAD`)."""
+    if fmt == "webdataset":
+        return -(-(int(sizes.sum()) + 2 * BLOCK) // RECORD) * RECORD
+    return int(sizes.sum()) + len(sizes) * PER_SAMPLE_OVERHEAD[fmt] + PARQUET_SHARD_OVERHEAD

@@ -795,7 +795,8 @@ def run_stages(job: JobConfig, executor: Executor, *, through: Literal["audit", 
     codes, labels = samples.codes("label")
     # the labels packed samples hold: a class only left-out samples held (drop_group, a split's drop) is no class
     target = dataset_target(job, tuple(labels[code] for code in np.unique(codes).tolist()))
-    shards = plan_shards(samples, split_codes(samples, prepared.assignment.split), job.pack)
+    shards = plan_shards(samples, split_codes(samples, prepared.assignment.split), job.pack, target,
+                         raw_paths=job.phi.mode == "keep")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)

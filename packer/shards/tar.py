@@ -109,6 +109,12 @@ def member_header(name: str, size: int) -> bytes:
     return bytes(block)
 
 
+def member_bytes(size: int) -> int:
+    """The bytes a member holding ``size`` bytes of data takes in a tar shard: its 512-byte
+    header, then the data padded to a whole block (:func:`write_tar_shard`)."""
+    return BLOCK + -(-size // BLOCK) * BLOCK
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
     """The bytes ``numpy.save`` writes for ``array`` (C order): :func:`npy_header`, then the data."""
     array = np.ascontiguousarray(array)
