@@ -1013,16 +1013,28 @@ def text_value(ds: Dataset, keyword: str) -> str | None:
     value = elem.value
     if value is None:
         return None
-    spelled = person_name if elem.VR == "PN" else str
     if isinstance(value, (MultiValue, list, tuple)):
-        parts = [spelled(part).strip() for part in value]
+        parts = [spelled_value(part, elem.VR).strip() for part in value]
         # a separator before "xNN" or a backslash is doubled, as escape_text doubles a backslash of
         # text there: values MRN and xff01 must not read as the one value of bytes MRN, 0xFF, 01
         text = "".join([parts[0], *(("\\\\" if _ESCAPE_TAIL.match(part) else "\\") + part for part in parts[1:])]
                        ).strip("\\ ") if parts else ""
     else:
-        text = spelled(value).strip()
+        text = spelled_value(value, elem.VR).strip()
     return text or None
+
+
+def spelled_value(value: Any, vr: str) -> str:
+    """One value of an element of VR ``vr`` as text: a person name (PN) as :func:`person_name`
+    spells it; a float32 (FL) as the shortest text that reads back as that float32, the number the
+    file holds (pydicom gives its float64 widening: an FL written 0.1 reads ``0.10000000149011612``,
+    which no ``where:`` value 0.1 is, and which no one wrote); anything else as ``str`` spells it
+    (a double, FD, as the float64 it is)."""
+    if vr == "PN":
+        return person_name(value)
+    if vr == "FL" and isinstance(value, float | int | np.floating) and not isinstance(value, bool):
+        return str(np.float32(value))
+    return str(value)
 
 
 def person_name(value: Any) -> str:

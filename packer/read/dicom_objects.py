@@ -48,9 +48,9 @@ from packer.read.dicom_attrs import (
     DamagedElement,
     FramesDisagree,
     file_level,
-    person_name,
     sequence_items,
     sop_class_name,
+    spelled_value,
 )
 from packer.where import Condition, failed
 
@@ -195,8 +195,10 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
 def header_values(ds: Dataset, keyword: str) -> list[str]:
     """The values of ``keyword`` in ``ds`` as text, every value of a multi-valued attribute
     (ImageType: ``ORIGINAL``, ``PRIMARY``, ``LOCALIZER``); the SOP Class UID also by its name,
-    so that ``match`` can find ``Secondary Capture``; a person name (PN) as :func:`person_name`
-    spells it, as the entity and the label attribute read it. An attribute absent at the top
+    so that ``match`` can find ``Secondary Capture``; each value as
+    :func:`~packer.read.dicom_attrs.spelled_value` spells it, as the entity and the label
+    attribute read it (a person name without trailing empty components, a float32 as the number
+    the file holds: an FL 0.1 is ``0.1``, not its float64 widening). An attribute absent at the top
     level is read from the functional groups (:func:`~packer.read.dicom_attrs.file_level`:
     FrameLaterality, and ImageLaterality as it, of a Breast Tomosynthesis file). Empty when
     absent or undecodable, or where the frames disagree (:func:`header_failure` says so)."""
@@ -215,12 +217,13 @@ def _held_values(ds: Dataset, keyword: str) -> list[str]:
     ds, keyword = held
     try:
         value = ds.get(keyword)
-        spelled = person_name if keyword in ds and ds[keyword].VR == "PN" else str
+        vr = ds[keyword].VR if keyword in ds else ""
     except (KeyError, ValueError, TypeError):
         return []
     if value is None:
         return []
-    values = [spelled(v) for v in value] if isinstance(value, (MultiValue, list, tuple)) else [spelled(value)]
+    listed = value if isinstance(value, (MultiValue, list, tuple)) else [value]
+    values = [spelled_value(v, vr) for v in listed]
     if keyword == "SOPClassUID" and values:
         values.append(sop_class_name(values[0]))
     return values

@@ -1,0 +1,91 @@
+"""DICOM header attributes as a job names them (``where:``, ``entity:``, ``label: {attribute}``,
+``time:``): a float32 (VR FL) value compares as the number the scanner wrote, an attribute with no
+value of its own (a sequence, bytes) or written as its tag is refused with the keyword to give, and
+a file whose date attribute holds an unreadable value is told which value that is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+import yaml
+
+from packer.config import load_job
+from packer.pipeline.discover import discover
+from packer.pipeline.probe import probe_ref
+from packer.read.dicom_objects import header_values
+from packer.records import Excluded, Issue, SampleRef
+from tests.dicom_files import ct_dataset, save
+
+
+def _files(raw: Path, files: dict[str, dict[str, Any]]) -> None:
+    """One CT slice per name, each with its own PatientID and the attributes given."""
+    for seed, (name, attrs) in enumerate(sorted(files.items())):
+        attrs = {"PatientID": f"P{seed}", "StudyDate": "20240101", "StudyTime": "101112", **attrs}
+        save(ct_dataset(pixels=np.full((8, 8), 100 + seed, dtype=np.int16), **attrs), raw / name)
+
+
+def _job(tmp_path: Path, source: dict[str, Any], **doc: Any) -> Path:
+    job = {"name": "t", "sources": [{"name": "ct", "kind": "dicom", "root": "raw", "label": "none", **source}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}},
+           "transform": {"dicom": {"windows": ["lung"], "size": [8, 8]}}, "pack": {"format": "webdataset"},
+           "output": "out", "phi": {"mode": "keep"}, **doc}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def _probed(job: Path) -> dict[str, SampleRef | Issue | Excluded]:
+    loaded = load_job(job)
+    return {Path(ref.path).name: probe_ref(ref, loaded) for ref in discover(loaded).refs}
+
+
+# -- 1. a float32 (FL) value is the number the file holds ------------------------------------------
+
+
+def test_an_fl_value_is_read_as_the_float32_the_file_holds_not_its_float64_widening(tmp_path: Path) -> None:
+    """pydicom reads an FL 0.1 as 0.10000000149011612 (float32 widened to float64); the file holds 0.1."""
+    _files(tmp_path / "raw", {"near.dcm": {"DistanceSourceToIsocenter": 0.1}})
+    ds = pydicom.dcmread(tmp_path / "raw" / "near.dcm")
+    assert ds["DistanceSourceToIsocenter"].VR == "FL" and ds.DistanceSourceToIsocenter != 0.1
+    assert header_values(ds, "DistanceSourceToIsocenter") == ["0.1"]
+
+
+def test_where_on_an_fl_attribute_keeps_the_file_holding_the_listed_number(tmp_path: Path) -> None:
+    _files(tmp_path / "raw", {"near.dcm": {"DistanceSourceToIsocenter": 0.1},
+                              "far.dcm": {"DistanceSourceToIsocenter": 600.0},
+                              "mid.dcm": {"DistanceSourceToIsocenter": 5.5}})
+    probed = _probed(_job(tmp_path, {"where": {"DistanceSourceToIsocenter": [0.1, 600]}}))
+    assert isinstance(probed["near.dcm"], SampleRef) and isinstance(probed["far.dcm"], SampleRef)
+    mid = probed["mid.dcm"]
+    assert isinstance(mid, Excluded) and mid.why == "filtered"
+    assert mid.detail == "DistanceSourceToIsocenter is 5.5, where: DistanceSourceToIsocenter in [0.1, 600]"
+
+
+def test_where_not_on_an_fl_attribute_leaves_out_the_file_holding_the_number_and_says_it(tmp_path: Path) -> None:
+    _files(tmp_path / "raw", {"near.dcm": {"DistanceSourceToIsocenter": 0.1},
+                              "far.dcm": {"DistanceSourceToIsocenter": 600.0}})
+    probed = _probed(_job(tmp_path, {"where": {"DistanceSourceToIsocenter": {"not": [0.1]}}}))
+    near = probed["near.dcm"]
+    assert isinstance(near, Excluded), near
+    assert near.detail == "DistanceSourceToIsocenter is 0.1, where: DistanceSourceToIsocenter is not 0.1"
+    assert isinstance(probed["far.dcm"], SampleRef)
+
+
+def test_an_fd_value_stays_the_float64_the_file_holds(tmp_path: Path) -> None:
+    """A double (VR FD) is no widened float32: 0.10000000149011612 written as FD is not 0.1."""
+    _files(tmp_path / "raw", {"exact.dcm": {"EffectiveEchoTime": 0.1},
+                              "widened.dcm": {"EffectiveEchoTime": float(np.float32(0.1))}})
+    probed = _probed(_job(tmp_path, {"where": {"EffectiveEchoTime": 0.1}}))
+    assert isinstance(probed["exact.dcm"], SampleRef)
+    widened = probed["widened.dcm"]
+    assert isinstance(widened, Excluded) and widened.detail.startswith("EffectiveEchoTime is 0.10000000149011612,")
+
+
+def test_every_value_of_a_multi_valued_fl_attribute_is_read_as_its_float32(tmp_path: Path) -> None:
+    ds = ct_dataset()
+    ds.add_new(pydicom.tag.Tag("DistanceSourceToIsocenter"), "FL", [0.1, 2.3])
+    again = pydicom.dcmread(save(ds, tmp_path / "two.dcm"))
+    assert header_values(again, "DistanceSourceToIsocenter") == ["0.1", "2.3"]
