@@ -1106,7 +1106,15 @@ def _parse_source(raw: dict[str, Any], base: Path, index: int) -> SourceConfig:
     if other in raw:
         raise ConfigError(f"{where}.{other}: {kind.name} sources take labels from '{kind.table_key}: FILE.csv' "
                           f"({kind.table_columns}), not '{other}'")
-    target = _parse_target(raw.get("label"), kind.attribute_labels, f"{where}.label")
+    label_raw = raw.get("label")
+    if kind.attribute_labels and isinstance(label_raw, Mapping) and "attribute" in label_raw:
+        from packer.targets import LABEL_ATTRIBUTES
+
+        problem = kind.header_key_problem(str(label_raw["attribute"]), "a label comes from a descriptive attribute "
+                                          f"with a value: one of {', '.join(LABEL_ATTRIBUTES)}")
+        if problem is not None:  # before the allow-list, whose reason (it may identify someone) is not this one
+            raise ConfigError(f"{where}.label.attribute: {problem}")
+    target = _parse_target(label_raw, kind.attribute_labels, f"{where}.label")
     has_table = kind.table_key in raw
     if not kind.identity_in_header and not has_table and target.origin == "table":
         raise ConfigError(f"{where}.table: {kind.name} sources need a table ({kind.table_columns}) naming each "

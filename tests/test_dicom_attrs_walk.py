@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 import pydicom
+import pytest
 import yaml
 
 from packer.config import load_job
+from packer.errors import ConfigError
 from packer.pipeline.discover import discover
 from packer.pipeline.probe import probe_ref
 from packer.read.dicom_objects import header_values
@@ -89,3 +91,57 @@ def test_every_value_of_a_multi_valued_fl_attribute_is_read_as_its_float32(tmp_p
     ds.add_new(pydicom.tag.Tag("DistanceSourceToIsocenter"), "FL", [0.1, 2.3])
     again = pydicom.dcmread(save(ds, tmp_path / "two.dcm"))
     assert header_values(again, "DistanceSourceToIsocenter") == ["0.1", "2.3"]
+
+
+# -- 2. an attribute with no value of its own (a sequence, bytes) is refused -----------------------
+
+
+@pytest.mark.parametrize(("source", "at", "said"), [
+    ({"entity": "OtherPatientIDsSequence"}, "sources[0].entity (source 'ct')",
+     "OtherPatientIDsSequence is a sequence (VR SQ, Other Patient IDs Sequence)"),
+    ({"entity": "PixelData"}, "sources[0].entity (source 'ct')", "PixelData is of VR OB or OW (Pixel Data)"),
+    ({"label": {"attribute": "OtherPatientIDsSequence"}}, "sources[0].label.attribute",
+     "OtherPatientIDsSequence is a sequence (VR SQ, Other Patient IDs Sequence)"),
+    ({"label": {"attribute": "PixelData"}}, "sources[0].label.attribute", "PixelData is of VR OB or OW (Pixel Data)"),
+    ({"where": {"PixelData": "x"}}, "sources[0].where.PixelData", "PixelData is of VR OB or OW (Pixel Data)"),
+    ({"where": {"FloatPixelData": 1}}, "sources[0].where.FloatPixelData",
+     "FloatPixelData is of VR OF (Float Pixel Data)"),
+    ({"where": {"RedPaletteColorLookupTableData": 1}}, "sources[0].where.RedPaletteColorLookupTableData",
+     "is of VR OW"),
+    ({"time": ["PixelData"]}, "sources[0].time (source 'ct')",
+     "'PixelData' is of VR OB or OW (Pixel Data), not a date"),
+])
+def test_an_attribute_without_a_value_of_its_own_is_refused_naming_its_vr(
+        tmp_path: Path, source: dict[str, Any], at: str, said: str) -> None:
+    """entity: OtherPatientIDsSequence made every entity id pydicom's multi-line dump of the
+    sequence's items (each PatientID and issuer in every shard record), entity: PixelData the repr
+    of the pixel bytes; where: refused a sequence but compared bytes."""
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    job = _job(tmp_path, source)
+    with pytest.raises(ConfigError) as raised:
+        load_job(job)
+    message = str(raised.value)
+    assert message.startswith(f"{job}: {at}: "), message
+    assert said in message, message
+
+
+def test_an_entity_from_a_sequence_is_told_its_items_are_not_read_and_what_to_give(tmp_path: Path) -> None:
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    with pytest.raises(ConfigError) as raised:
+        load_job(_job(tmp_path, {"entity": "OtherPatientIDsSequence"}))
+    message = str(raised.value)
+    assert "it holds items, not a value of its own, and the attributes inside its items are not read" in message
+    assert "give an attribute with a value, such as PatientID, or entity: {path: REGEX}" in message
+
+
+def test_a_where_on_a_sequence_is_still_refused_as_one(tmp_path: Path) -> None:
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    with pytest.raises(ConfigError, match=r"where\.OtherPatientIDsSequence: a sequence has no value to compare"):
+        load_job(_job(tmp_path, {"where": {"OtherPatientIDsSequence": "x"}}))
+
+
+def test_an_entity_of_an_attribute_with_a_value_still_loads(tmp_path: Path) -> None:
+    """PatientName (PN) and StudyInstanceUID (UI) name entities; Rows (US) is a number, not bytes."""
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    for keyword in ("PatientName", "StudyInstanceUID", "Rows"):
+        assert load_job(_job(tmp_path, {"entity": keyword})).sources[0].entity == keyword

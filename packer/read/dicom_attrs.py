@@ -1074,6 +1074,29 @@ def _parse_time(text: str, vr: str) -> date | time | datetime | None:
     return parsed if isinstance(parsed, date | time) else None
 
 
+#: The VRs that hold bytes, not values (PS3.5 6.2: Other Byte, Word, Float, Double, Long and Very
+#: Long, and Unknown): an attribute of one (PixelData, OB or OW) has nothing to compare or name by
+BINARY_VRS = frozenset({"OB", "OW", "OF", "OD", "OL", "OV", "UN"})
+
+
+def valueless_problem(keyword: str) -> str | None:
+    """Why the dictionary attribute ``keyword`` has no value a ``where:``, ``entity:`` or
+    ``label: {attribute}`` could read, or None where it has one: a sequence (VR SQ) holds items,
+    whose attributes are not read (pydicom's text for it is a dump of every element of every
+    item), and an attribute of a binary VR (:data:`BINARY_VRS`, as one of its VRs: PixelData is
+    ``OB or OW``) holds bytes. Said with the keyword, its VR and its name; the caller adds the fix."""
+    try:
+        vr, described = dictionary_VR(keyword), dictionary_description(keyword)
+    except KeyError:
+        return None
+    if vr == "SQ":
+        return (f"{keyword} is a sequence (VR SQ, {described}): it holds items, not a value of its own, and the "
+                "attributes inside its items are not read")
+    if any(part in BINARY_VRS for part in vr.split(" or ")):
+        return f"{keyword} is of VR {vr} ({described}): it holds bytes, not a value"
+    return None
+
+
 #: What a DICOM source's ``time:`` may name where no keyword of the list dates a file (a time of day)
 _DATE_KEYWORDS = "StudyDate, AcquisitionDateTime or ContentDate"
 

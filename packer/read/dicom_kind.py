@@ -35,7 +35,7 @@ from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.archives import Compressed, archive, compressed, sniffed_archive
-from packer.read.dicom_attrs import quiet, record_time, text_value, time_keywords_problem
+from packer.read.dicom_attrs import quiet, record_time, text_value, time_keywords_problem, valueless_problem
 from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
@@ -88,20 +88,26 @@ _GREY = ("", "MONOCHROME1", "MONOCHROME2")
 def _check_identity_keywords(source: SourceConfig, index: int) -> None:
     """Refuse a DICOM source whose ``entity:`` or ``time:`` names no DICOM keyword: the headers are
     read by keyword only, so a misspelt one (``PatientId``) would make every file of the source a
-    ``missing_entity`` bad sample, or leave every file without a time. Raises ConfigError."""
+    ``missing_entity`` bad sample, or leave every file without a time. An entity of an attribute
+    without a value of its own (:func:`~packer.read.dicom_attrs.valueless_problem`) is refused too:
+    OtherPatientIDsSequence made every entity id a dump of its items (their ids and issuers), in
+    every shard record, and PixelData the repr of the pixel bytes. Raises ConfigError."""
     checks = [("time", key) for key in source.time]
     if source.entity_path is None:
         checks.insert(0, ("entity", source.entity))
     for field, key in checks:
+        at = f"sources[{index}].{field} (source {source.name!r})"
+        example = ("PatientID, or entity: {path: REGEX} for an id in the file's path" if field == "entity"
+                   else "StudyDate, StudyTime or AcquisitionDateTime")
         if is_header_keyword(key):
+            valueless = valueless_problem(key) if field == "entity" else None  # time: says a VR it reads
+            if valueless is not None:
+                raise ConfigError(f"{at}: {valueless}; give an attribute with a value, such as {example}")
             continue
         close = keyword_suggestion(key)
         hint = f" (did you mean the DICOM keyword {close!r}?)" if close else ""
-        example = ("PatientID, or entity: {path: REGEX} for an id in the file's path" if field == "entity"
-                   else "StudyDate, StudyTime or AcquisitionDateTime")
-        raise ConfigError(f"sources[{index}].{field} (source {source.name!r}): {key!r} is not a DICOM keyword of "
-                          f"pydicom's data dictionary, so no file's header holds it{hint}; give a keyword such as "
-                          f"{example}")
+        raise ConfigError(f"{at}: {key!r} is not a DICOM keyword of pydicom's data dictionary, so no file's header "
+                          f"holds it{hint}; give a keyword such as {example}")
     dateless = time_keywords_problem(source.time)  # a keyword of another VR, or a time of day alone
     if dateless is not None:
         raise ConfigError(f"sources[{index}].time (source {source.name!r}): {dateless}")
@@ -236,6 +242,10 @@ class DicomKind(SourceKind):
 
     def header_conditions(self, conditions: tuple[Condition, ...], where: str) -> tuple[Condition, ...]:
         return check_header_conditions(conditions, where)
+
+    def header_key_problem(self, key: str, fix: str) -> str | None:
+        valueless = valueless_problem(key)
+        return None if valueless is None else f"{valueless}; {fix}"
 
     def header_key_hint(self, key: str) -> str:
         close = keyword_suggestion(key)

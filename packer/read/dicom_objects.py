@@ -51,6 +51,7 @@ from packer.read.dicom_attrs import (
     sequence_items,
     sop_class_name,
     spelled_value,
+    valueless_problem,
 )
 from packer.where import Condition, failed
 
@@ -165,15 +166,24 @@ def keyword_suggestion(key: str) -> str | None:
     return close[0] if close else None
 
 
+#: Attributes with a value a ``where:`` compares, as its refusals name them
+_VALUED = "e.g. Modality, SOPClassUID, ImageType, SeriesDescription"
+
+
 def check_header_conditions(conditions: Sequence[Condition], where: str) -> tuple[Condition, ...]:
     """The ``where:`` header conditions as the probe tests them: SOPClassUID values given by name
-    become UIDs. Raises ConfigError for a sequence attribute (no value to compare) or a SOP
-    class name pydicom does not know (naming close ones)."""
+    become UIDs. Raises ConfigError for a sequence attribute (no value to compare), one that
+    holds bytes (PixelData: :func:`~packer.read.dicom_attrs.valueless_problem`) or a SOP class
+    name pydicom does not know (naming close ones)."""
     out = []
     for condition in conditions:
         if dictionary_VR(condition.key) == "SQ":
             raise ConfigError(f"{where}.{condition.key}: a sequence has no value to compare; name an attribute "
-                              "with a value (e.g. Modality, SOPClassUID, ImageType, SeriesDescription)")
+                              f"with a value ({_VALUED})")
+        valueless = valueless_problem(condition.key)
+        if valueless is not None:  # bytes (PixelData): their repr is no value a job could write
+            raise ConfigError(f"{where}.{condition.key}: {valueless}, so there is nothing to compare; name an "
+                              f"attribute with a value ({_VALUED})")
         if condition.key != "SOPClassUID" or condition.op == "match":
             out.append(condition)
             continue

@@ -231,6 +231,13 @@ class SourceKind:
         DICOM SOP class given by name becomes its UID). Default: as given. Raises ConfigError."""
         return conditions
 
+    def header_key_problem(self, key: str, fix: str) -> str | None:
+        """Why ``key`` names no header attribute whose value a job could read (a ``label:
+        {attribute}``: a DICOM sequence or an attribute of bytes), with ``fix`` (what to give
+        instead) after it; None where it may. Default: None (a kind without header attributes
+        refuses ``label: {attribute}`` by :attr:`attribute_labels`)."""
+        return None
+
     def header_key_hint(self, key: str) -> str:
         """A hint for a ``where:`` key that names neither a header attribute nor (the source has
         no table) a table column: ``" (did you mean the DICOM keyword 'Modality'?)"``, or ``""``."""
