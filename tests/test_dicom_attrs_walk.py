@@ -17,6 +17,7 @@ from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.discover import discover
 from packer.pipeline.probe import probe_ref
+from packer.read.dicom_attrs import tag_key_problem
 from packer.read.dicom_objects import header_values
 from packer.records import Excluded, Issue, SampleRef
 from tests.dicom_files import ct_dataset, save
@@ -145,3 +146,64 @@ def test_an_entity_of_an_attribute_with_a_value_still_loads(tmp_path: Path) -> N
     _files(tmp_path / "raw", {"a.dcm": {}})
     for keyword in ("PatientName", "StudyInstanceUID", "Rows"):
         assert load_job(_job(tmp_path, {"entity": keyword})).sources[0].entity == keyword
+
+
+# -- 3. an attribute written as its tag is told its keyword ------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "at", "said"), [
+    ({"where": {"(0008,0060)": "CT"}}, "sources[0].where.(0008,0060)", "write its keyword: Modality"),
+    ({"where": {"0008,0060": "CT"}}, "sources[0].where.0008,0060", "write its keyword: Modality"),
+    ({"where": {"(0008, 0060)": "CT"}}, "sources[0].where.(0008, 0060)", "write its keyword: Modality"),
+    ({"label": {"attribute": "(0018,0015)"}}, "sources[0].label.attribute", "write its keyword: BodyPartExamined"),
+    ({"entity": "(0010,0020)"}, "sources[0].entity (source 'ct')", "write its keyword: PatientID"),
+    ({"time": ["(0008,0020)", "StudyTime"]}, "sources[0].time (source 'ct')", "write its keyword: StudyDate"),
+    ({"where": {"(0009,1001)": "x"}}, "sources[0].where.(0009,1001)",
+     "'(0009,1001)' is the private tag (0009,1001) (an odd group): private tags are not supported as keys"),
+    ({"entity": "(0029,1010)"}, "sources[0].entity (source 'ct')", "private tags are not supported as keys"),
+    ({"where": {"(0008,FFF0)": "x"}}, "sources[0].where.(0008,FFF0)",
+     "'(0008,FFF0)' is the tag (0008,FFF0), which pydicom's data dictionary does not name"),
+])
+def test_an_attribute_written_as_its_tag_is_refused_naming_its_keyword(
+        tmp_path: Path, source: dict[str, Any], at: str, said: str) -> None:
+    """where: {"(0008,0060)": CT} was refused as "not a header attribute ... add 'labels: FILE.csv'",
+    label: {attribute: "(0018,0015)"} as one that "may identify" someone, entity: "(0010,0020)" as
+    no keyword of the dictionary, never naming the keyword the tag is."""
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    job = _job(tmp_path, source)
+    with pytest.raises(ConfigError) as raised:
+        load_job(job)
+    message = str(raised.value)
+    assert message.startswith(f"{job}: {at}: "), message
+    assert said in message, message
+    assert "not a header attribute" not in message and "may not be a label" not in message
+
+
+def test_the_keyword_a_tag_names_is_read_as_the_keyword(tmp_path: Path) -> None:
+    """The fix the refusal gives works: Modality keeps the CT file, leaves out the MR one."""
+    _files(tmp_path / "raw", {"ct.dcm": {}, "mr.dcm": {"Modality": "MR"}})
+    probed = _probed(_job(tmp_path, {"where": {"Modality": "CT"}}))
+    assert isinstance(probed["ct.dcm"], SampleRef) and isinstance(probed["mr.dcm"], Excluded)
+
+
+def test_eight_digits_that_name_no_dictionary_tag_stay_a_column_of_the_table(tmp_path: Path) -> None:
+    """A labels table may have a column named by a date (20250101): eight hex digits are taken for
+    a tag only where they name one of the dictionary's (00080060), never a private or unknown one."""
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    (tmp_path / "labels.csv").write_text("path,label,20250101\na.dcm,x,yes\n")
+    job = load_job(_job(tmp_path, {"labels": "labels.csv", "label": {"column": "label"},
+                                   "where": {"20250101": "yes"}}))
+    assert [c.key for c in job.sources[0].where] == ["20250101"] and job.sources[0].header_where == ()
+
+
+@pytest.mark.parametrize(("key", "said"), [
+    ("(0008,0060)", "'(0008,0060)' is the tag (0008,0060): header attributes are named by keyword, not by tag; "
+                    "write its keyword: Modality"),
+    ("00080060", "'00080060' is the tag (0008,0060)"), ("0018,0015", "'0018,0015' is the tag (0018,0015)"),
+    ("(0008,fff0)", "'(0008,fff0)' is the tag (0008,FFF0), which pydicom's data dictionary does not name"),
+    ("Modality", None), ("20250101", None), ("(0008,006)", None), ("site", None),
+])
+def test_a_key_in_tag_form_is_told_apart_from_a_keyword_and_a_column(key: str, said: str | None) -> None:
+    """(gggg,eeee), gggg,eeee and ggggeeee (quoted in YAML: unquoted, eight digits read as a number)."""
+    problem = tag_key_problem(key)
+    assert problem == said if said is None else problem is not None and problem.startswith(said), problem

@@ -29,7 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 from pydicom import config as pydicom_config
 from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, default_encoding, python_encoding
-from pydicom.datadict import dictionary_description, dictionary_VR, tag_for_keyword
+from pydicom.datadict import dictionary_description, dictionary_VR, keyword_for_tag, tag_for_keyword
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import BytesLengthException
@@ -1077,6 +1077,36 @@ def _parse_time(text: str, vr: str) -> date | time | datetime | None:
 #: The VRs that hold bytes, not values (PS3.5 6.2: Other Byte, Word, Float, Double, Long and Very
 #: Long, and Unknown): an attribute of one (PixelData, OB or OW) has nothing to compare or name by
 BINARY_VRS = frozenset({"OB", "OW", "OF", "OD", "OL", "OV", "UN"})
+
+
+#: An attribute written as its tag, as DICOM dumps print one: (0008,0060), 0008,0060 or 00080060
+_TAG_FORM = re.compile(r"\(\s*([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})\s*\)|([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})"
+                       r"|([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
+
+
+def tag_key_problem(key: str) -> str | None:
+    """Why ``key``, an attribute written as its tag (``(0008,0060)``, ``0008,0060``,
+    ``00080060``), names nothing a job reads, with the fix: headers are read by keyword, so a tag
+    of pydicom's dictionary is told its keyword (``write its keyword: Modality``), a private tag
+    (an odd group) that private tags are not supported, and another tag that the dictionary does
+    not name it. None for any other key; and for eight hex digits that name no dictionary tag
+    (``20250101``), which may be a table's column, not taken for a tag without its comma."""
+    match = _TAG_FORM.fullmatch(key.strip())
+    if match is None:
+        return None
+    group, element = (part.upper() for part in match.groups() if part is not None)
+    tag = f"({group},{element})"
+    keyword = keyword_for_tag(int(group + element, 16))
+    if keyword and tag_for_keyword(keyword) is not None:  # a repeating group's (60xx) has no keyword to give
+        return (f"{key!r} is the tag {tag}: header attributes are named by keyword, not by tag; write its keyword: "
+                f"{keyword}")
+    if match[5] is not None:
+        return None
+    if int(group, 16) % 2:
+        return (f"{key!r} is the private tag {tag} (an odd group): private tags are not supported as keys, only the "
+                "keywords of pydicom's data dictionary (Modality, not (0008,0060))")
+    return (f"{key!r} is the tag {tag}, which pydicom's data dictionary does not name: header attributes are named "
+            "by the dictionary's keywords (Modality, not (0008,0060))")
 
 
 def valueless_problem(keyword: str) -> str | None:

@@ -35,7 +35,14 @@ from packer.errors import ConfigError
 from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.archives import Compressed, archive, compressed, sniffed_archive
-from packer.read.dicom_attrs import quiet, record_time, text_value, time_keywords_problem, valueless_problem
+from packer.read.dicom_attrs import (
+    quiet,
+    record_time,
+    tag_key_problem,
+    text_value,
+    time_keywords_problem,
+    valueless_problem,
+)
 from packer.read.dicom_masks import (
     AnnotatedSeries,
     annotated,
@@ -99,6 +106,9 @@ def _check_identity_keywords(source: SourceConfig, index: int) -> None:
         at = f"sources[{index}].{field} (source {source.name!r})"
         example = ("PatientID, or entity: {path: REGEX} for an id in the file's path" if field == "entity"
                    else "StudyDate, StudyTime or AcquisitionDateTime")
+        tagged = tag_key_problem(key)
+        if tagged is not None:
+            raise ConfigError(f"{at}: {tagged}")
         if is_header_keyword(key):
             valueless = valueless_problem(key) if field == "entity" else None  # time: says a VR it reads
             if valueless is not None:
@@ -237,13 +247,18 @@ class DicomKind(SourceKind):
 
     def header_keys(self, keys: Sequence[str]) -> tuple[str, ...]:
         """The keys that are DICOM keywords of pydicom's data dictionary (``Modality``,
-        ``SOPClassUID``, ``ImageType``): tested on each file's header by the probe."""
-        return tuple(key for key in keys if is_header_keyword(key))
+        ``SOPClassUID``, ``ImageType``): tested on each file's header by the probe. A key written
+        as a tag (``(0008,0060)``) is one too, for :meth:`header_conditions` to refuse naming its
+        keyword (as a table's column it was refused as no header attribute)."""
+        return tuple(key for key in keys if is_header_keyword(key) or tag_key_problem(key) is not None)
 
     def header_conditions(self, conditions: tuple[Condition, ...], where: str) -> tuple[Condition, ...]:
         return check_header_conditions(conditions, where)
 
     def header_key_problem(self, key: str, fix: str) -> str | None:
+        tagged = tag_key_problem(key)
+        if tagged is not None:  # its own fix: the keyword
+            return tagged
         valueless = valueless_problem(key)
         return None if valueless is None else f"{valueless}; {fix}"
 

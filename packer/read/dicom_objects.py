@@ -51,6 +51,7 @@ from packer.read.dicom_attrs import (
     sequence_items,
     sop_class_name,
     spelled_value,
+    tag_key_problem,
     valueless_problem,
 )
 from packer.where import Condition, failed
@@ -172,11 +173,16 @@ _VALUED = "e.g. Modality, SOPClassUID, ImageType, SeriesDescription"
 
 def check_header_conditions(conditions: Sequence[Condition], where: str) -> tuple[Condition, ...]:
     """The ``where:`` header conditions as the probe tests them: SOPClassUID values given by name
-    become UIDs. Raises ConfigError for a sequence attribute (no value to compare), one that
-    holds bytes (PixelData: :func:`~packer.read.dicom_attrs.valueless_problem`) or a SOP class
-    name pydicom does not know (naming close ones)."""
+    become UIDs. Raises ConfigError for a key written as a tag (``(0008,0060)``:
+    :func:`~packer.read.dicom_attrs.tag_key_problem` names its keyword), a sequence attribute
+    (no value to compare), one that holds bytes (PixelData:
+    :func:`~packer.read.dicom_attrs.valueless_problem`) or a SOP class name pydicom does not
+    know (naming close ones)."""
     out = []
     for condition in conditions:
+        tagged = tag_key_problem(condition.key)
+        if tagged is not None:  # (0008,0060): read by keyword only, so told the keyword it is
+            raise ConfigError(f"{where}.{condition.key}: {tagged}")
         if dictionary_VR(condition.key) == "SQ":
             raise ConfigError(f"{where}.{condition.key}: a sequence has no value to compare; name an attribute "
                               f"with a value ({_VALUED})")

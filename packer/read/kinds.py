@@ -233,8 +233,9 @@ class SourceKind:
 
     def header_key_problem(self, key: str, fix: str) -> str | None:
         """Why ``key`` names no header attribute whose value a job could read (a ``label:
-        {attribute}``: a DICOM sequence or an attribute of bytes), with ``fix`` (what to give
-        instead) after it; None where it may. Default: None (a kind without header attributes
+        {attribute}``: a DICOM sequence or an attribute of bytes, with ``fix``, what to give
+        instead, after it; an attribute written as its tag, with the keyword to write); None
+        where it may. Default: None (a kind without header attributes
         refuses ``label: {attribute}`` by :attr:`attribute_labels`)."""
         return None
 
