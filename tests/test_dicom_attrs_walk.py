@@ -5,6 +5,7 @@ a file whose date attribute holds an unreadable value is told which value that i
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,13 @@ from tests.dicom_files import ct_dataset, save
 
 
 def _files(raw: Path, files: dict[str, dict[str, Any]]) -> None:
-    """One CT slice per name, each with its own PatientID and the attributes given."""
+    """One CT slice per name, each with its own PatientID and the attributes given (written as a
+    broken exporter writes them: pydicom's warning for an ISO date in a DA is not this test's)."""
     for seed, (name, attrs) in enumerate(sorted(files.items())):
         attrs = {"PatientID": f"P{seed}", "StudyDate": "20240101", "StudyTime": "101112", **attrs}
-        save(ct_dataset(pixels=np.full((8, 8), 100 + seed, dtype=np.int16), **attrs), raw / name)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Invalid value for VR", UserWarning)
+            save(ct_dataset(pixels=np.full((8, 8), 100 + seed, dtype=np.int16), **attrs), raw / name)
 
 
 def _job(tmp_path: Path, source: dict[str, Any], **doc: Any) -> Path:
@@ -207,3 +211,59 @@ def test_a_key_in_tag_form_is_told_apart_from_a_keyword_and_a_column(key: str, s
     """(gggg,eeee), gggg,eeee and ggggeeee (quoted in YAML: unquoted, eight digits read as a number)."""
     problem = tag_key_problem(key)
     assert problem == said if said is None else problem is not None and problem.startswith(said), problem
+
+
+# -- 4. a missing_time record names the value it could not read --------------------------------------
+
+_BY_TIME = {"by": "time", "cutoffs": {"valid": "2024-03-01", "test": "2024-06-01"}}
+
+
+def _missing_time(tmp_path: Path, attrs: dict[str, Any], time: list[str]) -> str:
+    """The missing_time message of one file with ``attrs`` (beside a well-dated one) under ``time:``."""
+    _files(tmp_path / "raw", {"dated.dcm": {}, "odd.dcm": attrs})
+    probed = _probed(_job(tmp_path, {"time": time}, split=_BY_TIME))
+    assert isinstance(probed["dated.dcm"], SampleRef) and (probed["dated.dcm"].time or "")[:10] == "2024-01-01"
+    odd = probed["odd.dcm"]
+    assert isinstance(odd, Issue) and odd.reason == "missing_time", odd
+    assert odd.message.startswith(f"{odd.path}: no readable time, but the job splits by time; its header's ")
+    return odd.message
+
+
+def test_an_iso_date_in_a_da_is_quoted_with_the_dicom_form_to_write(tmp_path: Path) -> None:
+    """The record said StudyDate, StudyTime 'hold no valid DICOM date' and to set time: to
+    attributes this file fills (SeriesDate, AcquisitionDateTime): it fills neither."""
+    said = _missing_time(tmp_path, {"StudyDate": "2024-03-05"}, ["StudyDate", "StudyTime"])
+    assert "StudyDate holds '2024-03-05', not a DICOM date (DA: YYYYMMDD, here 20240305)" in said, said
+    assert "(the source's time: StudyDate, StudyTime)" in said
+    assert "fix the value in the file" in said
+    assert "no other date attribute of this file holds a date (SeriesDate, AcquisitionDate, ContentDate, " \
+           "AcquisitionDateTime)" in said, said
+    assert "fills (" not in said and "StudyTime holds" not in said
+
+
+def test_the_date_attributes_the_file_fills_are_offered_and_only_those(tmp_path: Path) -> None:
+    said = _missing_time(tmp_path, {"StudyDate": "2024-03-05", "SeriesDate": "20240305"}, ["StudyDate", "StudyTime"])
+    assert "or add to the source's time: an attribute this file fills with a date (SeriesDate)" in said, said
+    assert "AcquisitionDateTime" not in said and "ContentDate" not in said
+
+
+def test_an_absent_date_and_an_unreadable_one_are_told_apart_and_time_s_own_are_not_offered(tmp_path: Path) -> None:
+    said = _missing_time(tmp_path, {"StudyDate": "", "SeriesDate": "05/03/2024", "ContentDate": "20240305"},
+                         ["StudyDate", "SeriesDate"])
+    assert "its header's SeriesDate holds '05/03/2024', not a DICOM date (DA: YYYYMMDD); StudyDate is absent or " \
+           "empty (the source's time: StudyDate, SeriesDate)" in said, said
+    assert said.endswith("an attribute this file fills with a date (ContentDate)"), said
+
+
+def test_a_file_without_its_dates_is_offered_the_ones_it_fills(tmp_path: Path) -> None:
+    said = _missing_time(tmp_path, {"StudyDate": "", "AcquisitionDateTime": "20240305101112"}, ["StudyDate"])
+    assert "its header's StudyDate is absent or empty (the source's time: StudyDate): add to the source's time: an " \
+           "attribute this file fills with a date (AcquisitionDateTime)" in said, said
+    assert "fix the value" not in said
+
+
+def test_an_iso_date_time_in_a_dt_is_quoted_as_no_dicom_date_time(tmp_path: Path) -> None:
+    said = _missing_time(tmp_path, {"AcquisitionDateTime": "2024-03-05T10:11:12", "StudyDate": ""},
+                         ["AcquisitionDateTime", "StudyDate"])
+    assert "AcquisitionDateTime holds '2024-03-05T10:11:12', not a DICOM date-time to at least the day (DT: " \
+           "YYYYMMDD[HHMMSS], here 20240305101112)" in said, said

@@ -23,14 +23,17 @@ from packer.storage import is_url
 
 
 def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple[str, ...]] | None = None,
-                   entity_path: str | None = None, time_path: PathField | None = None) -> Issue | None:
+                   entity_path: str | None = None, time_path: PathField | None = None,
+                   time_note: str | None = None) -> Issue | None:
     """The discover-stage checks every sample must pass: a label, an entity, and a time if split by time.
 
     ``header``: (entity keyword, time keywords) where the kind reads them from each file's header
     (DICOM), so that a record names the attributes to look at, not a table cell; ``entity_path``:
     the source's path pattern where its entity comes from the file's path instead; ``time_path``:
     the source's path field where its time comes from the file's path (its record says which part
-    of the path it read: a folder, the file name, a pattern's match)."""
+    of the path it read: a folder, the file name, a pattern's match); ``time_note``: why the
+    header gave no time, where the kind says (:attr:`~packer.read.kinds.Probed.time_note`: the
+    values it could not read, and the attributes the file fills)."""
     if ref.label is None:
         return Issue.of(ref, stage="discover", reason="missing_label",
                         message=f"{ref.path}: no label; add a row for {ref.relpath!r} to the source's label table "
@@ -55,11 +58,10 @@ def check_identity(ref: SampleRef, *, needs_time: bool, header: tuple[str, tuple
                                 f"{fix}")
     if needs_time and ref.time is None and header:
         keywords = ", ".join(header[1])
+        note = time_note or (f"its header's {keywords} (the source's time:) hold no valid DICOM date (DA YYYYMMDD, "
+                             "or a DT to at least the day): set the source's time: to attributes this file fills")
         return Issue.of(ref, stage="discover", reason="missing_time",
-                        message=f"{ref.path}: no readable time, but the job splits by time; its header's {keywords} "
-                                "(the source's time:) hold no valid DICOM date (DA YYYYMMDD, or a DT to at least the "
-                                "day): set the source's time: to attributes this file fills (SeriesDate, "
-                                "AcquisitionDateTime)")
+                        message=f"{ref.path}: no readable time, but the job splits by time; {note}")
     if needs_time and ref.time is None:
         return Issue.of(ref, stage="discover", reason="missing_time",
                         message=f"{ref.path}: no readable time, but the job splits by time; its time cell is "
@@ -182,5 +184,5 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = Fals
     path, timed = source.entity_path, source.time_path
     problem = check_identity(ref, needs_time=job.split.by == "time", header=header,
                              entity_path=_spelled(path) if path is not None and header is not None else None,
-                             time_path=timed)
+                             time_path=timed, time_note=probed.time_note)
     return problem if problem is not None else (ref, probed.state)

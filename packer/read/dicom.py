@@ -57,6 +57,7 @@ from packer.read.dicom_attrs import (
     element,
     file_text,
     first_float,
+    missing_time_note,
     pixel_spacing,
     record_time,
     sop_class_name,
@@ -155,6 +156,8 @@ class DicomHeader:
     label_value: str | None = None
     #: Its place in a series, where the probe was asked for it (``probe_dicom(placement=True)``)
     geometry: SliceGeometry | None = None
+    #: Why the header gave no time (:func:`~packer.read.dicom_attrs.missing_time_note`), None where it gave one
+    time_note: str | None = None
     #: What a SEG or RTSTRUCT references, where the job reads them as masks
     #: (``probe_dicom(annotations=True)``); such a file has no image geometry
     annotation: AnnotationRefs | None = None
@@ -892,9 +895,11 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     label = label_value(ref, ds, label_keyword)
     if isinstance(label, Issue):
         return label
+    timed = record_time(ds, tuple(time_keywords))
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
-        time=record_time(ds, tuple(time_keywords)),
+        time=timed,
+        time_note=missing_time_note(ds, tuple(time_keywords)) if timed is None else None,
         rows=geometry.rows, columns=geometry.columns, frames=geometry.frames,
         samples_per_pixel=geometry.samples,
         sop_class_uid=str(ds.get("SOPClassUID", "") or ""),

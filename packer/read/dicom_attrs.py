@@ -1149,6 +1149,57 @@ def time_keywords_problem(keywords: tuple[str, ...]) -> str | None:
     return None
 
 
+#: The date attributes a ``missing_time`` record looks in for one the file fills, beside ``time:``'s
+_DATE_ATTRIBUTES = ("StudyDate", "SeriesDate", "AcquisitionDate", "ContentDate", "AcquisitionDateTime")
+#: An ISO date (and time) as some exporters write one in a DA or DT: its DICOM spelling can be given
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?)?")
+
+
+def _unread_date(keyword: str, vr: str, text: str) -> str:
+    """``StudyDate holds '2024-03-05', not a DICOM date (DA: YYYYMMDD, here 20240305)``."""
+    form = ("a DICOM date (DA: YYYYMMDD" if vr == "DA" else
+            "a DICOM date-time to at least the day (DT: YYYYMMDD[HHMMSS]")
+    iso = _ISO.fullmatch(text.strip(" \x00"))
+    if iso is not None:
+        form += ", here " + "".join(part for part in iso.groups()[:3 if vr == "DA" else 6] if part)
+    return f"{keyword} holds {text!r}, not {form})"
+
+
+def missing_time_note(ds: Dataset, keywords: tuple[str, ...]) -> str:
+    """Why :func:`record_time` read no date from ``ds``, for its ``missing_time`` record: each DA
+    or DT keyword of ``time:`` that holds a value no DICOM date reads, quoted (an ISO
+    ``2024-03-05`` in a DA, with the DICOM spelling to write), and those absent or empty; then the
+    fix: the value to correct, and the date attributes this file fills that ``time:`` does not
+    name (:data:`_DATE_ATTRIBUTES`), as examples only where the file fills them. The values are
+    quoted under either ``phi.mode``, as the raw paths and a ``straddles_cutoff`` record's time
+    are: the record stays in the local ``bad_samples.jsonl``, and a pseudonymized job's report,
+    summary and ``--junit`` name bad files by sample key and reason only."""
+    unread, absent = [], []
+    for keyword in keywords:
+        vr = dictionary_VR(keyword) if tag_for_keyword(keyword) is not None else ""
+        if vr not in ("DA", "DT"):  # a TM gives no day; time: refuses other VRs
+            continue
+        text = text_value(ds, keyword)
+        if text is None:
+            absent.append(keyword)
+        elif _parse_time(text, vr) is None:
+            unread.append(_unread_date(keyword, vr, text))
+    said = [*unread, *([f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} absent or empty"] if absent
+                       else [])]
+    if not said:  # not expected: record_time dates a file whose DA or DT reads
+        said = [f"{', '.join(keywords)} hold no date packer reads"]
+    others = [keyword for keyword in _DATE_ATTRIBUTES if keyword not in keywords]
+    fills = [keyword for keyword in others if record_time(ds, (keyword,)) is not None]
+    offer = f"add to the source's time: an attribute this file fills with a date ({', '.join(fills)})"
+    if unread:
+        fix = f"fix the value{'s' if len(unread) > 1 else ''} in the file" + (
+            f", or {offer}" if fills else f"; no other date attribute of this file holds a date ({', '.join(others)})")
+    else:
+        fix = offer if fills else (f"give the file a date, or leave it out; no other date attribute of this file "
+                                   f"holds one ({', '.join(others)})")
+    return f"its header's {'; '.join(said)} (the source's time: {', '.join(keywords)}): {fix}"
+
+
 def record_time(ds: Dataset, keywords: tuple[str, ...]) -> str | None:
     """ISO 8601 record time from DA/TM/DT keywords, e.g. (StudyDate, StudyTime).
 

@@ -36,6 +36,7 @@ from packer.keys import frame_key
 from packer.read.annotations import AnnotationRefs
 from packer.read.archives import Compressed, archive, compressed, sniffed_archive
 from packer.read.dicom_attrs import (
+    missing_time_note,
     quiet,
     record_time,
     tag_key_problem,
@@ -355,8 +356,10 @@ class DicomKind(SourceKind):
                 label = label_value(ref, ds, source.target.attribute)
                 if isinstance(label, Issue):
                     return label
-                return Probed(ref=replace(ref, entity=_entity(ref, source, text_value(ds, source.entity)),
-                                          time=record_time(ds, tuple(source.time))), state=ds, attribute=label)
+                timed = record_time(ds, tuple(source.time))
+                return Probed(ref=replace(ref, entity=_entity(ref, source, text_value(ds, source.entity)), time=timed),
+                              state=ds, attribute=label,
+                              time_note=missing_time_note(ds, tuple(source.time)) if timed is None else None)
 
         header = probe_dicom(ref, entity_keyword=source.entity, time_keywords=source.time, limits=job.limits,
                              allow_burned_in=job.safety.burned_in_annotation == "allow", keep_pixels=keep,
@@ -371,7 +374,8 @@ class DicomKind(SourceKind):
         if header.annotation is not None:  # a SEG or RTSTRUCT: the mask of the series it references
             return Probed(ref=replace(ref, entity=entity, time=header.time), state=header.annotation)
         return Probed(ref=replace(ref, entity=entity, time=header.time),
-                      state=header.geometry if placement else header.dataset, attribute=header.label_value)
+                      state=header.geometry if placement else header.dataset, attribute=header.label_value,
+                      time_note=header.time_note)
 
     @quiet
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:

@@ -71,11 +71,14 @@ class Probed:
     """What a header probe learnt of one file: ``ref`` with the identity the header gives
     (entity, time) filled in; ``state``: what :meth:`SourceKind.read` may reuse (a parsed file)
     or a :class:`Grouping`'s placement facts, None otherwise; ``attribute``: the value of the
-    source's label attribute (``label: {attribute: ...}``), where the kind reads one."""
+    source's label attribute (``label: {attribute: ...}``), where the kind reads one;
+    ``time_note``: where the header gave no time, why (the values it could not read and what to
+    do), for the file's ``missing_time`` record under a split by time."""
 
     ref: SampleRef
     state: Any = None
     attribute: str | None = None
+    time_note: str | None = None
 
 
 class SourceKind:
