@@ -197,7 +197,9 @@ class CachedChunk:
 #: 62: entries record each decoded raw file's xxh3-128 (a move is confirmed by it); 12/16-bit JPEGs and
 #: TIFFs over 4 samples unsupported; DICOM values split only at single-byte backslashes (GB18030, ISO
 #: 2022); colour DICOM flagged signed read unsigned; float16 rounded once; pixel presence by Pixel Data.
-CACHE_FORMAT = 62
+#: 63: FL header values compared as the float32 the file holds; missing_time records name the unread
+#: dates; lossless-JPEG TIFF masks read; a vendor's private class without pixel data left out.
+CACHE_FORMAT = 63
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
