@@ -194,21 +194,23 @@ def test_eight_digits_that_name_no_dictionary_tag_stay_a_column_of_the_table(tmp
     """A labels table may have a column named by a date (20250101): eight hex digits are taken for
     a tag only where they name one of the dictionary's (00080060), never a private or unknown one."""
     _files(tmp_path / "raw", {"a.dcm": {}})
-    (tmp_path / "labels.csv").write_text("path,label,20250101\na.dcm,x,yes\n")
-    job = load_job(_job(tmp_path, {"labels": "labels.csv", "label": {"column": "label"},
-                                   "where": {"20250101": "yes"}}))
-    assert [c.key for c in job.sources[0].where] == ["20250101"] and job.sources[0].header_where == ()
+    for date in ("20250101", "20200110"):  # the second is also the dictionary's tag (2020,0110)
+        (tmp_path / "labels.csv").write_text(f"path,label,{date}\na.dcm,x,yes\n")
+        job = load_job(_job(tmp_path, {"labels": "labels.csv", "label": {"column": "label"},
+                                       "where": {date: "yes"}}))
+        assert [c.key for c in job.sources[0].where] == [date] and job.sources[0].header_where == ()
 
 
 @pytest.mark.parametrize(("key", "said"), [
     ("(0008,0060)", "'(0008,0060)' is the tag (0008,0060): header attributes are named by keyword, not by tag; "
                     "write its keyword: Modality"),
-    ("00080060", "'00080060' is the tag (0008,0060)"), ("0018,0015", "'0018,0015' is the tag (0018,0015)"),
+    ("00080060", None), ("20200110", None), ("0018,0015", "'0018,0015' is the tag (0018,0015)"),
     ("(0008,fff0)", "'(0008,fff0)' is the tag (0008,FFF0), which pydicom's data dictionary does not name"),
     ("Modality", None), ("20250101", None), ("(0008,006)", None), ("site", None),
 ])
 def test_a_key_in_tag_form_is_told_apart_from_a_keyword_and_a_column(key: str, said: str | None) -> None:
-    """(gggg,eeee), gggg,eeee and ggggeeee (quoted in YAML: unquoted, eight digits read as a number)."""
+    """(gggg,eeee) and gggg,eeee; eight bare digits are a column's name (20200110 is a date and the
+    dictionary's tag (2020,0110) alike: a labels table's date column must stay one)."""
     problem = tag_key_problem(key)
     assert problem == said if said is None else problem is not None and problem.startswith(said), problem
 

@@ -1079,18 +1079,19 @@ def _parse_time(text: str, vr: str) -> date | time | datetime | None:
 BINARY_VRS = frozenset({"OB", "OW", "OF", "OD", "OL", "OV", "UN"})
 
 
-#: An attribute written as its tag, as DICOM dumps print one: (0008,0060), 0008,0060 or 00080060
-_TAG_FORM = re.compile(r"\(\s*([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})\s*\)|([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})"
-                       r"|([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
+#: An attribute written as its tag, as DICOM dumps print one: (0008,0060) or 0008,0060
+#: (not eight bare digits: a table's column may be named by a date, 20200110, which is also the tag
+#: (2020,0110), so only the forms with a comma are taken for a tag)
+_TAG_FORM = re.compile(r"\(\s*([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})\s*\)|([0-9A-Fa-f]{4})\s*,\s*([0-9A-Fa-f]{4})")
 
 
 def tag_key_problem(key: str) -> str | None:
-    """Why ``key``, an attribute written as its tag (``(0008,0060)``, ``0008,0060``,
-    ``00080060``), names nothing a job reads, with the fix: headers are read by keyword, so a tag
-    of pydicom's dictionary is told its keyword (``write its keyword: Modality``), a private tag
-    (an odd group) that private tags are not supported, and another tag that the dictionary does
-    not name it. None for any other key; and for eight hex digits that name no dictionary tag
-    (``20250101``), which may be a table's column, not taken for a tag without its comma."""
+    """Why ``key``, an attribute written as its tag (``(0008,0060)`` or ``0008,0060``), names
+    nothing a job reads, with the fix: headers are read by keyword, so a tag of pydicom's
+    dictionary is told its keyword (``write its keyword: Modality``), a private tag (an odd group)
+    that private tags are not supported, and another tag that the dictionary does not name it.
+    None for any other key, eight bare hex digits included (``20200110``, a table's date column,
+    though also the tag (2020,0110)): no tag without its comma."""
     match = _TAG_FORM.fullmatch(key.strip())
     if match is None:
         return None
@@ -1100,8 +1101,6 @@ def tag_key_problem(key: str) -> str | None:
     if keyword and tag_for_keyword(keyword) is not None:  # a repeating group's (60xx) has no keyword to give
         return (f"{key!r} is the tag {tag}: header attributes are named by keyword, not by tag; write its keyword: "
                 f"{keyword}")
-    if match[5] is not None:
-        return None
     if int(group, 16) % 2:
         return (f"{key!r} is the private tag {tag} (an odd group): private tags are not supported as keys, only the "
                 "keywords of pydicom's data dictionary (Modality, not (0008,0060))")
