@@ -11,12 +11,12 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packer.errors import ConfigError
 
@@ -107,10 +107,16 @@ def _yaml_words(value: Any) -> str:
     return repr(value)
 
 
-def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], float] | None:
-    """The key path and value of the first NaN or infinity in a parsed document, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path, value
+_Found = TypeVar("_Found")
+
+
+def _first_found(value: Any, visit: Callable[[Any, tuple[str | int, ...]], _Found | None],
+                 path: tuple[str | int, ...] = ()) -> _Found | None:
+    """What ``visit`` finds first in a parsed document, depth first (``visit(value, path)`` for the
+    document and every value in it, mappings by key order and lists by index), or None."""
+    found = visit(value, path)
+    if found is not None:
+        return found
     if isinstance(value, dict):
         items: Iterable[tuple[str | int, Any]] = value.items()
     elif isinstance(value, list):
@@ -118,10 +124,15 @@ def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str
     else:
         return None
     for key, item in items:
-        found = _non_finite(item, (*path, key))
+        found = _first_found(item, visit, (*path, key))
         if found is not None:
             return found
     return None
+
+
+def _non_finite(value: Any) -> tuple[tuple[str | int, ...], float] | None:
+    """The key path and value of the first NaN or infinity in a parsed document, or None."""
+    return _first_found(value, lambda v, path: (path, v) if isinstance(v, float) and not math.isfinite(v) else None)
 
 
 #: A UTF-16 surrogate pair (a high half, then a low half), and any half of one.
@@ -139,25 +150,18 @@ def joined_surrogate_pairs(text: str) -> str:
     return _SURROGATE_PAIR.sub(lambda m: m.group().encode("utf-16", "surrogatepass").decode("utf-16"), text)
 
 
-def _lone_surrogate(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], str, bool] | None:
+def _lone_surrogate(value: Any) -> tuple[tuple[str | int, ...], str, bool] | None:
     """The key path, text and whether it is a key, of the first string or key in a parsed document
     that holds half of a UTF-16 surrogate pair (pairs are joined before), or None."""
-    if isinstance(value, str):
-        return (path, value, False) if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key in value:
-            if isinstance(key, str) and _SURROGATE.search(key):
-                return path, key, True
-        items: Iterable[tuple[str | int, Any]] = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
+    def visit(v: Any, path: tuple[str | int, ...]) -> tuple[tuple[str | int, ...], str, bool] | None:
+        if isinstance(v, str):
+            return (path, v, False) if _SURROGATE.search(v) else None
+        if isinstance(v, dict):
+            key = next((k for k in v if isinstance(k, str) and _SURROGATE.search(k)), None)
+            return None if key is None else (path, key, True)
         return None
-    for key, item in items:
-        found = _lone_surrogate(item, (*path, key))
-        if found is not None:
-            return found
-    return None
+
+    return _first_found(value, visit)
 
 
 def _path_text(parts: Iterable[str | int]) -> str:

@@ -101,6 +101,18 @@ def test_every_value_of_a_multi_valued_fl_attribute_is_read_as_its_float32(tmp_p
 # -- 2. an attribute with no value of its own (a sequence, bytes) is refused -----------------------
 
 
+def _refusal(tmp_path: Path, source: dict[str, Any], at: str) -> str:
+    """The config error a job with ``source``'s settings over one CT file stops with, checked to
+    name the job file and the key path ``at``."""
+    _files(tmp_path / "raw", {"a.dcm": {}})
+    job = _job(tmp_path, source)
+    with pytest.raises(ConfigError) as raised:
+        load_job(job)
+    message = str(raised.value)
+    assert message.startswith(f"{job}: {at}: "), message
+    return message
+
+
 @pytest.mark.parametrize(("source", "at", "said"), [
     ({"entity": "OtherPatientIDsSequence"}, "sources[0].entity (source 'ct')",
      "OtherPatientIDsSequence is a sequence (VR SQ, Other Patient IDs Sequence)"),
@@ -121,12 +133,7 @@ def test_an_attribute_without_a_value_of_its_own_is_refused_naming_its_vr(
     """entity: OtherPatientIDsSequence made every entity id pydicom's multi-line dump of the
     sequence's items (each PatientID and issuer in every shard record), entity: PixelData the repr
     of the pixel bytes; where: refused a sequence but compared bytes."""
-    _files(tmp_path / "raw", {"a.dcm": {}})
-    job = _job(tmp_path, source)
-    with pytest.raises(ConfigError) as raised:
-        load_job(job)
-    message = str(raised.value)
-    assert message.startswith(f"{job}: {at}: "), message
+    message = _refusal(tmp_path, source, at)
     assert said in message, message
 
 
@@ -173,12 +180,7 @@ def test_an_attribute_written_as_its_tag_is_refused_naming_its_keyword(
     """where: {"(0008,0060)": CT} was refused as "not a header attribute ... add 'labels: FILE.csv'",
     label: {attribute: "(0018,0015)"} as one that "may identify" someone, entity: "(0010,0020)" as
     no keyword of the dictionary, never naming the keyword the tag is."""
-    _files(tmp_path / "raw", {"a.dcm": {}})
-    job = _job(tmp_path, source)
-    with pytest.raises(ConfigError) as raised:
-        load_job(job)
-    message = str(raised.value)
-    assert message.startswith(f"{job}: {at}: "), message
+    message = _refusal(tmp_path, source, at)
     assert said in message, message
     assert "not a header attribute" not in message and "may not be a label" not in message
 

@@ -10,7 +10,7 @@ import cv2
 import pytest
 
 from packer.badsamples import read_bad_samples
-from packer.config import load_job
+from packer.config import SplitConfig, load_job
 from packer.errors import ConfigError
 from packer.files import canonical_json
 from packer.pipeline.build import BuildOptions, build
@@ -135,28 +135,26 @@ def test_a_balance_tolerance_beside_a_pinned_table_is_a_config_error_not_a_setti
     assert "pinned" in message and "remove balance.tolerance" in message
 
 
-def test_the_balance_settings_a_time_split_or_a_pinned_table_applies_still_load(tmp_path: Path) -> None:
+def _split_loaded(tmp_path: Path, balance: str, by: str = "entity") -> SplitConfig:
+    """The split of a job with ``balance`` beside a pinned table (by: entity) or under by: time."""
     (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
     path = tmp_path / "job.yaml"
-    path.write_text(JOB_YAML.format(source="", top="", split="\n  pinned: pins.csv\n  balance: {max_group_share: 0.3, "
-                                                            "accept: true}"))
-    assert load_job(path).split.max_group_share == 0.3
-    timed = "\n  cutoffs: {valid: 2024-03-01, test: 2024-06-01}\n  balance: {max_group_share: 0.3}"
-    path.write_text(JOB_YAML.format(source="", top="", split=timed).replace("by: entity", "by: time"))
-    assert load_job(path).split.max_group_share == 0.3
+    split = (f"\n  pinned: pins.csv\n  balance: {balance}" if by == "entity" else
+             f"\n  cutoffs: {{valid: 2024-03-01, test: 2024-06-01}}\n  balance: {balance}")
+    path.write_text(JOB_YAML.format(source="", top="", split=split).replace("by: entity", f"by: {by}"))
+    return load_job(path).split
+
+
+def test_the_balance_settings_a_time_split_or_a_pinned_table_applies_still_load(tmp_path: Path) -> None:
+    assert _split_loaded(tmp_path, "{max_group_share: 0.3, accept: true}").max_group_share == 0.3
+    assert _split_loaded(tmp_path, "{max_group_share: 0.3}", by="time").max_group_share == 0.3
 
 
 def test_the_default_tolerance_written_out_beside_a_pinned_table_or_a_time_split_still_loads(tmp_path: Path) -> None:
     # README's split example writes balance: {tolerance: 0.05, ...} beside an optional pinned table: the
     # default written out asks for nothing that would be ignored, so the job loads as it did
-    (tmp_path / "pins.csv").write_text("entity,split\nP1,test\n")
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB_YAML.format(source="", top="", split="\n  pinned: pins.csv\n  balance: {tolerance: 0.05, "
-                                                            "max_group_share: 0.2, accept: false}"))
-    assert load_job(path).split.max_group_share == 0.2
-    timed = "\n  cutoffs: {valid: 2024-03-01, test: 2024-06-01}\n  balance: {tolerance: 0.05}"
-    path.write_text(JOB_YAML.format(source="", top="", split=timed).replace("by: entity", "by: time"))
-    assert load_job(path).split.by == "time"
+    assert _split_loaded(tmp_path, "{tolerance: 0.05, max_group_share: 0.2, accept: false}").max_group_share == 0.2
+    assert _split_loaded(tmp_path, "{tolerance: 0.05}", by="time").by == "time"
 
 
 def test_a_time_split_audit_records_no_tolerance_it_never_applied(tmp_path: Path) -> None:
