@@ -207,3 +207,18 @@ def test_a_voc_or_cityscapes_root_without_a_table_packs_only_its_images(
         str(Path(e.path).relative_to(root)) for e in found.excluded if e.why == "label_map")
     assert {e.detail.split(":")[0] for e in found.excluded} == {f"folder {f!r}" for f in folders}
     assert any(f"{len(layout) - 1} file(s) named as masks or label maps left out" in w for w in found.warnings)
+
+
+def test_a_lossless_jpeg_tiff_mask_of_more_than_8_bits_is_told_opencv_cannot_decode_it() -> None:
+    """A 16-bit lossless JPEG page (ids over 255) passed the lossless check, then OpenCV's 8-bit
+    libjpeg failed and the record said only 're-export it'; it names the precision and the fix."""
+    ids = np.zeros((16, 16), np.uint16)
+    ids[4:8, 4:8], ids[10:14, 2:6] = 1, 300
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, ids, compression="jpeg", compressionargs={"lossless": True})
+    with pytest.raises(MaskError) as raised:
+        decode_mask(buffer.getvalue(), "m.tif")
+    assert raised.value.reason == "mask_unreadable"
+    assert "-bit lossless JPEG (Compression 7), which OpenCV's libtiff (8-bit JPEG only) does not decode" in \
+        raised.value.message
+    assert "save the mask as a 16-bit PNG" in raised.value.message

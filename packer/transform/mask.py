@@ -128,39 +128,46 @@ _LOSSLESS_SOF = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
 
 
-def lossless_jpeg_page(data: bytes, tags: Mapping[int, Sequence[Any]]) -> bool:
-    """Whether a TIFF page (``tags``, its IFD's values) of Compression 7 stores its first strip or
-    tile as lossless JPEG: the frame marker its stream starts (read from ``data``, the file), never
-    a guess (a marker not found, or a damaged stream, is lossy)."""
+def lossless_jpeg_page(data: bytes, tags: Mapping[int, Sequence[Any]]) -> int:
+    """The sample precision (bits) of a TIFF page (``tags``, its IFD's values) of Compression 7
+    whose first strip or tile is lossless JPEG, by the frame marker its stream starts (read from
+    ``data``, the file); 0 where it is not, never a guess (a marker not found, or a damaged stream,
+    is lossy)."""
     offsets, counts = tags.get(273) or tags.get(324), tags.get(279) or tags.get(325)
     if not offsets or not counts:
-        return False
+        return 0
     start, size = int(offsets[0]), int(counts[0])
     stream = bytes(data[start:start + min(size, 1 << 16)])
     if not stream.startswith(b"\xff\xd8"):
-        return False
+        return 0
     at = 2
-    while at + 4 <= len(stream) and stream[at] == 0xFF:
+    while at + 5 <= len(stream) and stream[at] == 0xFF:
         marker = stream[at + 1]
         if marker in _SOF:
-            return marker in _LOSSLESS_SOF
+            return stream[at + 4] if marker in _LOSSLESS_SOF else 0
         if marker == 0xDA:  # a scan before any frame: no frame to tell
-            return False
+            return 0
         at += 2 + int.from_bytes(stream[at + 2:at + 4], "big")
-    return False
+    return 0
 
 
-def check_lossless_tiff(compressions: Sequence[int], name: str, lossless: Sequence[bool] = ()) -> None:
+def check_lossless_tiff(compressions: Sequence[int], name: str, lossless: Sequence[int] = ()) -> None:
     """Raise MaskError ``mask_unreadable`` for the first page of a TIFF mask whose Compression
     (``compressions``, one per IFD of its main chain, in order) is lossy or may be
     (:data:`LOSSY_TIFF_COMPRESSIONS`), naming ``name``, the page, the compression and the fix,
     as a ``.jpg`` mask is refused: its pixels would pack with class ids nobody drew. ``lossless``
-    (per page, where given): a JPEG page whose stream is lossless JPEG (:func:`lossless_jpeg_page`)
-    is no such page."""
+    (per page, where given, :func:`lossless_jpeg_page`): a JPEG page whose stream is 8-bit lossless
+    JPEG is no such page; one of more bits is refused, as OpenCV's 8-bit libjpeg cannot decode it."""
     for page, number in enumerate(compressions):
         label = LOSSY_TIFF_COMPRESSIONS.get(number)
-        if label is None or (number == 7 and page < len(lossless) and lossless[page]):
+        bits = lossless[page] if number == 7 and page < len(lossless) else 0
+        if label is None or 0 < bits <= 8:
             continue
+        if bits:
+            raise MaskError("mask_unreadable", (
+                f"{name} page {page}: a TIFF mask in {bits}-bit lossless JPEG (Compression 7), which OpenCV's "
+                "libtiff (8-bit JPEG only) does not decode; save the mask as a 16-bit PNG or as a TIFF with LZW, "
+                "Deflate or no compression (or as .npy)"))
         lossy = ("which is lossy unless written in its lossless mode (the TIFF's tags do not say which), and "
                  "lossy compression invents" if number in _MAYBE_LOSSLESS else
                  f"{'JPEG 2000' if 'JPEG 2000' in label else 'JPEG'} is lossy and invents")
