@@ -58,6 +58,7 @@ from packer.errors import LeakageError
 from packer.files import atomic_output
 from packer.pipeline.conflicts import LabelConflicts
 from packer.pipeline.dedup import components_of, exact_groups, exact_groups_of
+from packer.pipeline.listings import LEAKAGE_FILE
 from packer.pipeline.nearcopy import NearLinks
 from packer.pipeline.sampletable import SampleTable, as_table
 from packer.pipeline.split import Assignment, HeldFiles, measure_balance, split_codes
@@ -531,8 +532,6 @@ def accepted_leaks(report: LeakageAudit, cfg: SplitConfig, listed_in: str = "lea
     return (f"the given split (by: {cfg.by}) leaks, accepted by split.accept_leaks: "
             + ", ".join(f"{name} {count}" for name, count in found) + f" (each finding is listed in {listed_in})")
 
-
-LEAKAGE_FILE = "leakage.json"
 
 
 def write_leakage(folder: Path, report: LeakageAudit) -> Path:

@@ -37,6 +37,7 @@ from packer.keys import KeyParts, make_key, parse_key
 from packer.manifest import INDEX_FILE, SPLITS_FILE
 from packer.phi import Pseudonymizer
 from packer.pipeline.labels import Refused, from_folder
+from packer.pipeline.listings import BUILD_LISTINGS, Listings
 from packer.pipeline.rawstore import (
     RawObject,
     RemoteFile,
@@ -636,10 +637,12 @@ def _aliased_files(source: SourceConfig, aliases: Sequence[tuple[str, str]], rel
 
 
 def _aliased_class_warning(source: SourceConfig, aliases: Sequence[tuple[str, str]],
-                           linked: Mapping[str, Sequence[Excluded]], *, hide_names: bool = False) -> str:
+                           linked: Mapping[str, Sequence[Excluded]], *, hide_names: bool = False,
+                           listed_in: str = BUILD_LISTINGS.excluded) -> str:
     """Under ``label: folder``, the warning for class folders whose files were left out as
     ``folder_link`` (:func:`_aliased_files`): a link ``kitty -> cat`` reads as a class of its own,
-    but its files are packed once, in the class of the folder they are listed in."""
+    but its files are packed once, in the class of the folder they are listed in. ``listed_in``:
+    where those records are (``excluded.jsonl``; packer validate's report's records)."""
     if source.target.origin != "folder" or not linked:
         return ""
     root = os.fspath(source.root)
@@ -654,7 +657,7 @@ def _aliased_class_warning(source: SourceConfig, aliases: Sequence[tuple[str, st
                           for alias, listed_at in classes[:3]) + (" ..." if len(classes) > 3 else "")
     return (f"source {source.name!r}: class folder(s) that are links to a folder already under the root {root}: "
             f"{shown}; their files are packed once, in the class of the folder they lie in, and "
-            "left out at the link's paths (excluded.jsonl, why folder_link). To make a link's name a class of its "
+            f"left out at the link's paths ({listed_in}, why folder_link). To make a link's name a class of its "
             "own, copy its files there instead of linking, or label the files with a table")
 
 
@@ -915,9 +918,11 @@ def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi:
     return kept, out
 
 
-def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded], *, hide_names: bool = False) -> str:
+def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded], *, hide_names: bool = False,
+                        listed_in: str = BUILD_LISTINGS.excluded) -> str:
     """The warning for files left out as masks or label maps, counted by what named them (under
-    PHI pseudonymization a folder by its kind only: ``Doe_John_GroundTruth/`` names a patient)."""
+    PHI pseudonymization a folder by its kind only: ``Doe_John_GroundTruth/`` names a patient).
+    ``listed_in``: where those records are (``excluded.jsonl``; packer validate's report's records)."""
     if not masks_out:
         return ""
 
@@ -927,7 +932,7 @@ def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded], *, 
 
     whys = Counter(why(e) for e in masks_out)
     shown = ", ".join(f"{why} ({n})" for why, n in sorted(whys.items(), key=lambda item: (-item[1], item[0]))[:3])
-    return (f"source {source.name!r}: {len(masks_out)} file(s) named as masks or label maps left out (excluded.jsonl, "
+    return (f"source {source.name!r}: {len(masks_out)} file(s) named as masks or label maps left out ({listed_in}, "
             f"why label_map; {shown}): a source without a table would pack each as an image of its own. To pack them "
             "as the masks of their images, name both in a table (README: Targets; NIfTI volumes)")
 
@@ -1563,13 +1568,15 @@ def _path_pattern_problem(source: SourceConfig, relpaths: Sequence[str], where: 
 def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside: bool,
                  known_labels: tuple[str, ...] = (), storage_options: Mapping[str, Any] | None = None, *,
                  where: str = "sources[0]", relative_to: str = "the job file", quiet: bool = False,
-                 split: SplitConfig | None = None, own: Sequence[str] = ()) -> SourceFound:
+                 split: SplitConfig | None = None, own: Sequence[str] = (),
+                 listings: Listings = BUILD_LISTINGS) -> SourceFound:
     """The refs of one source, its table-only issues, what it left out, and its remote listing.
     ``where``: the source's key path in the job file (``sources[1]``), for its ConfigErrors;
     ``relative_to``: what its relative paths are relative to, for them too. ``quiet``: no
     progress lines (:func:`~packer.progress.stage_progress`). ``split``: the job's (a file's rows
     must agree on its ``by: column`` cell, :func:`place_rows`). ``own``: the job's output folders,
-    never listed (:func:`own_output_folders`)."""
+    never listed (:func:`own_output_folders`). ``listings``: where its warnings say the files it
+    left out are listed (a build's ``excluded.jsonl``; packer validate's report)."""
     as_written = _check_root(source, where, relative_to)
     kind = source_kind(source.kind)
     table = source.label_table
@@ -1640,9 +1647,11 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     own_entity = entity_warning(source, refs, records.columns if records else (), rows,
                                 hide_ids=phi is not None and phi.active)
     warnings_said = [w for w in (_versions_warning(source, versions, hide_names=phi is not None and phi.active),
-                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active),
+                                 _mask_named_warning(source, masks_out, hide_names=phi is not None and phi.active,
+                                                     listed_in=listings.excluded),
                                  _aliased_class_warning(source, aliases, linked,
-                                                        hide_names=phi is not None and phi.active))
+                                                        hide_names=phi is not None and phi.active,
+                                                        listed_in=listings.excluded))
                      if w]
     hint = header_entity_hint(source, refs, records.columns if records else (), rows,
                               hide_ids=phi is not None and phi.active)
@@ -1914,12 +1923,14 @@ def check_roots(job: JobConfig) -> None:
 
 
 def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
-             storage_options: Mapping[str, Any] | None = None, quiet: bool = False) -> Discovery:
+             storage_options: Mapping[str, Any] | None = None, quiet: bool = False,
+             listings: Listings = BUILD_LISTINGS) -> Discovery:
     """List every source's raw files, local or behind URLs (read with ``storage_options``):
     refs sorted by source, then relative path, the table-only issues, what was left out on
     purpose, warnings, and the remote listing. A step that runs long (the walk, the placement of
     the table's rows, the refs) shows a progress line on stderr unless ``quiet``
-    (:func:`~packer.progress.stage_progress`).
+    (:func:`~packer.progress.stage_progress`). ``listings``: where the warnings say the files left
+    out are listed (a build's ``excluded.jsonl``; packer validate's report's records).
 
     Raises ConfigError for a missing root, an unreadable or malformed table, or a store that
     cannot be listed (missing bucket, credentials, endpoint; the message says which).
@@ -1940,7 +1951,7 @@ def discover(job: JobConfig, phi: Pseudonymizer | None = None, *,
         try:
             found = _source_refs(source, phi, allow_outside, job.labels, storage_options, where=f"sources[{index}]",
                                  relative_to="base_dir" if job.job_path == MAPPING_JOB else "the job file",
-                                 quiet=quiet, split=job.split, own=own)
+                                 quiet=quiet, split=job.split, own=own, listings=listings)
         except ConfigError as err:  # the job file and the source's place in it, as a schema error names them
             raise ConfigError(f"{job.job_path}: {err}") from err
         tables.append(found.refs)

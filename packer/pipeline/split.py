@@ -42,6 +42,7 @@ from packer.config import SPLITS, SplitConfig
 from packer.errors import ConfigError
 from packer.phi import entity_text
 from packer.pipeline.dedup import UnionFind, components_of, exact_groups_of
+from packer.pipeline.listings import BUILD_LISTINGS, Listings
 from packer.pipeline.nearcopy import (
     EXACT_LIMIT,
     Candidates,
@@ -699,7 +700,7 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
                   strata: Strata = ClassTarget.held_names, pseudonym: Callable[[str], str] | None = None,
                   leave_out: frozenset[int] = frozenset(), quiet: bool = False,
                   stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None,
-                  held: HeldFiles | None = None) -> Assignment:
+                  held: HeldFiles | None = None, listings: Listings = BUILD_LISTINGS) -> Assignment:
     """Assign every sample a split (and fold) by its split group. Raises ConfigError when a
     pinned table conflicts with itself or with the time policy, or a given split's lists or
     column are wrong (:mod:`packer.pipeline.splitlists`). ``strata``: the names a
@@ -718,22 +719,24 @@ def assign_splits(samples: Sequence[SpilledSample], cfg: SplitConfig, links: Nea
     (:func:`packer.pipeline.pixels.held_files`): a time split places and leaves out each sample
     by the latest of its files' times under either policy (:meth:`HeldFiles.timed`), and a volume
     ``drop_straddlers`` leaves out has one ``straddles_cutoff`` record per file of its series, as
-    every input file is counted once."""
+    every input file is counted once. ``listings``: where the warnings of a list naming a bad or
+    left-out file say those are listed (a build's files; packer validate's report)."""
     with stage_progress("split", None, unit="groups", quiet=quiet) as progress:
-        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad, held)
+        return _assign(as_table(samples), cfg, links, strata, pseudonym, leave_out, progress, stacked, bad, held,
+                       listings)
 
 
 def _assign(table: SampleTable, cfg: SplitConfig, links: NearLinks | None, strata: Strata,
             pseudonym: Callable[[str], str] | None, leave_out: frozenset[int], progress: Progress,
             stacked: Mapping[str, str] | None = None, bad: Mapping[str, str] | None = None,
-            held: HeldFiles | None = None) -> Assignment:
+            held: HeldFiles | None = None, listings: Listings = BUILD_LISTINGS) -> Assignment:
     """:func:`assign_splits`, counting the groups placed in ``progress`` (its total set once the
     groups are known; a given split's groups all at once)."""
     held = held or HeldFiles()
     groups = group_samples(table, cfg, links if links is not None else NearLinks.empty(), leave_out)
     progress.total = len(groups)
     if cfg.given:
-        given = _assign_given(table, cfg, groups, pseudonym, leave_out, bad)
+        given = _assign_given(table, cfg, groups, pseudonym, leave_out, bad, listings)
         progress.update(len(groups))
         return given
     rows = read_pinned_rows(cfg.pinned, hide_values=pseudonym is not None) if cfg.pinned else {}
@@ -861,12 +864,12 @@ def _place_groups(groups: Sequence[SplitGroup], group_split: Mapping[int, str], 
 
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
                   pseudonym: Callable[[str], str] | None, leave_out: frozenset[int] = frozenset(),
-                  bad: Mapping[str, str] | None = None) -> Assignment:
+                  bad: Mapping[str, str] | None = None, listings: Listings = BUILD_LISTINGS) -> Assignment:
     """A given split: each sample where its list or table cell says (leaks included: the audit
     reports them), then each ``carve``, then folds by group. Samples without a split are
     ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue.
     ``bad``: the bad and left-out files' names, which a list may name (:func:`split_from_lists`)."""
-    given = (split_from_lists(table, cfg, pseudonym, bad) if cfg.by == "list"
+    given = (split_from_lists(table, cfg, pseudonym, bad, listings=listings) if cfg.by == "list"
              else split_from_column(table, cfg, hide_paths=pseudonym is not None))
     unlisted = given.unlisted
     if leave_out:

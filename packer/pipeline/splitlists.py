@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from packer.config import MATCHES, SPLITS, SplitConfig, SplitList, redacted_path
 from packer.errors import ConfigError
+from packer.pipeline.listings import BUILD_LISTINGS, Listings
 from packer.pipeline.sampletable import SampleTable
 from packer.records import EXCLUSIONS, Issue
 
@@ -211,14 +212,15 @@ def _hint(example: str, match: str, names_by_match: Callable[[str], set[str]]) -
 
 def split_from_lists(table: SampleTable, cfg: SplitConfig,
                      pseudonym: Callable[[str], str] | None = None,
-                     bad: Mapping[str, str] | None = None) -> GivenSplit:
+                     bad: Mapping[str, str] | None = None, *, listings: Listings = BUILD_LISTINGS) -> GivenSplit:
     """``by: list``: each sample's split from the lists (:func:`read_split_list`) under
     ``cfg.match``, for the samples of every source. ``pseudonym``: under PHI pseudonymization,
     what turns a listed entity id into the samples' (:meth:`packer.phi.Pseudonymizer.entity`).
     ``bad``: the files refused as bad samples or left out on purpose, by their name under
     ``cfg.match`` (:func:`name_of`), each with its reason code (an exclusion's is one of
     :data:`~packer.records.EXCLUSIONS`): an item naming one is said to, not called unknown
-    (None: not known, as under ``match: entity``).
+    (None: not known, as under ``match: entity``). ``listings``: where the warnings for such items
+    say the bad samples and the files left out are listed (a build's files; packer validate's report).
     See the module docstring for what is refused."""
     # under PHI a list's item is named by its list and line only, like a pinned entity: a raw
     # entity id, or a path, name or stem whose folders or file name may name the patient
@@ -270,8 +272,8 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
                                 sorted(Counter(known[item[2]] for item in refused).items()))
             warnings.append(f"split.lists.{entry.split} ({named}): {len(refused):,} of its {len(listed):,} "
                             f"items name a file refused as a bad sample ({reasons}), e.g. line "
-                            f"{line}{'' if hidden else f': {text!r}'}; not packed: the bad-sample report "
-                            "(bad_samples.jsonl) lists each with its reason and fix")
+                            f"{line}{'' if hidden else f': {text!r}'}; not packed: {_bad_list(listings)} lists each "
+                            "with its reason and fix")
         if left_out:
             line, text, name = left_out[0]
             whys = Counter(known[item[2]] for item in left_out)
@@ -280,7 +282,7 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
             warnings.append(f"split.lists.{entry.split} ({named}): {len(left_out):,} of its {len(listed):,} "
                             f"items name files left out as {reasons}, e.g. line "
                             f"{line}{'' if hidden else f': {text!r}'}; not packed, and not bad samples: "
-                            "excluded.jsonl lists each with why")
+                            f"{listings.excluded} lists each with why")
     unlisted = _unlisted(table, split, lambda ref: (
         f"{ref.path}: no split list names it (by {cfg.match}: "
         f"{name_of(ref.relpath, ref.entity, cfg.match)!r}; lists "
@@ -289,6 +291,12 @@ def split_from_lists(table: SampleTable, cfg: SplitConfig,
         warnings.append(f"{len(unlisted):,} file(s) are in no split list, e.g. "
                         f"{_example(unlisted[0], pseudonym is not None)}: each is a not_in_split bad sample")
     return GivenSplit(split=split, unlisted=unlisted, warnings=tuple(warnings))
+
+
+def _bad_list(listings: Listings) -> str:
+    """The bad samples' list as a split list's warning names it: a build's file as "the bad-sample
+    report (bad_samples.jsonl)", packer validate's report's records as they are named."""
+    return f"the bad-sample report ({listings.bad})" if listings.bad == BUILD_LISTINGS.bad else listings.bad
 
 
 def split_from_column(table: SampleTable, cfg: SplitConfig, hide_paths: bool = False) -> GivenSplit:

@@ -41,10 +41,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from packer.badsamples import REPORT_FILE, sort_issues
+from packer.badsamples import sort_issues
 from packer.config import JobConfig, SplitConfig, unused_transforms_warning
 from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
-from packer.exclusions import EXCLUDED_FILE, describe_counts, sort_excluded
+from packer.exclusions import describe_counts, sort_excluded
 from packer.manifest import library_versions
 from packer.phi import Pseudonymizer, pseudonymizer_for
 from packer.pipeline.assemble import pack_shards
@@ -63,6 +63,7 @@ from packer.pipeline.dedup import shared_instances_of, shared_instances_warning
 from packer.pipeline.discover import discover, make_sample_id, own_entity_warnings
 from packer.pipeline.filecache import damage_report
 from packer.pipeline.labels import dataset_target
+from packer.pipeline.listings import BUILD_LISTINGS, VALIDATE_LISTINGS, Listings
 from packer.pipeline.nearcopy import EvidenceArrays, NearLinks, VerifyTask, pairs_in, verify_task
 from packer.pipeline.neighborcache import NeighborCache
 from packer.pipeline.paircache import PairCache, cached_verification
@@ -87,24 +88,6 @@ from packer.targets.base import cell_number
 
 #: The stages :func:`run_stages` runs, in order (``packer validate`` stops after "audit").
 STAGES = ("discover", "pixels", "near copies", "conflicts", "split", "audit", "plan", "pack")
-
-
-@dataclass(frozen=True)
-class Listings:
-    """Where the run's messages say its lists are: the audit's findings (``audit``), the bad
-    samples (``bad``) and the files left out on purpose (``excluded``). A build writes them as
-    files beside its versions (:data:`BUILD_LISTINGS`); ``packer validate`` writes none of them,
-    they are parts of its report (``--json``, ``ValidationResult.report``: :data:`VALIDATE_LISTINGS`)."""
-
-    audit: str
-    bad: str
-    excluded: str
-
-
-BUILD_LISTINGS = Listings(audit=LEAKAGE_FILE, bad=REPORT_FILE, excluded=EXCLUDED_FILE)
-# named alike for the command and the Python call, so that the two reports are one document
-VALIDATE_LISTINGS = Listings(audit="the validate report's audit", bad="the validate report's bad_samples.records",
-                             excluded="the validate report's excluded.records")
 
 
 @dataclass(frozen=True)
@@ -189,7 +172,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     """
     listed_in = listings.audit
     phi = pseudonymizer_for(job.phi, job.job_path)
-    found = discover(job, phi, storage_options=storage_options, quiet=quiet)
+    found = discover(job, phi, storage_options=storage_options, quiet=quiet, listings=listings)
     refs, issues, listed = found.refs, found.issues, found.listed  # refs: a RefTable (packer.pipeline.sampletable)
     excluded = list(found.excluded)
     unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
@@ -263,7 +246,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
         if possible is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {possible}", file=sys.stderr, flush=True)
             warned.append(("annotations", possible))
-        noted = annotation_notes_warning(probed_out)
+        noted = annotation_notes_warning(probed_out, listings.excluded)
         if noted is not None:  # a warning, not progress: printed under --quiet too
             print(f"packer: warning: {job.name}: {noted}", file=sys.stderr, flush=True)
             warned.append(("annotation_notes", noted))
@@ -305,7 +288,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                                pseudonym=phi.entity if phi.active else None, leave_out=conflicts.dropped, quiet=quiet,
                                stacked={s.name: job.dicom.sample for s in job.sources
                                         if job.dicom.by_series and source_kind(s.kind).grouping(job) is not None},
-                               bad=_listed_bad(job, split_cfg, issues, excluded, phi), held=held)
+                               bad=_listed_bad(job, split_cfg, issues, excluded, phi), held=held, listings=listings)
     balance = balance_warning(assignment, split_cfg, listed_in=listed_in)
     audit = audit_assignment(samples, assignment, split_cfg, links, show_paths=not phi.active,
                              show_dates=phi.dates == "keep", conflicts=conflicts, lookalikes=lookalikes,

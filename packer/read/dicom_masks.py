@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig
+from packer.exclusions import EXCLUDED_FILE
 from packer.read.annotations import (
     AnnotationError,
     AnnotationRefs,
@@ -403,11 +404,12 @@ def note_count(record: Excluded) -> int:
     return int(found.group(1)) if found is not None else 0
 
 
-def annotation_notes_warning(excluded: Sequence[Excluded]) -> str | None:
+def annotation_notes_warning(excluded: Sequence[Excluded], listed_in: str = EXCLUDED_FILE) -> str | None:
     """One line for the annotation objects painted with notes (contours skipped or distrusted,
     segments without frames: :func:`paint_series`' records), or None: how many objects and
     notes, never their structure names (one may be a person's); ``excluded.jsonl`` holds the
-    notes themselves. Until now they were in that file alone, and the build said nothing."""
+    notes themselves. Until now they were in that file alone, and the build said nothing.
+    ``listed_in``: where the records are (``excluded.jsonl``; packer validate's report's records)."""
     counts = [int(found.group(1)) for e in excluded if e.why == "annotation"
               if (found := _NOTES_COUNT.search(e.detail)) is not None]
     if not counts:
@@ -415,7 +417,7 @@ def annotation_notes_warning(excluded: Sequence[Excluded]) -> str | None:
     return (f"{len(counts)} annotation object(s) were painted with {sum(counts)} note(s) between them (contours "
             "skipped as degenerate or not closed, self-intersecting ones filled by the even-odd rule, references "
             "that disagree with positions, segments without frames, ...): their masks hold what could be painted; "
-            "each object's row in excluded.jsonl gives its notes")
+            f"each object's row in {listed_in} gives its notes")
 
 
 def possible_annotations_warning(issues: Sequence[Issue]) -> str | None:
