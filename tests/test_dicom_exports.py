@@ -279,6 +279,10 @@ def test_an_export_of_no_image_is_refused_pointing_at_the_images_not_at_where(tm
     assert "objects that are not images (2 SR, 1 RTPLAN), which no filter can pack" in message, message
     assert "point the source's root at the folder of the images" in message and "remove the source" in message
     assert ("re-export the bad files" in message) is with_bad, message
+    # the job stops before any bad-sample list is written: the message names the bad file itself
+    assert "bad_samples.jsonl" not in message, message
+    if with_bad:  # (by its sample id: the job pseudonymizes paths)
+        assert re.search(r"re-export the bad files \(the first, sample \S+: unreadable\)", message), message
 
 
 def test_a_where_key_that_is_no_dicom_keyword_is_refused_with_the_close_keyword(tmp_path: Path) -> None:

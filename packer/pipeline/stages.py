@@ -337,7 +337,7 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
         said = re.search(r"[;,] where: (.*)$", detail)  # "X is V, where: .." (headers), "x is 'v'; where: .." (tables)
         condition = said.group(1) if said else "the source's where:"
         detail = (f"left out by where: {condition} (the value it has is not shown under phi: pseudonymize: a "
-                  "header's free text or a table cell may hold a name; excluded.jsonl, local only, holds it)")
+                  "header's free text or a table cell may hold a name)")
     why = describe_counts(Counter(e.why for e in excluded))
     if issues:
         bad = describe_counts(Counter(i.reason for i in issues))
@@ -352,7 +352,10 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
         holds = (f"Besides {len(issues)} bad {'file' if len(issues) == 1 else 'files'}, the job's sources hold "
                  "objects that are not images" if issues else "The job's sources hold no image, only objects that "
                  "are not images")
-        fix = "re-export the bad files (bad_samples.jsonl names them), " if issues else ""
+        # no bad-sample list is written when the job stops here: name the first bad file itself
+        bad_first = min(issues, key=lambda i: (i.path, i.sample_id)) if issues else None
+        first_named = "" if bad_first is None else bad_first.path if show_paths else f"sample {bad_first.sample_id}"
+        fix = "" if bad_first is None else f"re-export the bad files (the first, {first_named}: {bad_first.reason}), "
         return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. {holds} ({kinds}), "
                            f"which no filter can pack: {fix}point the source's root at the folder of the images (or "
                            "export the images themselves from the archive), or remove the source")
