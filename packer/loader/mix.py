@@ -61,13 +61,28 @@ import numpy as np
 import torch
 
 from packer.errors import ConfigError, from_python
-from packer.loader.dataset import Item, PlannedDataset, ShardDataset, resolve_rank
+from packer.loader.dataset import Item, PlannedDataset, ShardDataset, as_integer, resolve_rank
 from packer.loader.readers import Decoded, Failure
 from packer.loader.record import SampleRecord
 from packer.loader.sharding import EpochOrder, RankPlan, derive_seed, epoch_order, random_u64
 from packer.targets import TargetMismatch
 
 EPOCH_LENGTHS = ("shortest", "longest")
+
+
+def _epoch_length(value: Any) -> str | int:
+    """``epoch_length`` checked: a rule of :data:`EPOCH_LENGTHS`, or a number of samples > 0 of any
+    integer type (numpy's too, kept as a plain ``int`` for the state's identity), never a bool."""
+    if isinstance(value, str) and value in EPOCH_LENGTHS:
+        return value
+    try:
+        number = None if isinstance(value, str) else as_integer(value, "epoch_length")
+    except ConfigError:
+        number = None
+    if number is None or number < 1:
+        raise ConfigError(f"epoch_length={value!r}; expected one of {EPOCH_LENGTHS} or an integer number of "
+                          "samples > 0")
+    return number
 
 
 def shares(sizes: Sequence[int], weights: Sequence[float], length: str | int) -> tuple[int, list[int]]:
@@ -136,10 +151,7 @@ class MixedDataset(PlannedDataset):
         self.names = list(names) if names is not None else _default_names(self.members)
         if len(self.names) != len(self.members) or len(set(self.names)) != len(self.names):
             raise ConfigError(f"MixedDataset: names {self.names} must be unique, one per member")
-        if epoch_length not in EPOCH_LENGTHS and not (isinstance(epoch_length, int) and epoch_length > 0):
-            raise ConfigError(f"epoch_length={epoch_length!r}; expected one of {EPOCH_LENGTHS} or a number of "
-                              "samples > 0")
-        self.epoch_length = epoch_length
+        self.epoch_length = _epoch_length(epoch_length)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         for dataset, name in zip(self.members, self.names, strict=True):
