@@ -45,3 +45,19 @@ def test_an_epoch_length_that_is_not_a_positive_integer_or_a_rule_is_refused(man
     with pytest.raises(ConfigError, match=r"epoch_length=.*expected one of \('shortest', 'longest'\) or an "
                                           r"integer number of samples > 0"):
         mix(manifests, epoch_length=length)
+
+
+# -- seed= -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [1.7, "3", True, None])
+def test_a_mix_seed_that_is_not_an_integer_is_refused_as_a_datasets_is(manifests: dict[str, Path],
+                                                                       seed: object) -> None:
+    """MixedDataset(seed=1.7) ran with seed 1 and seed="3" with 3, where ShardDataset refuses both."""
+    with pytest.raises(ConfigError, match=r"^seed must be an int, not \w+ "):
+        ShardDataset(manifests["a"], "train", seed=seed)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^seed must be an int, not \w+ "):
+        mix(manifests, seed=seed)
+
+
+def test_a_numpy_integer_mix_seed_is_kept_as_a_plain_int(manifests: dict[str, Path]) -> None:
+    dataset = mix(manifests, seed=np.int32(7))
+    assert dataset.identity()["seed"] == 7 and type(dataset.seed) is int

@@ -134,6 +134,8 @@ class MixedDataset(PlannedDataset):
                  names: Sequence[str] | None = None) -> None:
         super().__init__()
         self._init_progress(uneven=uneven, on_error=on_error, max_skipped=max_skipped)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):  # as ShardDataset's: 1.7 is not seed 1
+            raise ConfigError(f"seed must be an int, not {type(seed).__name__} {seed!r}")
         if not members:
             raise ConfigError("MixedDataset needs at least one (ShardDataset, weight) pair")
         self.members = [dataset for dataset, _ in members]
