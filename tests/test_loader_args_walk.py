@@ -61,3 +61,19 @@ def test_a_mix_seed_that_is_not_an_integer_is_refused_as_a_datasets_is(manifests
 def test_a_numpy_integer_mix_seed_is_kept_as_a_plain_int(manifests: dict[str, Path]) -> None:
     dataset = mix(manifests, seed=np.int32(7))
     assert dataset.identity()["seed"] == 7 and type(dataset.seed) is int
+
+
+# -- max_skipped= ------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["5", 2.5, True, None, -1])
+def test_max_skipped_must_be_an_integer_at_least_zero(manifests: dict[str, Path], value: object) -> None:
+    """"5" was a bare TypeError ('<' not supported between 'str' and 'int'), 2.5 ran as 2."""
+    with pytest.raises(ConfigError, match=r"^max_skipped must be an integer >= 0 "):
+        ShardDataset(manifests["a"], "train", max_skipped=value)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^max_skipped must be an integer >= 0 "):
+        mix(manifests, max_skipped=value)
+
+
+def test_a_numpy_integer_max_skipped_is_kept_as_a_plain_int(manifests: dict[str, Path]) -> None:
+    dataset = ShardDataset(manifests["a"], "train", max_skipped=np.int64(3))
+    assert dataset.max_skipped == 3 and type(dataset.max_skipped) is int
+    assert mix(manifests, max_skipped=np.int64(0)).max_skipped == 0

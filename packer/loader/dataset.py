@@ -198,8 +198,10 @@ class PlannedDataset(IterableDataset):
             raise ConfigError(f"uneven={uneven!r}; expected one of {UNEVEN}")
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error={on_error!r}; expected one of {ON_ERROR}")
-        if max_skipped < 0:
-            raise ConfigError("max_skipped must be >= 0")
+        if isinstance(max_skipped, bool) or not isinstance(max_skipped, int | np.integer) or max_skipped < 0:
+            # "5" was a bare TypeError at the comparison, 2.5 ran as 2
+            raise ConfigError(f"max_skipped must be an integer >= 0 (the skipped samples an epoch allows), not "
+                              f"{type(max_skipped).__name__} {max_skipped!r}")
         self.uneven, self.on_error, self.max_skipped = uneven, on_error, int(max_skipped)
         # who made the dataset (Python, or a packer command): what its reading errors name, in
         # DataLoader workers too, where nothing else says it (see _as_made)

@@ -149,7 +149,7 @@ class MixedDataset(PlannedDataset):
             if dataset.samples == 0:
                 raise ConfigError(f"MixedDataset: {dataset.info.name} split {dataset.info.split!r} has no samples "
                                   "(of its view); a member with nothing to give cannot be mixed by weight")
-            dataset.on_error, dataset.max_skipped = on_error, max_skipped  # the mix counts and raises
+            dataset.on_error, dataset.max_skipped = on_error, self.max_skipped  # the mix counts and raises
         self.names = list(names) if names is not None else _default_names(self.members)
         if len(self.names) != len(self.members) or len(set(self.names)) != len(self.names):
             raise ConfigError(f"MixedDataset: names {self.names} must be unique, one per member")
