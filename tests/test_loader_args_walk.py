@@ -77,3 +77,26 @@ def test_a_numpy_integer_max_skipped_is_kept_as_a_plain_int(manifests: dict[str,
     dataset = ShardDataset(manifests["a"], "train", max_skipped=np.int64(3))
     assert dataset.max_skipped == 3 and type(dataset.max_skipped) is int
     assert mix(manifests, max_skipped=np.int64(0)).max_skipped == 0
+
+
+# -- MixedDataset members ----------------------------------------------------------------------
+def test_a_member_given_without_its_weight_is_refused_before_any_sample_is_read(
+        manifests: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """[dataset] was unpacked as a pair by iterating the dataset (reading and decoding its samples),
+    then 'too many values to unpack' (or, for 2 samples, 'got dict')."""
+    dataset = ShardDataset(manifests["a"], "train")
+
+    def no_reading(self: ShardDataset) -> None:
+        raise AssertionError("the mix read the member's samples to check its arguments")
+
+    monkeypatch.setattr(ShardDataset, "__iter__", no_reading)
+    with pytest.raises(ConfigError, match=r"^MixedDataset members are \(ShardDataset, weight\) pairs, got a "
+                                          r"ShardDataset alone \(its weight left out\) \(member 0\)"):
+        MixedDataset([dataset])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("member", [("a", 1), (1,), "ab"], ids=["not-a-dataset", "one-element", "string"])
+def test_a_member_that_is_not_a_dataset_weight_pair_is_refused(manifests: dict[str, Path], member: object) -> None:
+    dataset = ShardDataset(manifests["a"], "train")
+    with pytest.raises(ConfigError, match=r"^MixedDataset members are \(ShardDataset, weight\) pairs, got .*member 1"):
+        MixedDataset([(dataset, 1), member])  # type: ignore[list-item]

@@ -85,6 +85,15 @@ def _epoch_length(value: Any) -> str | int:
     return number
 
 
+def _not_a_pair(member: object) -> str:
+    """What a MixedDataset member that is no ``(ShardDataset, weight)`` pair is, for its message."""
+    if isinstance(member, ShardDataset):
+        return "a ShardDataset alone (its weight left out)"
+    if isinstance(member, tuple | list):
+        return f"a {type(member).__name__} of {len(member)}: ({', '.join(type(m).__name__ for m in member)})"
+    return f"{type(member).__name__} {member!r}"
+
+
 def shares(sizes: Sequence[int], weights: Sequence[float], length: str | int) -> tuple[int, list[int]]:
     """The epoch's length ``L`` and each member's share ``c_i`` (see the module doc); the shares add up to ``L``."""
     total = float(sum(weights))
@@ -138,12 +147,13 @@ class MixedDataset(PlannedDataset):
             raise ConfigError(f"seed must be an int, not {type(seed).__name__} {seed!r}")
         if not members:
             raise ConfigError("MixedDataset needs at least one (ShardDataset, weight) pair")
+        for i, member in enumerate(members):  # before unpacking: a ShardDataset unpacks by reading its samples
+            if not (isinstance(member, tuple | list) and len(member) == 2 and isinstance(member[0], ShardDataset)):
+                raise ConfigError("MixedDataset members are (ShardDataset, weight) pairs, got "
+                                  + _not_a_pair(member) + f" (member {i}); write [(dataset, 1.0), ...]")
         self.members = [dataset for dataset, _ in members]
         self.weights = [float(weight) for _, weight in members]
         for dataset, weight in zip(self.members, self.weights, strict=True):
-            if not isinstance(dataset, ShardDataset):
-                raise ConfigError("MixedDataset members are (ShardDataset, weight) pairs, "
-                                  f"got {type(dataset).__name__}")
             if not weight > 0 or not math.isfinite(weight):
                 raise ConfigError(f"MixedDataset: {dataset.info.name} has weight {weight}; weights must be > 0")
             if dataset.samples == 0:
