@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from packer.errors import ConfigError
-from packer.loader import MixedDataset, ShardDataset
+from packer.loader import MixedDataset, ShardDataset, make_loader
 from tests.loader_fixtures import build_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -100,3 +100,25 @@ def test_a_member_that_is_not_a_dataset_weight_pair_is_refused(manifests: dict[s
     dataset = ShardDataset(manifests["a"], "train")
     with pytest.raises(ConfigError, match=r"^MixedDataset members are \(ShardDataset, weight\) pairs, got .*member 1"):
         MixedDataset([(dataset, 1), member])  # type: ignore[list-item]
+
+
+# -- make_loader(prefetch_factor=) -------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("factor", [0, -1])
+def test_a_prefetch_factor_below_one_is_refused_at_make_loader(manifests: dict[str, Path], factor: int,
+                                                               workers: int) -> None:
+    """0 was accepted and failed at the first batch with torch's AssertionError; -1 was torch's ValueError."""
+    with pytest.raises(ConfigError, match=rf"^prefetch_factor must be >= 1 \(batches each worker loads ahead\) "
+                                          rf"or None, got {factor}"):
+        make_loader(ShardDataset(manifests["a"], "train"), 2, workers, prefetch_factor=factor)
+
+
+@pytest.mark.parametrize("factor", [None, 1, np.int64(3)])
+def test_a_prefetch_factor_of_one_or_more_or_none_loads_with_workers(manifests: dict[str, Path],
+                                                                    factor: object) -> None:
+    loader = make_loader(ShardDataset(manifests["a"], "train", shuffle=False), 4, 2,
+                         prefetch_factor=factor)  # type: ignore[arg-type]
+    try:
+        assert sum(len(batch["key"]) for batch in loader) == 12
+    finally:
+        loader.close()

@@ -539,6 +539,9 @@ class ShardLoader:
         batch_size, num_workers = as_integer(batch_size, "batch_size"), as_integer(num_workers, "num_workers")
         if prefetch_factor is not None:
             prefetch_factor = as_integer(prefetch_factor, "prefetch_factor")
+            if prefetch_factor < 1:  # torch takes 0 and fails at the first batch (an assertion); -1 is its ValueError
+                raise ConfigError(f"prefetch_factor must be >= 1 (batches each worker loads ahead) or None, got "
+                                  f"{prefetch_factor}")
         if batch_size < 1 or num_workers < 0:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
         self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
@@ -839,8 +842,12 @@ def make_loader(dataset: PlannedDataset, batch_size: int, num_workers: int = 0, 
     ``batch_size``, ``num_workers``, ``prefetch_factor``: any integer type (numpy's too), each kept as a
     plain ``int`` so that ``state_dict()`` stays JSON-able.
 
-    Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0``, one of them (or
-    ``prefetch_factor``) that is not an integer (a float, a string) or an unknown collate.
+    ``prefetch_factor`` is passed to torch only when ``num_workers > 0`` (torch refuses one
+    without workers), so the default needs no change for ``num_workers=0``.
+
+    Raises ``ConfigError`` for ``batch_size < 1``, ``num_workers < 0``, ``prefetch_factor < 1``
+    (whatever ``num_workers``), one of them that is not an integer (a float, a string) or an
+    unknown collate.
     """
     return ShardLoader(dataset=dataset, batch_size=batch_size, num_workers=num_workers,
                        prefetch_factor=prefetch_factor, pin_memory=pin_memory,
