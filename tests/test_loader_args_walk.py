@@ -7,6 +7,7 @@ a value quietly rounded into another one.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,60 @@ def test_a_prefetch_factor_of_one_or_more_or_none_loads_with_workers(manifests: 
         assert sum(len(batch["key"]) for batch in loader) == 12
     finally:
         loader.close()
+
+
+# -- load_state_dict: the saved segment --------------------------------------------------------
+BAD_SEGMENTS = {  # [world_size, uneven, drop_last, batch_size, consumed]
+    "consumed -4": ([1, "exact", False, 2, -4], "consumed"),  # resumed at ids[-4:], the epoch's last 4
+    "batch_size 0": ([2, "exact", True, 0, 4], "batch_size"),  # ZeroDivisionError at len()
+    "world_size 0": ([0, "exact", False, 2, 4], "world_size"),
+    "consumed 2.5": ([1, "exact", False, 2, 2.5], "consumed"),  # int() made it 2
+    "world_size '1'": (["1", "exact", False, 2, 4], "world_size"),
+    "drop_last 'no'": ([1, "exact", "no", 2, 4], "drop_last"),  # bool('no') is True
+}
+
+
+@pytest.mark.parametrize("where", ["segment", "history"])
+@pytest.mark.parametrize("case", list(BAD_SEGMENTS))
+def test_a_saved_segment_out_of_range_is_a_malformed_state_naming_the_field(manifests: dict[str, Path], case: str,
+                                                                           where: str) -> None:
+    good = make_loader(ShardDataset(manifests["a"], "train"), 2).state_dict()
+    state = copy.deepcopy(good)
+    segment, field = BAD_SEGMENTS[case]
+    if where == "segment":
+        state["segment"] = segment
+    else:
+        state["history"] = [segment]
+    loader = make_loader(ShardDataset(manifests["a"], "train"), 2)
+    with pytest.raises(ConfigError, match=rf"^malformed loader state \(loader state segment: {field}="):
+        loader.load_state_dict(state)
+    assert len(loader) == 6 and loader.state_dict() == good  # nothing of the bad state was taken
+
+
+def test_a_good_segment_still_resumes_where_it_stopped(manifests: dict[str, Path]) -> None:
+    loader = make_loader(ShardDataset(manifests["a"], "train"), 2)
+    batches = iter(loader)
+    first = [key for _ in range(2) for key in next(batches)["key"]]
+    state = loader.state_dict()
+    resumed = make_loader(ShardDataset(manifests["a"], "train"), 2)
+    resumed.load_state_dict(state)
+    rest = [key for batch in resumed for key in batch["key"]]
+    assert len(first) == 4 and len(rest) == 8 and not set(first) & set(rest)
+
+
+@pytest.mark.parametrize("state", ["not a state", None, [1, 2]])
+def test_a_state_that_is_not_a_dict_is_a_malformed_state(manifests: dict[str, Path], state: object) -> None:
+    """A string was an AttributeError ('str' object has no attribute 'get')."""
+    loader = make_loader(ShardDataset(manifests["a"], "train"), 2)
+    with pytest.raises(ConfigError, match=r"^malformed loader state \(a state is the dict state_dict\(\) returned, "
+                                          r"got \w+\)"):
+        loader.load_state_dict(state)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("skipped", [-1, "3", 1.5])
+def test_a_saved_skip_count_that_is_not_a_count_is_a_malformed_state(manifests: dict[str, Path],
+                                                                     skipped: object) -> None:
+    state = make_loader(ShardDataset(manifests["a"], "train"), 2).state_dict()
+    state["skipped"] = skipped
+    with pytest.raises(ConfigError, match=r"^malformed loader state \(skipped="):
+        make_loader(ShardDataset(manifests["a"], "train"), 2).load_state_dict(state)

@@ -723,6 +723,9 @@ class ShardLoader:
         split, view, seed or shuffle setting.
         """
         ds = self.dataset
+        if not isinstance(state, Mapping):  # a str was an AttributeError at state.get
+            raise ConfigError(f"malformed loader state (a state is the dict state_dict() returned, got "
+                              f"{type(state).__name__})")
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a packer loader state (format {state.get('format')!r}, expected {STATE_FORMAT})")
         expected = ds.identity()
@@ -741,6 +744,9 @@ class ShardLoader:
             saved = Segment.from_json(state["segment"])
             history = tuple(Segment.from_json(seg) for seg in state["history"])
             epoch = as_integer(state["epoch"], "the state's epoch")
+            skipped = state.get("skipped", 0)  # states saved before the count was kept lack it
+            if isinstance(skipped, bool) or not isinstance(skipped, int | np.integer) or skipped < 0:
+                raise ValueError(f"skipped={skipped!r}, expected a count of samples >= 0")
         except (KeyError, TypeError, ValueError, ConfigError) as err:
             raise ConfigError(f"malformed loader state ({err})") from err
         if saved.same_split(self._segment(0)):
@@ -750,7 +756,7 @@ class ShardLoader:
         # the count is of the saved rank's share of this epoch: this rank's only where the state is its own,
         # saved under the same split (a state saved by rank 0 and loaded by every rank is not the others')
         own = state.get("rank") == ds.rank and saved.same_split(self._segment(0))
-        self.skipped = int(state.get("skipped", 0)) if own else 0
+        self.skipped = int(skipped) if own else 0
         self.skipped_samples = []
         self._resume_pending = True
         self._epoch_calls_seen = ds.epoch_calls  # a dataset.set_epoch() made before this does not undo it

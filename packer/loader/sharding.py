@@ -162,6 +162,13 @@ class Segment:
         world_size, uneven, drop_last, batch_size, consumed = value
         if str(uneven) not in UNEVEN:
             raise ValueError(f"loader state segment: uneven={uneven!r}, expected one of {UNEVEN}")
+        if not isinstance(drop_last, bool | np.bool_):  # bool("no") is True
+            raise ValueError(f"loader state segment: drop_last={drop_last!r}, expected true or false")
+        # a negative consumed resumed at the epoch's end (ids[-4:]), batch_size 0 divided by zero at len()
+        numbers = {"world_size": (world_size, 1), "batch_size": (batch_size, 1), "consumed": (consumed, 0)}
+        for name, (number, least) in numbers.items():
+            if isinstance(number, bool) or not isinstance(number, int | np.integer) or number < least:
+                raise ValueError(f"loader state segment: {name}={number!r}, expected an integer >= {least}")
         return cls(world_size=int(world_size), uneven=str(uneven), drop_last=bool(drop_last),
                    batch_size=int(batch_size), consumed=int(consumed))
 
