@@ -8,6 +8,7 @@ a value quietly rounded into another one.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +181,25 @@ def test_a_saved_skip_count_that_is_not_a_count_is_a_malformed_state(manifests: 
     state["skipped"] = skipped
     with pytest.raises(ConfigError, match=r"^malformed loader state \(skipped="):
         make_loader(ShardDataset(manifests["a"], "train"), 2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("drop_last", [1, 0, None, np.bool_(True)])
+def test_a_drop_last_given_as_another_truth_value_saves_a_state_that_resumes(manifests: dict[str, Path],
+                                                                              drop_last: object) -> None:
+    """make_loader(drop_last=1) (argparse's type=int, a YAML 0/1) saved drop_last 1, which 69d5ef8's
+    check then refused to load back; np.bool_ saved a state json.dumps refused. The loader holds a
+    bool, and a state saved with 0, 1 or None before still loads as that truth value."""
+    loader = make_loader(ShardDataset(manifests["a"], "train", shuffle=False), 2,
+                         drop_last=drop_last)  # type: ignore[arg-type]
+    batches = iter(loader)
+    first = [key for key in next(batches)["key"]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["segment"][2] is bool(drop_last)
+    resumed = make_loader(ShardDataset(manifests["a"], "train", shuffle=False), 2,
+                          drop_last=drop_last)  # type: ignore[arg-type]
+    resumed.load_state_dict(state)
+    rest = [key for batch in resumed for key in batch["key"]]
+    assert len(first) + len(rest) == 12 and not set(first) & set(rest)
+    old = copy.deepcopy(state)  # as the code before saved it: the value given
+    old["segment"][2] = None if drop_last is None else int(bool(drop_last))
+    make_loader(ShardDataset(manifests["a"], "train", shuffle=False), 2).load_state_dict(old)

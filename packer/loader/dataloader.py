@@ -544,7 +544,9 @@ class ShardLoader:
                                   f"{prefetch_factor}")
         if batch_size < 1 or num_workers < 0:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
-        self.dataset, self.batch_size, self.num_workers, self.drop_last = dataset, batch_size, num_workers, drop_last
+        # a bool, whatever truth value it is given as (1, numpy's bool_): the state saves it as JSON's true/false
+        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        self.drop_last = bool(drop_last)
         self.skipped = 0
         self.skipped_samples: list[str] = []
         self._state = LoaderState(epoch=dataset.epoch, consumed=0, history=())

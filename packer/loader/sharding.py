@@ -162,7 +162,10 @@ class Segment:
         world_size, uneven, drop_last, batch_size, consumed = value
         if str(uneven) not in UNEVEN:
             raise ValueError(f"loader state segment: uneven={uneven!r}, expected one of {UNEVEN}")
-        if not isinstance(drop_last, bool | np.bool_):  # bool("no") is True
+        # bool("no") is True; a state saved before drop_last was made a bool may hold 0, 1 or None,
+        # as it was given (argparse's type=int, a YAML 0/1), which read as that truth value
+        plain_truth = drop_last is None or (isinstance(drop_last, int | np.integer) and int(drop_last) in (0, 1))
+        if not (isinstance(drop_last, bool | np.bool_) or plain_truth):
             raise ValueError(f"loader state segment: drop_last={drop_last!r}, expected true or false")
         # a negative consumed resumed at the epoch's end (ids[-4:]), batch_size 0 divided by zero at len()
         numbers = {"world_size": (world_size, 1), "batch_size": (batch_size, 1), "consumed": (consumed, 0)}
