@@ -7,17 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import cv2
-import numpy as np
 import pytest
 
-from packer.config import load_job
 from packer.pipeline.discover import discover
 from packer.pipeline.rawstore import list_remote_files
-from tests.helpers import write_job
 from tests.s3_store import Store, running_store
+from tests.test_remote_keys import job_for, png_bytes
 
 pytestmark = pytest.mark.slow  # every test talks to moto's S3 server
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
@@ -31,18 +27,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     with running_store(tmp_path_factory.mktemp("aws"), BUCKET) as running:
         yield running
 
-
-def png_bytes(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
-    ok, encoded = cv2.imencode(".png", pixels)
-    assert ok
-    return encoded.tobytes()
-
-
-def job_for(tmp_path: Path, source: dict[str, Any], **overrides: Any) -> Any:
-    doc = {"name": "t", "sources": [source], "split": {"by": "entity"}, "pack": {"format": "webdataset"},
-           "output": str(tmp_path / "out"), **overrides}
-    return load_job(write_job(tmp_path, doc))
 
 
 def test_folder_marker_objects_are_folders_not_empty_files(store: Store, tmp_path: Path) -> None:
