@@ -1009,14 +1009,9 @@ def test_an_annotation_links_to_its_own_entitys_series_when_another_entity_holds
         assert issue.reason == "annotation_orphan" and "2 series of other entities" in issue.message, issue.message
 
 
-@pytest.mark.slow
-def test_an_annotation_painted_with_notes_is_a_warning_that_counts_them_without_names(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A contour of two points is skipped (degenerate) and noted in the annotation's row of
-    excluded.jsonl; the build said nothing about it. It now warns with the counts, and never with
-    a structure's name (one may be a person's)."""
-    raw = tmp_path / "raw"
-    _annotated_tree(raw)
+def add_degenerate_contour(raw: Path) -> None:
+    """A contour of two points added to the first ROI of the annotated tree's RTSTRUCT (skipped
+    when painted, and noted in the annotation's record)."""
     rt = pydicom.dcmread(raw / "A" / "RT" / "rt.dcm")
     first = rt.ROIContourSequence[0].ContourSequence[0]
     degenerate = Dataset()
@@ -1025,6 +1020,17 @@ def test_an_annotation_painted_with_notes_is_a_warning_that_counts_them_without_
     degenerate.ContourData = list(first.ContourData[:6])
     rt.ROIContourSequence[0].ContourSequence.append(degenerate)
     rt.save_as(raw / "A" / "RT" / "rt.dcm")
+
+
+@pytest.mark.slow
+def test_an_annotation_painted_with_notes_is_a_warning_that_counts_them_without_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A contour of two points is skipped (degenerate) and noted in the annotation's row of
+    excluded.jsonl; the build said nothing about it. It now warns with the counts, and never with
+    a structure's name (one may be a person's)."""
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    add_degenerate_contour(raw)
     result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}))
     said = capsys.readouterr().err
     warning = ("1 annotation object(s) were painted with 1 note(s) between them (contours skipped as degenerate or "

@@ -14,15 +14,8 @@ from packer.config import SplitConfig, load_job
 from packer.errors import ConfigError
 from packer.files import canonical_json
 from packer.pipeline.build import BuildOptions, build
+from tests.test_config import MINIMAL
 from tests.test_time_split import CUTOFFS, build_job, photo, write_tree
-
-MINIMAL = {
-    "name": "t",
-    "sources": [{"kind": "image", "root": "raw", "table": "raw/labels.csv"}],
-    "split": {"by": "entity", "seed": 3},
-    "pack": {"format": "webdataset"},
-    "output": "out",
-}
 
 
 def write_json_job(folder: Path, doc: dict) -> Path:

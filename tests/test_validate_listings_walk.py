@@ -11,17 +11,15 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pydicom
 import pytest
 import yaml
 from click.testing import CliRunner
-from pydicom.dataset import Dataset
 
 from packer.cli import main
 from packer.config import load_job
 from packer.pipeline.datacheck import validate_job
 from packer.pipeline.stages import BUILD_LISTINGS, VALIDATE_LISTINGS
-from tests.test_dicom_masks import RTSTRUCT_ROIS, SEGMENTS, _annotated_tree, _mask_job
+from tests.test_dicom_masks import RTSTRUCT_ROIS, SEGMENTS, _annotated_tree, _mask_job, add_degenerate_contour
 
 FILES = ("bad_samples.jsonl", "excluded.jsonl")
 
@@ -133,14 +131,7 @@ def test_annotations_painted_with_notes_point_validate_at_its_reports_records(
     shows the build's warning naming excluded.jsonl); validate's names its report's records."""
     raw = tmp_path / "raw"
     _annotated_tree(raw)
-    rt = pydicom.dcmread(raw / "A" / "RT" / "rt.dcm")
-    first = rt.ROIContourSequence[0].ContourSequence[0]
-    degenerate = Dataset()
-    degenerate.ContourGeometricType = "CLOSED_PLANAR"
-    degenerate.NumberOfContourPoints = 2
-    degenerate.ContourData = list(first.ContourData[:6])
-    rt.ROIContourSequence[0].ContourSequence.append(degenerate)
-    rt.save_as(raw / "A" / "RT" / "rt.dcm")
+    add_degenerate_contour(raw)
     result = validate_job(load_job(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS})), scheduler="sync",
                           quiet=True)
     stderr = capsys.readouterr().err
