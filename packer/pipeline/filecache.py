@@ -346,8 +346,9 @@ def copy_units(cache_dir: Path, found: Mapping[str, Earlier], units: Sequence[Un
 
 def source_xxh3(path: str) -> str:
     """The xxh3-128 of the local raw file ``path`` (one read; xxh3, not sha256: every file a
-    build decodes is hashed, and xxh3 runs at memory speed where sha256 would add a tenth to a
-    pack's CPU; a move is confirmed against an accidental match, never an adversary), ``""``
+    build decodes is hashed, and xxh3 runs at memory speed where sha256, at 1-2 GB/s, would be an
+    estimated (not measured) tenth of a pack's CPU; a move is confirmed against an accidental
+    match, never an adversary), ``""``
     where it cannot be read: no move is confirmed by it, and its reader reports the file as it
     finds it."""
     digest = xxhash.xxh3_128()
