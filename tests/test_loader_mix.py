@@ -234,6 +234,9 @@ def test_incompatible_members_are_refused_by_name(manifests: dict[str, Path], tm
     a = ShardDataset(manifests["a"], "train")
     with pytest.raises(ConfigError, match="weights must be > 0"):
         MixedDataset([(a, 1), (ShardDataset(manifests["b"], "train"), 0)])
+    for weight in ("heavy", "0.7", True, None):  # not numbers: refused by name, never float()'s bare ValueError
+        with pytest.raises(ConfigError, match=r"\(member 1\) has weight .*a weight is a number > 0"):
+            MixedDataset([(a, 1), (ShardDataset(manifests["b"], "train"), weight)])
     with pytest.raises(ConfigError, match="epoch_length"):
         MixedDataset([(a, 1)], epoch_length="forever")
     with pytest.raises(ConfigError, match="names .* must be unique"):

@@ -151,6 +151,10 @@ class MixedDataset(PlannedDataset):
             if not (isinstance(member, tuple | list) and len(member) == 2 and isinstance(member[0], ShardDataset)):
                 raise ConfigError("MixedDataset members are (ShardDataset, weight) pairs, got "
                                   + _not_a_pair(member) + f" (member {i}); write [(dataset, 1.0), ...]")
+        for i, (dataset, weight) in enumerate(members):  # "0.7" or True would pass float() as a number
+            if isinstance(weight, bool) or not isinstance(weight, int | float | np.integer | np.floating):
+                raise ConfigError(f"MixedDataset: {dataset.info.name} (member {i}) has weight {weight!r}, a "
+                                  f"{type(weight).__name__}; a weight is a number > 0, e.g. (dataset, 0.7)")
         self.members = [dataset for dataset, _ in members]
         self.weights = [float(weight) for _, weight in members]
         for dataset, weight in zip(self.members, self.weights, strict=True):
