@@ -284,7 +284,8 @@ def _versions_and_failures(folder: Path) -> list[tuple[str, bool]]:
     found = []
     for entry in folder.iterdir():
         manifest = entry / MANIFEST_FILE
-        if not (entry.is_dir() and manifest.is_file()):
+        # a link (a pinned name such as prod -> <version>) is no version of its own (README: never listed)
+        if entry.is_symlink() or not (entry.is_dir() and manifest.is_file()):
             continue
         try:
             doc = json.loads(manifest.read_text(encoding="utf-8"))
@@ -295,13 +296,24 @@ def _versions_and_failures(folder: Path) -> list[tuple[str, bool]]:
     return [(name, failed) for _, name, failed in sorted(found)]
 
 
+def _version_links(folder: Path) -> list[str]:
+    """``name -> target`` of each link in ``folder`` to a version folder (a pinned name), by name."""
+    links = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and (entry / MANIFEST_FILE).is_file():
+            links.append(f"{entry.name} -> {os.readlink(entry)}")
+    return links
+
+
 def _not_a_version(folder: Path) -> str:
     """Why ``folder`` (no manifest, no version files) is not a version, and what to pass instead."""
     listed = _versions_and_failures(folder)
     versions = [name for name, _ in listed]
     usable = [name for name, failed in listed if not failed]  # a loader refuses a failed build's version
     if versions:
-        held = f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first); "
+        links = _version_links(folder)
+        held = (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first)"
+                + (f" and the link(s) {', '.join(links)}" if links else "") + "; ")
         if usable and usable[-1] == versions[-1]:
             return f"{held}pass one of them, e.g. the newest, {folder / versions[-1]}"
         if usable:
@@ -564,8 +576,8 @@ def _misplaced(where: str, doc: dict[str, Any]) -> str | None:
         return None
     return (f"it is version {version}'s manifest, but it sits in the folder of version {folder_name}: another "
             f"version's manifest was copied here, and its index and shards are not these; restore this folder's own "
-            f"manifest (the registry keeps a copy: manifests/{doc.get('name', 'NAME')}/{folder_name}.json) or "
-            f"rebuild, or open version {version}'s own folder")
+            f"manifest (from its registry copy, <registry>/{doc.get('name', 'NAME')}/{folder_name}.json, where the "
+            f"job names a registry:) or rebuild, or open version {version}'s own folder")
 
 
 def _remote_files(version: storage.VersionFolder) -> list[str]:

@@ -104,8 +104,10 @@ def test_another_versions_manifest_in_a_version_folder_is_named_not_the_index(tm
     shutil.copytree(tmp_path / "a", folder)
     (folder / "manifest.json").write_text(json.dumps(second))
     said = rf"it is version {second['version']}'s manifest, but it sits in the folder of version {first['version']}"
-    with pytest.raises(IntegrityError, match=said):
+    with pytest.raises(IntegrityError, match=said) as raised:
         ShardDataset(folder, "train")
+    # the registry is whatever the job's registry: names (or none): no made-up manifests/ path
+    assert "manifests/" not in str(raised.value) and "<registry>/" in str(raised.value), raised.value
     found = verify_dataset(folder)
     assert len(found.problems) == 1 and re.search(said, json.dumps(found.to_json())), found.to_json()
     shutil.copytree(tmp_path / "a", tmp_path / "demo" / "renamed")  # a folder of another name: not judged

@@ -207,6 +207,13 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
                                               f"not a version: it holds the version\\(s\\) ({versions})"):
             read_manifest(missing)
     shutil.rmtree(named)
+    # a pinned link (README: prod -> <version>) is no version of its own, never offered as "the newest"
+    (dataset / "prod").symlink_to(version.name)
+    with pytest.raises(ConfigError, match=(f"it holds the version\\(s\\) {version.name} \\(oldest first\\) and the "
+                                           f"link\\(s\\) prod -> {version.name}; pass one of them, e.g. the newest, "
+                                           f"{version}$")):
+        read_manifest(dataset)
+    (dataset / "prod").unlink()
     shard = next(version.glob("*.tar"))
     with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
         read_manifest(shard)
