@@ -970,7 +970,9 @@ def format_result(report: VerifyResult, *, per_shard: int = 20) -> str:
     """
     mode = "deep" if report.deep else "hashes"
     samples = f", {report.samples_checked} samples decoded" if report.deep else ""
-    head = (f"verify {report.name or '?'} {report.version or '?'} ({mode}): {report.files_checked} files "
+    # a manifest that could not be read (or is another version's) names no dataset: say which file was given
+    named = f"{report.name} {report.version}" if report.name and report.version else report.manifest
+    head = (f"verify {named} ({mode}): {report.files_checked} files "
             f"hashed ({report.bytes_checked / 2**20:.1f} MiB){samples}")
     lines = [head]
     shown: dict[str, int] = defaultdict(int)

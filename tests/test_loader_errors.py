@@ -110,6 +110,9 @@ def test_another_versions_manifest_in_a_version_folder_is_named_not_the_index(tm
     assert "manifests/" not in str(raised.value) and "<registry>/" in str(raised.value), raised.value
     found = verify_dataset(folder)
     assert len(found.problems) == 1 and re.search(said, json.dumps(found.to_json())), found.to_json()
+    from packer.verify import format_result
+    head = format_result(found).splitlines()[0]  # no dataset named: the file given is, never "verify ? ?"
+    assert head.startswith(f"verify {found.manifest} (hashes)") and "?" not in head, head
     shutil.copytree(tmp_path / "a", tmp_path / "demo" / "renamed")  # a folder of another name: not judged
     assert len(list(ShardDataset(tmp_path / "demo" / "renamed", "train"))) == sum(SIZES)
 
