@@ -727,6 +727,51 @@ def test_an_address_that_does_not_speak_dask_is_a_config_error_not_a_hang_or_a_c
         _check_it_speaks_dask(f"tcp://127.0.0.1:{port}", wait=0.5)
 
 
+def test_an_address_that_drops_the_connection_before_greeting_is_not_dask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy or load balancer that resets an idle connection (and answers HTTP once spoken to)
+    passed the greeting check as "no connection, leave it to dask"; dask's Client then read the
+    HTTP reply as a frame count, and the build stopped as "ran out of memory" (exit 6)."""
+    import socket
+    import struct
+    import threading
+
+    from packer.errors import ConfigError
+    from packer.pipeline import cluster
+    from packer.pipeline.cluster import _check_it_speaks_dask
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # linger 0: a reset, not a clean close
+
+    threading.Thread(target=serve, daemon=True).start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with pytest.raises(ConfigError, match=f"{address} does not speak dask: it dropped the connection before "
+                                              "greeting it .*Connection ?[Rr]eset"):
+            _check_it_speaks_dask(address, wait=2)
+    finally:
+        listener.close()
+
+    # and where dask's Client itself meets such a reply: a ConfigError (exit 2) that says so, not exit 6
+    import distributed
+
+    def http_read_as_frames(*args: object, **kwargs: object) -> None:
+        raise MemoryError("Unable to allocate 3.07 EiB for an array with shape (3543824036068086856,)")
+
+    monkeypatch.setattr(cluster, "_check_it_speaks_dask", lambda scheduler: None)
+    monkeypatch.setattr(distributed, "Client", http_read_as_frames)
+    with pytest.raises(ConfigError, match=r"tcp://127.0.0.1:9: cannot connect to the dask scheduler: it does not "
+                                          r"speak dask .*3.07 EiB.*tcp://host:8786"):
+        next(cluster._open_remote("tcp://127.0.0.1:9", cluster.environment()))
+
+
 def _refused_through_a_scheduler_file(tmp_path: Path, address: str, said: str, *, wait: float) -> None:
     """A scheduler file naming ``address`` is refused as the address itself is (``said``)."""
     from packer.errors import ConfigError

@@ -849,6 +849,12 @@ def _open_remote(scheduler: str, expected: Environment) -> Iterator[Executor]:
                               "local cluster") from err
         except ValueError as err:  # dask's parser: "missing port number in address 'localhost'"
             raise _not_an_address(scheduler, err) from err
+        except MemoryError as err:  # a reply that is no dask frame (HTTP) read as a frame count: not this run's memory
+            raise ConfigError(f"{surface().option('scheduler', scheduler)}: cannot connect to the dask scheduler: "
+                              "it does not speak dask (its reply, read as a dask message, asked for an impossible "
+                              f"allocation: {err}); give the scheduler's own address (tcp://host:8786 by default, "
+                              "the one `dask scheduler` prints as 'Scheduler at'), or "
+                              f"{surface().omit('scheduler')} for a local cluster") from err
     try:
         wait_for_a_worker(client, scheduler)
         check_workers(client, expected)
@@ -935,16 +941,18 @@ def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> 
         return  # dask's Client says it cannot connect, after its own timeout
     with conn:
         conn.settimeout(wait)
+        reset: OSError | None = None
         try:
             first = conn.recv(16)
         except TimeoutError:
             first = None
-        except OSError:
-            return
+        except OSError as err:  # reset before any greeting (a proxy's idle timeout): a scheduler greets at once
+            first, reset = b"", err
     if first is not None and len(first) >= 8 and int.from_bytes(first[:8], "little") < _MAX_FRAMES:
         _check_it_is_the_scheduler(scheduler, address, wait)
         return
     said = (f"accepts connections but said nothing in {wait:g} s" if first is None else
+            f"dropped the connection before greeting it ({type(reset).__name__}: {reset})" if reset is not None else
             "closed the connection at once" if not first else f"answered {first[:12]!r}")
     raise ConfigError(f"{surface().option('scheduler', scheduler)}: cannot connect to the dask scheduler: {address} "
                       f"does not speak dask: it {said}, where "
