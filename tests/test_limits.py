@@ -289,6 +289,23 @@ def test_deflate_bomb_is_too_large_before_inflating_in_memory(tmp_path: Path, no
         assert peak < 2 * 2**20  # the inflated data set was never held
 
 
+def test_a_deflated_data_set_counts_twice_against_the_limit(tmp_path: Path, no_decode: None) -> None:
+    """pydicom holds the inflated data set and a copy of each element's value at once: a 600 MiB
+    data set under a 700 MiB limit passed the check and a header read peaked at 1.27 GB. A data
+    set between half the limit and the limit is now too_large; under half, it reads."""
+    ds = ct_dataset(np.zeros((512, 512), dtype=np.int16))  # 512 KiB of pixels, a few KiB of header
+    ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+    path = tmp_path / "deflated.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    for call in dicom_calls(path, LimitsConfig(max_decoded_bytes=800_000)):  # inflated: ~525 kB, over 400 kB
+        result, _ = peak_of(call)
+        too_large(result, "inflates to more than", "held about 2 times while it is read",
+                  "limits.max_decoded_bytes 800000")
+    for call in dicom_calls(path, LimitsConfig(max_decoded_bytes=1_200_000)):
+        result, _ = peak_of(call)
+        assert not isinstance(result, Issue) or "deflated data set" not in result.message, result
+
+
 def test_deflated_files_under_the_limit_still_read() -> None:
     samples = read_dicom(make_ref(shipped("image_dfl.dcm")), config(window(128, 256)))
     assert isinstance(samples, list) and samples
