@@ -1685,6 +1685,9 @@ _PATIENT_ATTRIBUTE = re.compile(r"(?<![a-z])(?:age|sex|gender|weight|height|size
 #: A file name's leading token, before its first ``_`` or ``-`` (``10`` of ``10_left.jpeg``)
 _LEADING_TOKEN = re.compile(r"^([^_.-]+)([_-])")
 _PATIENT_PART = re.compile(r"^(?:patient|subject|case|sub|pat|p)[-_]?\d+$", re.IGNORECASE)
+#: A file name ending in a channel number, ``_`` and four digits, before its suffixes: nnU-Net's and the
+#: Decathlon's ``prostate_01_0000.nii.gz``, ``prostate_01_0001.nii.gz`` (the case ``prostate_01``)
+_CHANNEL_SUFFIX = re.compile(r"^(.+)_\d{4}(?:\.[A-Za-z][A-Za-z0-9]*)+$")
 
 
 def _names_its_files(folders: Sequence[str], relpaths: Sequence[str]) -> bool:
@@ -1730,7 +1733,9 @@ def entity_warning(source: SourceConfig, refs: RefTable, columns: Sequence[str],
         return None
     hints = [f"column {c!r}" for c in _id_columns(columns, rows or {}, source.entity)]
     if not hints:
-        hints = [hint for hint in (_path_part_hint(_first_relpaths(refs), hide_ids=hide_ids),) if hint]
+        channel_files = "channel_files" in source_kind(source.kind).source_keys
+        hints = [hint for hint in (_path_part_hint(_first_relpaths(refs), hide_ids=hide_ids,
+                                                   channel_files=channel_files),) if hint]
     if not hints:
         return None
     return (f"source {source.name!r}: each of its {len(refs)} files is its own entity, so leakage protection is "
@@ -1743,10 +1748,11 @@ def _first_relpaths(refs: RefTable) -> list[str]:
     return [rel or "" for rel in refs.field_text("relpath").slice(0, min(1000, len(refs))).values()]
 
 
-def _path_part_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
+def _path_part_hint(relpaths: Sequence[str], *, hide_ids: bool, channel_files: bool = False) -> str | None:
     """A part of ``relpaths`` (a folder level; the first 1000 are looked at) that looks like a
     patient id and groups files: its place and the ``entity: {component: N}`` that reads it; None
-    where none does."""
+    where none does. ``channel_files``: the source's kind stacks a case's files as channels
+    (:func:`_channel_suffix_hint` offers that too)."""
     relpaths = relpaths[:1000]
     if not relpaths:
         return None
@@ -1757,7 +1763,8 @@ def _path_part_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
             component = len(relpaths[0].split("/")) + part
             example = f"the path part at component {component}" if hide_ids else f"the path part {values[0]!r}"
             return f"{example} (entity: {{component: {component}}})"
-    return _file_name_hint(relpaths, hide_ids=hide_ids)
+    return _file_name_hint(relpaths, hide_ids=hide_ids) or \
+        _channel_suffix_hint(relpaths, hide_ids=hide_ids, channel_files=channel_files)
 
 
 def _file_name_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
@@ -1774,9 +1781,7 @@ def _file_name_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
         tokens.append(found.group(1))
         seps.add(found.group(2))
     counts = Counter(tokens)
-    shared = sum(n for n in counts.values() if n > 1)
-    if len(counts) < 3 or 2 * shared < len(tokens) or 2 * max(counts.values()) > len(tokens) \
-            or len(tokens) > 20 * len(counts):
+    if not _groups_patients(counts):
         return None
     token = r"\d+" if all(t.isdigit() for t in counts) else r"[^/_.-]+"
     sep = next(iter(seps)) if len(seps) == 1 else "[_-]"
@@ -1784,6 +1789,40 @@ def _file_name_hint(relpaths: Sequence[str], *, hide_ids: bool) -> str | None:
     end = "" if at == "^" else "[^/]*$"
     example = "the leading part of the file names" if hide_ids else f"the leading part {tokens[0]!r} of the file names"
     return f"{example} (entity: {{path: '{at}(?P<entity>{token}){sep}{end}'}})"
+
+
+def _groups_patients(counts: Counter[str]) -> bool:
+    """Whether ``counts`` (files by a candidate id) look like patients grouping the files: several
+    ids (3 or more), most files sharing theirs with another, none holding most files, and no more
+    than 20 files an id on average (a class or a camera's sequence, not a patient)."""
+    total = sum(counts.values())
+    shared = sum(n for n in counts.values() if n > 1)
+    return len(counts) >= 3 and 2 * shared >= total and 2 * max(counts.values()) <= total and total <= 20 * len(counts)
+
+
+def _channel_suffix_hint(relpaths: Sequence[str], *, hide_ids: bool, channel_files: bool) -> str | None:
+    """The file names less a trailing channel number (``_`` and four digits), where what is left
+    looks like a case id that groups the files: nnU-Net's raw ``imagesTr/prostate_01_0000.nii.gz``,
+    ``prostate_01_0001.nii.gz`` are the channels of case ``prostate_01``. Every name ends so, what is
+    left holds a digit, and it groups as patients do (:func:`_groups_patients`): one channel a case
+    (``CT001_0000``) groups nothing, and a camera's ``IMG_0001.jpg``, ``IMG_0002.jpg`` leave ``IMG``, no
+    id. Its place and the ``entity: {path: REGEX}`` that reads it, and, for a kind that stacks a
+    case's files as channels (``channel_files``), the table that does; None where it does not look so."""
+    cases = []
+    for rel in relpaths:
+        name = rel.rsplit("/", 1)[-1]
+        found = _CHANNEL_SUFFIX.match(name)
+        if found is None or not any(c.isdigit() for c in found.group(1)):
+            return None
+        cases.append((found.group(1), name))
+    if not _groups_patients(Counter(case for case, _ in cases)):
+        return None
+    at = "^" if all("/" not in rel for rel in relpaths) else "(?:^|/)"
+    example = "" if hide_ids else f", as {cases[0][0]!r} of {cases[0][1]!r}"
+    stacked = "; or, one sample a case, a table whose channel_files columns name its other files" \
+        if channel_files else ""
+    return (f"the file names less their trailing channel number{example} "
+            f"(entity: {{path: '{at}(?P<entity>[^/]+)_\\d{{4}}\\.[^/]*$'}}{stacked})")
 
 
 @dataclass(frozen=True)
