@@ -11,7 +11,10 @@ channel a case) is not warned of.
 
 from __future__ import annotations
 
+import csv
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +143,36 @@ def test_an_image_source_of_channel_files_is_offered_the_entity_but_not_channel_
     (warning,) = _leakage(discover(load_job(_job(tmp_path, "image", root))).warnings)
     assert "'road_001' of 'road_001_0000.png' (entity: {path: '^(?P<entity>[^/]+)_\\d{4}\\.[^/]*$'})" in warning
     assert "channel_files" not in warning
+
+
+# -- README's BraTS recipe: the case table script, on the releases as they ship ------------------------
+
+def _readme_brats_script() -> str:
+    """The case-table script of README's "NIfTI volumes", as pasted."""
+    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("### NIfTI volumes", 1)[1]
+    found = re.search(r"```sh\ncd data/brats && python - <<'PY'\n(.*?)\nPY\n```", section, re.S)
+    assert found is not None, "README's NIfTI section holds no BraTS case-table script"
+    return found.group(1)
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])  # BraTS 2020 (Kaggle) ships .nii; other releases .nii.gz
+def test_readmes_brats_table_script_names_the_files_each_release_ships(tmp_path: Path, suffix: str) -> None:
+    """Run as pasted in a BraTS folder, the script writes a table whose every cell names a file on disk,
+    and README's BraTS source reads it: one sample a case, its sequences as channel files."""
+    brats = tmp_path / "data" / "brats"
+    for i in range(1, 4):
+        case = f"BraTS20_Training_{i:03d}"
+        for k, sequence in enumerate(("t1", "t1ce", "t2", "flair", "seg")):
+            _volume(brats / case / f"{case}_{sequence}{suffix}", 10 * i + k, labels=sequence == "seg")
+    subprocess.run([sys.executable, "-c", _readme_brats_script()], cwd=brats, check=True)
+    with (brats / "cases.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["entity"] for row in rows] == [f"BraTS20_Training_{i:03d}" for i in range(1, 4)]
+    for row in rows:
+        for column in ("path", "t1ce", "t2", "flair", "seg"):
+            assert row[column].endswith(suffix) and (brats / row[column]).is_file(), (column, row[column])
+    found = discover(load_job(_job(tmp_path, "nifti", brats, table=str(brats / "cases.csv"),
+                                   channel_files=["t1ce", "t2", "flair"],
+                                   mask={"column": "seg", "classes": [0, 1, 2, 4]})))
+    assert found.issues == []
+    assert sorted(ref.relpath for ref in found.refs) == [row["path"] for row in rows]
