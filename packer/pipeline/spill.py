@@ -199,7 +199,9 @@ class CachedChunk:
 #: 2022); colour DICOM flagged signed read unsigned; float16 rounded once; pixel presence by Pixel Data.
 #: 63: FL header values compared as the float32 the file holds; missing_time records name the unread
 #: dates; lossless-JPEG TIFF masks read; a vendor's private class without pixel data left out.
-CACHE_FORMAT = 63
+#: 64: a deflated DICOM data set counts twice against limits.max_decoded_bytes (one between half the
+#: limit and the limit, packed before, is now too_large).
+CACHE_FORMAT = 64
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
