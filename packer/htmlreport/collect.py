@@ -112,6 +112,19 @@ class MaskSchema:
         except (TypeError, ValueError):
             return None
 
+    @property
+    def pad_class(self) -> str | None:
+        """The name of the class the pad id is (the manifest names it: a DICOM SEG or RTSTRUCT
+        class); None where the pad is 0, no class, or not recorded."""
+        return dict(self.names).get(self.pad) if self.pad else None
+
+    @property
+    def pad_only(self) -> int | None:
+        """The id ``fit`` pads with where it marks padding only: drawn grey, named "pad", left out
+        of a mask's classes. None where the pad is 0 (background), a named class (that class,
+        everywhere in the report: its padding is indistinguishable from it) or not recorded."""
+        return self.pad if self.pad and self.pad_class is None else None
+
 
 @dataclass(frozen=True)
 class SheetItem:
@@ -312,7 +325,7 @@ def collect_report_data(folder: Path, manifest: dict[str, Any], limits: ReportLi
     wanted = histogram_keys | on_sheets | duplicate_keys
     items: dict[str, SheetItem] = {}
     kinds, px = data.kinds, limits.thumb_px
-    masked, pad = data.mask is not None, data.mask.pad if data.mask is not None else None
+    masked, pad = data.mask is not None, data.mask.pad_only if data.mask is not None else None
 
     def render(result: PackedSample | tuple[IndexEntry, str]) -> _Rendered | tuple[IndexEntry, str]:
         if not isinstance(result, PackedSample):
@@ -427,9 +440,10 @@ def _render(sample: PackedSample, kinds: dict[str, str], thumb_px: int, *, count
 
 def _mask_caption(pixels: dict[int, int], data: ReportData) -> str:
     """The class ids a mask holds, as its thumbnail's hover text says them: the id ``fit`` pads
-    with is no class, so a mask of 0 and padding only is empty, as the splits table counts it
-    (:class:`~packer.htmlreport.stats.MaskCounts`); the pad is named after the classes."""
-    pad = data.mask.pad if data.mask is not None else None
+    with, where it is no class (:attr:`MaskSchema.pad_only`), is none of them, so a mask of 0 and
+    padding only is empty, as the splits table counts it (:class:`~packer.htmlreport.stats.MaskCounts`);
+    the pad is named after the classes. A pad id that is a named class is that class."""
+    pad = data.mask.pad_only if data.mask is not None else None
     padded = bool(pad) and pad in pixels
     classes = ", ".join(str(i) for i in sorted(pixels) if i and i != pad)
     if not classes:
@@ -453,7 +467,7 @@ def _add_rendered(data: ReportData, rendered: _Rendered, items: dict[str, SheetI
             data.histograms[slot] = ChannelHistograms.empty(list(rendered.names))
         data.histograms[slot].add_counts(rendered.counts, rendered.dtype, rendered.normalised)
         if rendered.mask_pixels is not None:
-            pad = data.mask.pad if data.mask is not None else None
+            pad = data.mask.pad_only if data.mask is not None else None
             data.mask_counts.setdefault(entry.split, MaskCounts()).add(rendered.mask_pixels, pad)
     if rendered.mask_pixels is not None:
         data.mask_ids.update(rendered.mask_pixels)

@@ -30,6 +30,8 @@ def mask_fact(data: ReportData) -> str | None:
     classes = (f"classes {esc(_ids_text(mask.classes))}" if mask.classes is not None
                else "classes not declared (any id)")
     pad = f" · fit pads with {mask.pad}" if mask.pad else ""
+    if mask.pad_class:
+        pad += f" ({esc(mask.pad_class)})"
     layout = esc(data.manifest.get("mask", {}).get("layout", "FHW"))
     return f'{esc(mask.dtype)} {layout}: {classes} <span class="muted">(0 background{pad})</span>'
 
@@ -43,7 +45,7 @@ def mask_class_ids(data: ReportData) -> list[int]:
 def _name(class_id: int, mask: MaskSchema) -> str:
     if class_id == 0:
         return "0 background"
-    if mask.pad is not None and class_id == mask.pad:
+    if class_id == mask.pad_only:
         return f"{class_id} (pad)"
     name = dict(mask.names).get(class_id)
     return f"{class_id} {name}" if name else str(class_id)
@@ -51,7 +53,7 @@ def _name(class_id: int, mask: MaskSchema) -> str:
 
 def _swatch(class_id: int, mask: MaskSchema, cls: str = "") -> str:
     """The colour box of ``class_id`` (the background's is empty: it is not drawn)."""
-    color = mask_color(class_id, mask.pad)
+    color = mask_color(class_id, mask.pad_only)
     style = "background:transparent;border:1px solid #9aa5b1" if color is None else f"background:{color}"
     attr = f' class="{cls}"' if cls else ""
     return f'<i{attr} style="{style}"></i>'
@@ -65,12 +67,21 @@ def render_mask_legend(data: ReportData) -> str:
     ids = mask_class_ids(data)
     keys = "".join(f'<span class="key" data-mask-id="{i}">{_swatch(i, mask)}{esc(_name(i, mask))}</span>'
                    for i in ids[:MASK_ROWS])
-    drawn = [i for i in ids if i and i != mask.pad]
+    drawn = [i for i in ids if i and i != mask.pad_only]
     repeat = (f' <span class="muted">(colours repeat every {len(MASK_COLORS)} ids)</span>'
               if drawn and max(drawn) > len(MASK_COLORS) else "")
     more = f' <span class="muted">… {len(ids) - MASK_ROWS:,} more ids</span>' if len(ids) > MASK_ROWS else ""
     return (f'<div class="legend" id="mask-legend"><strong>Mask overlay</strong> <span class="muted">'
-            f"({MASK_ALPHA:.0%} opaque; 0 is not drawn)</span>{keys}{more}{repeat}</div>")
+            f"({MASK_ALPHA:.0%} opaque; 0 is not drawn)</span>{keys}{more}{repeat}{_pad_class_note(mask)}</div>")
+
+
+def _pad_class_note(mask: MaskSchema) -> str:
+    """Where the pad id is a named class: that resize ``fit``'s padding carries the class's id,
+    so it shows (and counts) as that class ('' otherwise)."""
+    if mask.pad_class is None:
+        return ""
+    return (f' <span class="muted" data-field="mask-pad-class">(where a resize padded, the padding is'
+            f" {esc(_name(mask.pad or 0, mask))} too: the job pads masks with its id)</span>")
 
 
 def _share_cell(counts: MaskCounts | None, class_id: int, split: str) -> str:
@@ -113,9 +124,11 @@ def render_mask_classes(data: ReportData) -> str:
     over = ("every sample's mask" if every else
             f"a sample: the masks of at most {data.limits.histogram_samples:,} samples per split, the seeded "
             "selection of the intensity histograms")
-    pad = f" and the pad id {mask.pad}" if mask.pad else ""
+    pad = f" and the pad id {mask.pad_only}" if mask.pad_only else ""
+    padded = (f" The pixels of {esc(_name(mask.pad or 0, mask))} include fit's padding where a resize padded: the "
+              "job pads masks with its id." if mask.pad_class is not None else "")
     more = note(f"{len(ids) - MASK_ROWS:,} more class ids not listed.", "muted") if len(ids) > MASK_ROWS else ""
     unread = note(f"{len(data.unreadable):,} selected samples could not be read and are not counted.", "warn") \
         if data.unreadable else ""
     return (f'<h3 id="masks">Masks</h3><p class="muted">Share of mask pixels per class id (every frame counted) and '
-            f"masks that hold no id but 0{pad} (empty), per split, over {over}.</p>{shares}{more}{unread}")
+            f"masks that hold no id but 0{pad} (empty), per split, over {over}.{padded}</p>{shares}{more}{unread}")

@@ -136,7 +136,9 @@ def mask_pixel_counts(mask: np.ndarray) -> dict[int, int]:
 @dataclass
 class MaskCounts:
     """Over the masks of ``samples`` samples of one split: pixels per class id, and how many of
-    those masks are empty (hold no id but 0, and the id ``fit`` pads with)."""
+    those masks are empty (hold no id but 0, and the id ``fit`` pads with where it is no class:
+    the caller passes :attr:`~packer.htmlreport.collect.MaskSchema.pad_only`, None where the pad
+    is a named class, whose pixels make a mask not empty)."""
 
     pixels: Counter[int] = field(default_factory=Counter)
     samples: int = 0

@@ -20,7 +20,8 @@ Display rules (the contact sheet states them too):
 A sample with a segmentation mask shows it over its last pane (the sole one, the RGB image or the
 composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
 colour per id (:data:`MASK_COLORS`: Okabe and Ito's seven, then Paul Tol's muted nine), background
-0 transparent, the id that ``fit`` pads with in grey; of an F×H×W mask, frame 0.
+0 transparent, the id that ``fit`` pads with in grey where it is no class (a pad id that is a named
+class is drawn as that class); of an F×H×W mask, frame 0.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def composite(image: np.ndarray) -> np.ndarray:
 
 def mask_color(class_id: int, pad: int | None = None) -> str | None:
     """The colour of mask class ``class_id`` (None: 0, the background, is not drawn); ``pad``: the
-    id ``fit`` pads with, drawn grey unless it is 0."""
+    id ``fit`` pads with where it is no class (:attr:`~packer.htmlreport.collect.MaskSchema.pad_only`),
+    drawn grey unless it is 0; a pad id that is a named class takes that class's colour, so pass None."""
     if class_id == 0:
         return None
     if pad is not None and class_id == pad:
