@@ -22,7 +22,9 @@ import pytest
 
 from packer.config import load_job
 from packer.demo_annotations import write_annotated_examples
+from packer.demo_nifti import write_nifti_examples
 from packer.htmlreport import render_html_report
+from packer.htmlreport.imagery import _mask_drawn
 from packer.htmlreport.thumbs import MASK_ALPHA, MASK_COLORS, PAD_COLOR
 from packer.pipeline.build import BuildOptions, build
 from tests.helpers import write_job
@@ -146,3 +148,25 @@ def _contact_lead(text: str) -> str:
     lead = re.search(r'<p class="lead">(.*?)</p>', section, re.S)
     assert lead is not None
     return _text(lead.group(1))
+
+
+def test_a_volume_datasets_sheets_say_the_label_map_is_drawn_in_its_middle_planes(tmp_path: Path) -> None:
+    write_nifti_examples(tmp_path / "raw", 3)
+    version = _build_version(tmp_path, {
+        "sources": [{"kind": "nifti", "name": "abdomen_ct", "root": str(tmp_path / "raw" / "ct"),
+                     "table": str(tmp_path / "raw" / "ct" / "cases.csv"), "label": "none",
+                     "mask": {"column": "mask", "classes": [0, 1, 2, 3]}}],
+        "transform": {"nifti": {"windows": ["abdomen", "liver"],
+                                "sample": {"volume": {"spacing": [5, 6, 6], "size": [32, 64, 64]}}}}})
+    manifest = manifest_of(version)
+    assert manifest["sample_schema"]["layout"] == "CDHW" and manifest["mask"]["layout"] == "DHW"
+    text = render_html_report(version)
+    assert any(alt.endswith("+ mask") for panes in thumbnails(text).values() for _, alt, _ in panes)
+    lead = _contact_lead(text)
+    assert "frame 0" not in lead
+    assert "label map by its three middle planes, lined up with the volume's" in lead, lead
+    # volumes beside 2-D samples of another source (layout CDHW holds both): each is said
+    mixed = {**manifest, "sample_schema": {**manifest["sample_schema"], "shapes": {
+        **manifest["sample_schema"]["shapes"], "photos": [[1, 40, 40]]}}}
+    said = _mask_drawn(mixed)
+    assert "three middle planes" in said and "a 2-D sample's, frame 0 of a multi-frame mask" in said

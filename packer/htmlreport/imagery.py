@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from packer.htmlreport.collect import NO_LABEL, ReportData, SheetItem
 from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
@@ -135,13 +136,30 @@ def render_contact_sheets(data: ReportData) -> str:
                  "to H×W: the axial as packed, the coronal (the patient's right on the left) and the sagittal "
                  "(anterior on the left) with superior up.")
     if data.mask is not None:
-        lead += (" Each sample's segmentation mask (frame 0 of a multi-frame mask) is drawn over its last thumbnail, "
+        lead += (f" Each sample's segmentation mask ({_mask_drawn(data.manifest)}) is drawn over its last thumbnail, "
                  "one colour per class id as the legend below says; hover for the ids its mask holds.")
     if data.index_note:
         unreadable += note(esc(data.index_note), "warn")
     body = unreadable + "".join(blocks)
     return section("contact-sheets", render_mask_legend(data) + body if body else note("No packed samples.", "muted"),
                    lead)
+
+
+def _mask_drawn(manifest: dict[str, Any]) -> str:
+    """Which part of a sample's mask its thumbnail shows: a volume's D×H×W label map in the
+    volume's three middle planes (:func:`~packer.htmlreport.thumbs.as_chw`, as ``_render`` draws
+    it), a C×H×W sample's F×H×W mask by its frame 0; both where a dataset holds both."""
+    found_schema = manifest.get("sample_schema")
+    schema: dict[str, Any] = found_schema if isinstance(found_schema, dict) else {}
+    found_shapes = schema.get("shapes")
+    shapes: dict[str, Any] = found_shapes if isinstance(found_shapes, dict) else {}
+    ranks = {len(shape) for found in shapes.values() if isinstance(found, list) for shape in found
+             if isinstance(shape, list)} or {4 if schema.get("layout") == "CDHW" else 3}
+    volume = "a volume's label map by its three middle planes, lined up with the volume's"
+    frame = "frame 0 of a multi-frame mask"
+    if 4 not in ranks:
+        return frame
+    return volume if ranks == {4} else f"{volume}; a 2-D sample's, {frame}"
 
 
 def _saturation_note(hist_sat: list[tuple[str, float, float]], flagged: set[str]) -> str:

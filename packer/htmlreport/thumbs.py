@@ -21,7 +21,8 @@ A sample with a segmentation mask shows it over its last pane (the sole one, the
 composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
 colour per id (:data:`MASK_COLORS`: Okabe and Ito's seven, then Paul Tol's muted nine), background
 0 transparent, the id that ``fit`` pads with in grey where it is no class (a pad id that is a named
-class is drawn as that class); of an F×H×W mask, frame 0.
+class is drawn as that class); of an F×H×W mask, frame 0; of a volume's D×H×W label map, its three
+middle planes, lined up with the volume's (:func:`as_chw`).
 """
 
 from __future__ import annotations
