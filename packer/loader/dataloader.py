@@ -192,7 +192,8 @@ def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequen
     """:data:`MIXED_FIXES` for a batch of ``items``, where a source its shapes come from (by the
     manifest's ``shapes`` per source) holds several shapes itself (a DICOM export of CT slices
     and radiographs): loading one source at a time is then offered only for the sources of one
-    shape, and where there are none, not at all (one source would mix them too). Without the
+    shape, a view for each shape (sources of one shape may share it; sources of two would mix
+    them again), and where there are none, not at all (one source would mix them too). Without the
     manifest's shapes (a DataLoader made by hand with ``collate_fn=collate_stack``) the batch's
     own keys say which source each shape came from: a source seen with two shapes in one batch
     holds several itself."""
@@ -214,9 +215,13 @@ def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequen
     rest = fixes.removeprefix(_ONE_SOURCE)
     if not single:
         return f"{holds}, so loading one source at a time does not help: {rest}"
-    listed = ", ".join(f'"{src}"' for src in single)
-    return (f"load one source at a time where it holds one shape: ShardDataset(manifest, split, sources=[{listed}]) "
-            f"({holds}); or {rest}")
+    # one view per shape: a view of sources of two shapes mixes them again (sources of one shape may share one)
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for src in single:
+        by_shape.setdefault(next(iter(owners[src])), []).append(src)
+    views = " or ".join("ShardDataset(manifest, split, sources=[" + ", ".join(f'"{src}"' for src in srcs)
+                        + f"]) ({_shape_text(shape)})" for shape, srcs in by_shape.items())
+    return f"load one source at a time where it holds one shape: {views} ({holds}); or {rest}"
 
 
 def _shape_text(shape: Sequence[int]) -> str:
