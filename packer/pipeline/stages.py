@@ -34,7 +34,7 @@ import time
 import unicodedata
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packer.badsamples import sort_issues
-from packer.config import JobConfig, SplitConfig, unused_transforms_warning
+from packer.config import JobConfig, SplitConfig, TargetConfig, unused_transforms_warning
 from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
 from packer.exclusions import describe_counts, sort_excluded
 from packer.manifest import library_versions
@@ -298,7 +298,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                           ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listings)),
                           ("instance_uids", shared_instances_warning(shared_instances_of(samples), job.job_path)),
                           ("entity_lookalikes", lookalikes_warning(audit, listed_in)),
-                          ("labels", case_twins_warning(job, samples.codes("label")[1])),
+                          ("labels", case_twins_warning(job, samples.codes("label")[1], labels_by_source(samples))),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
                           ("labels", id_like_class_warning(job, *samples.codes("label")))):
         if warning is not None:  # a warning, not progress: printed under --quiet too
@@ -447,13 +447,29 @@ def empty_sources_warning(job: JobConfig, present: set[str], issues: Sequence[Is
             f"and {listings.excluded} say why for each file): fix that source's files or settings, or remove it")
 
 
-def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
+def labels_by_source(samples: SampleTable) -> dict[str, list[Any]]:
+    """The distinct target texts each source's samples hold, by source name (for
+    :func:`case_twins_warning`, whose advice is each source's own ``label:``)."""
+    if not len(samples):
+        return {}
+    source_codes, sources = samples.codes("source")
+    label_codes, labels = samples.codes("label")
+    held: dict[str, list[Any]] = {}
+    for source, label in np.unique(np.stack([source_codes, label_codes], axis=1), axis=0).tolist():
+        held.setdefault(sources[source], []).append(labels[label])
+    return held
+
+
+def case_twins_warning(job: JobConfig, names: Sequence[Any],
+                       by_source: Mapping[str, Sequence[Any]] | None = None) -> str | None:
     """A warning for class names that differ only in case or spacing (``Cat`` and ``cat``, a
     table typed by several people), or that spell one number (``1`` and ``1.0``): each is a
     class of its own, which is rarely meant. ``names``: each sample's target text; a multi-label
     target's names are the labels they hold (``Effusion|effusion``: two positions of the vector).
-    None for a job that lists its classes (``labels:`` decides then) or a target of no class
-    names (numbers, none)."""
+    ``by_source``: the target texts each source holds, by source name (None: ``names`` are all
+    ``sources[0]``'s, a job of one source); the warning offers each source that holds a spelling
+    to change its own ``label:``. None for a job that lists its classes (``labels:`` decides
+    then) or a target of no class names (numbers, none)."""
     kind = target_class(job.sources[0].target.kind)
     if job.labels or not kind.names_labels:
         return None
@@ -476,30 +492,48 @@ def case_twins_warning(job: JobConfig, names: Sequence[Any]) -> str | None:
     if any(len({unicodedata.normalize("NFC", n) for n in group}) < len(group) for group in twins):
         how += " (or only in Unicode form: the same letters as one code point or as a letter and a combining mark)"
     return (f"classes that differ only in {how} are separate classes: {shown}{more}; if each group is one "
-            f"class, map its spellings to one name: {_twin_map(job, twins, counts)}, or list the classes "
+            f"class, map its spellings to one name: {_twin_map(job, twins, counts, by_source)}, or list the classes "
             "in the job's labels:")
 
 
-def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str]) -> str:
-    """The source's ``label:`` that maps each group of :func:`case_twins_warning` to its most
-    common spelling (``counts``: samples per class name), as YAML that works as written: its
-    other settings kept (kind, column or columns, separator), and a map keyed by what the
-    source reads (a cell, a token, a folder), so a map it already has is composed with the new
-    one (raw → its name → the chosen spelling). A class map names every class (one it lacks is
-    ``unknown_label``), so the others map to themselves; a multi-label map keeps the tokens it
-    lacks, so it names the twins (and its own entries) alone."""
-    target = job.sources[0].target
+def _twin_map(job: JobConfig, twins: list[list[str]], counts: Counter[str],
+              by_source: Mapping[str, Sequence[Any]] | None) -> str:
+    """The ``label:`` for each source that holds a spelling to change, named by index and name
+    (``on sources[1] (scans), the source's label: {...}``), that maps each group of
+    :func:`case_twins_warning` to its most common spelling (``counts``: samples per class name,
+    over every source). Each is built from that source's own target (sources may read their
+    classes from a folder, a column, an attribute) and the names that source holds
+    (``by_source``, its target texts by source name; None: all are ``sources[0]``'s); a source
+    that holds only the chosen spellings needs no change and is not named."""
+    chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
+    texts: Mapping[str, Sequence[Any]] = by_source if by_source is not None else {job.sources[0].name: list(counts)}
+    offers = []
+    for index, source in enumerate(job.sources):
+        kind = target_class(source.target.kind)
+        held = {str(name) for text in texts.get(source.name, ()) if text for name in kind.held_names(str(text)) if name}
+        if any(chosen.get(name, name) != name for name in held):
+            offers.append(f"on sources[{index}] ({source.name}), {_source_twin_map(source.target, chosen, held)}")
+    return "; ".join(offers)
+
+
+def _source_twin_map(target: TargetConfig, chosen: Mapping[str, str], held: set[str]) -> str:
+    """One source's ``label:`` of :func:`_twin_map`, as YAML that works as written: its other
+    settings kept (kind, column or columns, separator), and a map keyed by what the source reads
+    (a cell, a token, a folder), so a map it already has is composed with the new one (raw → its
+    name → the chosen spelling). A class map names every class the source holds (one it lacks
+    is ``unknown_label``), so the others map to themselves; a multi-label map keeps the tokens it
+    lacks, so it names the source's twins (and its own entries) alone. ``held``: the class names
+    the source's samples hold (after its own map)."""
     kind = target_class(target.kind)
     if kind.columns_name_labels and target.separator is None and target.origin == "table":
         return ("rename the columns in the table (a multilabel target of 0/1 columns is named by its columns, and "
                 "takes no map)")
-    chosen = {name: max(group, key=lambda n: (counts[n], n == n.lower(), n)) for group in twins for name in group}
     own = dict(target.value_map)
     pairs: dict[str, str | None] = {raw: None if name is None else chosen.get(name, name) for raw, name in own.items()}
     if kind.map_keeps_unnamed:  # a token the map lacks reads as itself
-        pairs.update((name, to) for name, to in chosen.items() if name not in own)
+        pairs.update((name, to) for name, to in chosen.items() if name in held and name not in own)
     elif not own:  # a class map names every class; the names are the raw values then
-        pairs = {name: chosen.get(name, name) for name in counts}
+        pairs = {name: chosen.get(name, name) for name in held}
     shown = sorted(pairs.items())
     body = ", ".join(f"{_flow_text(name)}: {'null' if to is None else _flow_text(to)}" for name, to in shown[:12])
     body += f", ... ({len(shown)} in all, every class)" if len(shown) > 12 and not kind.map_keeps_unnamed else (
