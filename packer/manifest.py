@@ -228,7 +228,8 @@ def resolve_manifest_path(path: str | Path) -> Path:
         return candidate
     # <dataset>/<version> or <dataset>/<version>/manifest.json, with a version that is not there
     dataset = candidate.parent.parent if candidate.name == MANIFEST_FILE else candidate.parent
-    if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset)):
+    if dataset.is_dir() and (any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset))
+                             or _version_links(dataset)):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
 
@@ -322,6 +323,11 @@ def _not_a_version(folder: Path) -> str:
         return (f"{held}pass one of them; each is a failed build's version (exit 3: bad samples over "
                 "max_bad_fraction), kept for its report and refused by the loaders: fix the inputs or the job and "
                 "build again for a version to train on")
+    links = _version_links(folder)
+    if links:  # versions kept elsewhere (another disk, another team's) and linked in: open them by their links
+        first = links[0].split(" -> ", 1)[0]
+        return (f"a dataset folder, not a version: it holds no version of its own but the link(s) {', '.join(links)}; "
+                f"pass one of them, e.g. {folder / first}")
     copies = sorted(entry.name for entry in folder.iterdir() if entry.is_file() and entry.suffix == ".json")
     if copies:
         return (f"no {MANIFEST_FILE} here; it holds {', '.join(copies[:5])}{' …' if len(copies) > 5 else ''}: "

@@ -214,6 +214,18 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
                                            f"{version}$")):
         read_manifest(dataset)
     (dataset / "prod").unlink()
+    # versions kept elsewhere and linked in (another disk, another team's): named as links, offered to open
+    elsewhere = dataset.parent / "elsewhere"
+    elsewhere.mkdir()
+    kept = elsewhere / version.name
+    version.rename(kept)
+    (dataset / version.name).symlink_to(kept)
+    for given in (dataset, dataset / "fedcba987654"):
+        with pytest.raises(ConfigError, match=(f"it holds no version of its own but the link\\(s\\) {version.name} -> "
+                                               f"{kept}; pass one of them, e.g. {version}$")):
+            read_manifest(given)
+    (dataset / version.name).unlink()
+    kept.rename(version)
     shard = next(version.glob("*.tar"))
     with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
         read_manifest(shard)
