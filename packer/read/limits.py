@@ -20,7 +20,8 @@ What counts towards ``limits.max_decoded_bytes`` (an estimate of the peak, not a
   IFD's pixels are checked against ``limits.max_pixels`` and the IFD count against
   ``limits.max_frames``.
 - Each compared on its own: the file size (``read_*`` read files whole; the probes check it
-  too, so both passes agree) and, for Deflated Explicit VR Little Endian, the inflated data set.
+  too, so both passes agree) and, for Deflated Explicit VR Little Endian, twice the inflated data
+  set (pydicom holds it and its elements' values at once).
 
 Other sizes a header can make the code allocate: a DICOM frame resampled from its Pixel Spacing
 to ``transform.dicom.spacing`` must stay within ``limits.max_pixels`` (``too_large``); a JPEG /
