@@ -312,7 +312,10 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
         one_source = args.sources is not None and len(args.sources) == 1
         shown = [shape for source, shapes in dataset.info.shapes.items()
                  if args.sources is None or source in args.sources for shape in shapes]
-        if len({shape[0] for shape in shown}) == 1:  # one channel count: the sizes differ, no channel rule helps
+        if len({shape[0] for shape in shown}) == 1 and dataset.info.layout == "CDHW":
+            # a volume's size is 3-D and set on its sample: load_job refuses transform.<kind>.size for volumes
+            fix = "build the dataset with one volume size (sample: {volume: {size: [D, H, W]}})"
+        elif len({shape[0] for shape in shown}) == 1:  # one channel count: the sizes differ, no channel rule helps
             fix = ("build the dataset with one size (transform.<kind>.size, e.g. transform.image.size: [224, 224]; "
                    "transform.dicom.size for DICOM)")
         elif one_source or args.mix:
