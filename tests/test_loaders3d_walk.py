@@ -14,9 +14,11 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 
 from packer.config import load_job
 from packer.errors import ConfigError
+from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from tests.helpers import REPO
 from tests.test_targets import _build, _job
 
@@ -45,6 +47,13 @@ def two_sizes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two CT volumes of their own sizes (1×12×24×24 and 1×10×24×20): no sample: {volume: {size}}."""
     return _nifti_volumes(tmp_path_factory.mktemp("two-sizes"), [(24, 24, 12), (20, 24, 10)],
                           {"windows": ["abdomen"], "sample": "volume"})
+
+
+@pytest.fixture(scope="module")
+def two_windows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two CT volumes of one size and two windows: every sample 2×4×8×8."""
+    return _nifti_volumes(tmp_path_factory.mktemp("two-windows"), [(24, 24, 12), (20, 24, 10)],
+                          {"windows": ["abdomen", "liver"], "sample": {"volume": {"size": [4, 8, 8]}}})
 
 
 @pytest.fixture
@@ -79,3 +88,57 @@ def test_train3d_on_volumes_of_several_sizes_advises_the_volume_size_packer_acce
     assert load_job(taken).sources
     with pytest.raises(ConfigError, match="a volume's size and spacing are 3-D"):
         load_job(_job(tmp_path / "old", [source], transform={"nifti": {"sample": "volume", "size": [24, 24]}}))
+
+
+# -- DevicePrefetcher: mean/std against the channel count ----------------------------------------------------------
+
+
+def test_three_means_on_a_9_channel_2_5d_stack_are_refused_naming_mean_and_the_slice_major_channels() -> None:
+    """3 slices × 3 windows: torch said only 'The size of tensor a (9) must match the size of tensor b (3)'."""
+    batch = {"image": torch.zeros(2, 9, 8, 8, dtype=torch.uint8), "key": ["a", "b"]}
+    with pytest.raises(ValueError) as refused:
+        next(iter(DevicePrefetcher([batch], "cpu", mean=(0.5, 0.4, 0.3), std=(0.25,))))
+    said = str(refused.value)
+    assert "mean has 3 values" in said and "9 channels" in said, said
+    assert "one value per channel (9) or one for all" in said and "slice-major" in said, said
+    assert "mean=(0.5, 0.4, 0.3) * 3" in said, said  # the per-window values repeated for each slice
+
+
+def test_a_std_that_fits_no_volume_channel_count_is_refused_by_name() -> None:
+    volume = {"image": torch.zeros(2, 2, 4, 8, 8, dtype=torch.uint8), "key": ["a", "b"]}  # B×C×D×H×W, C=2
+    with pytest.raises(ValueError) as refused:
+        next(iter(DevicePrefetcher([volume], "cpu", mean=(0.5,), std=(0.25, 0.25, 0.25))))
+    said = str(refused.value)
+    assert "std has 3 values" in said and "2 channels" in said and "mean has" not in said, said
+
+
+def test_a_list_batch_is_checked_image_by_image() -> None:
+    batch = {"image": [torch.zeros(3, 8, 8, dtype=torch.uint8), torch.zeros(2, 6, 6, dtype=torch.uint8)],
+             "key": ["a", "b"]}
+    with pytest.raises(ValueError, match="mean has 3 values.*2 channels"):
+        next(iter(DevicePrefetcher([batch], "cpu", mean=(0.5, 0.4, 0.3))))
+
+
+def test_one_value_or_one_per_channel_normalises_each_channel() -> None:
+    image = torch.full((1, 9, 2, 2), 255, dtype=torch.uint8)
+    (one,) = DevicePrefetcher([{"image": image}], "cpu", mean=(0.5,), std=(0.25,))
+    assert torch.allclose(one["image"], torch.full_like(one["image"], 2.0))
+    means = tuple(float(i) / 10 for i in range(9))
+    (each,) = DevicePrefetcher([{"image": image}], "cpu", mean=means, std=(1.0,) * 9)
+    assert torch.allclose(each["image"][0, :, 0, 0], torch.tensor([1 - m for m in means]))
+
+
+def test_a_loader_of_known_channels_is_checked_when_the_prefetcher_is_made(two_windows: Path) -> None:
+    loader = make_loader(ShardDataset(two_windows, "train", shuffle=False), 2, 0)
+    with pytest.raises(ValueError) as refused:
+        DevicePrefetcher(loader, "cpu", mean=(0.5, 0.4, 0.3), std=(0.25, 0.25, 0.25))
+    said = str(refused.value)
+    assert "mean has 3 values" in said and "the dataset's samples have 2 channels" in said, said
+    (batch,) = DevicePrefetcher(loader, "cpu", mean=(0.5, 0.4), std=(0.25,))
+    assert batch["image"].shape == (2, 2, 4, 8, 8)
+    # a transform= may change the channel count: then only the batches say it
+    def three(image: torch.Tensor) -> torch.Tensor:
+        return image[:1].expand(3, *image.shape[1:]).clone()
+    grown = make_loader(ShardDataset(two_windows, "train", shuffle=False, transform=three), 2, 0)
+    (batch,) = DevicePrefetcher(grown, "cpu", mean=(0.5, 0.4, 0.3), std=(0.25,))
+    assert batch["image"].shape == (2, 3, 4, 8, 8)

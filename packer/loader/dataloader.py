@@ -551,6 +551,8 @@ class ShardLoader:
             raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0 (got {batch_size}, {num_workers})")
         # a bool, whatever truth value it is given as (1, numpy's bool_): the state saves it as JSON's true/false
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        # the collate as given: a name is packer's own (its batches' channels are the dataset's), a function yours
+        self.collate = collate
         self.drop_last = bool(drop_last)
         self.skipped = 0
         self.skipped_samples: list[str] = []

@@ -68,11 +68,28 @@ def _scale_for(dtype: torch.dtype) -> float:
     return float(torch.iinfo(dtype).max)
 
 
+def _known_channels(loader: Iterable[Any]) -> int | None:
+    """The channel count of every batch of ``loader`` by its dataset's manifest: a loader of
+    :func:`~packer.loader.make_loader` over samples of one shape, batched by one of packer's
+    collates (by name), with no ``transform=`` (a transform or a collate of your own may change
+    it); else None, and the first batch says it."""
+    dataset = getattr(loader, "dataset", None)
+    shape = getattr(dataset, "shape", None)
+    if not isinstance(getattr(loader, "collate", None), str) or not isinstance(shape, tuple) or not shape:
+        return None
+    if any(getattr(d, "transform", None) is not None for d in (dataset, *getattr(dataset, "members", ()))):
+        return None
+    return int(shape[0])
+
+
 class DevicePrefetcher:
     """Iterate ``loader``'s batches on ``device`` with ``image`` as normalised float32.
 
     ``mean``/``std``: one value per channel (or one for all) in 0..1 units, or ``None``
-    for plain ``x / 255``. ``state_dict()`` returns the loader's state as of the last
+    for plain ``x / 255``; another count is a ValueError naming it and the channel count, when
+    the prefetcher is made where the loader's channel count is known by its manifest, else at
+    the first batch (a 2.5D neighbour stack's channels are slice-major: each slice's windows in
+    turn, so per-window values repeat once per slice). ``state_dict()`` returns the loader's state as of the last
     batch handed out (the prefetched one is not counted), so save that, not the loader's.
     A list ``image`` (mixed shapes) is converted element by element. A batch of a collate of
     your own (a tuple, a namedtuple, a dict of your own names, nested) has every tensor in it
@@ -89,7 +106,25 @@ class DevicePrefetcher:
         self._std = None if std is None else torch.tensor(std, dtype=torch.float32, device=self.device)
         if self._std is not None and bool((self._std == 0).any()):
             raise ValueError("std must not contain zeros")
+        # as given (float64: the float32 copies would print 0.4 as 0.4000000059604645), to name them in an error
+        self._given = {name: tuple(torch.as_tensor(values, dtype=torch.float64).flatten().tolist())
+                       for name, values in (("mean", mean), ("std", std)) if values is not None}
         self._state: dict[str, Any] | None = None
+        if (channels := _known_channels(loader)) is not None:
+            self._check_channels(channels, "the dataset's samples have")
+
+    def _check_channels(self, channels: int, holder: str) -> None:
+        """Raise ValueError where ``mean`` or ``std`` has neither one value nor one per channel of
+        ``channels`` (torch's broadcast would say only 'The size of tensor a (9) must match ...')."""
+        for name, values in self._given.items():
+            if len(values) in (1, channels):
+                continue
+            repeat = (f"; per-window values repeated for each of {channels // len(values)} slices are "
+                      f"{name}={values} * {channels // len(values)}" if channels % len(values) == 0 else "")
+            raise ValueError(
+                f"DevicePrefetcher: {name} has {len(values)} values, and {holder} {channels} channels: give one "
+                f"value per channel ({channels}) or one for all. A 2.5D neighbour stack's channels are "
+                f"slice-major (each slice's windows in turn: 3 slices × 3 windows = 9 channels){repeat}")
 
     def _snapshot(self) -> dict[str, Any] | None:
         state_dict = getattr(self.loader, "state_dict", None)
@@ -122,6 +157,8 @@ class DevicePrefetcher:
             out = out.clone()        # float32 in (CPU pass-through): never normalise the caller's tensor in place
         out.div_(_scale_for(image.dtype))
         if self._mean is not None or self._std is not None:
+            self._check_channels(int(image.shape[channel_axis]) if image.ndim > channel_axis else 1,
+                                 "this batch's images have" if channel_axis else "this batch's image has")
             shape = (-1, *(1,) * (image.ndim - channel_axis - 1))
             if self._mean is not None:
                 out.sub_(self._mean.view(shape))
