@@ -18,7 +18,7 @@ import torch
 
 from packer.config import load_job
 from packer.errors import ConfigError
-from packer.loader import DevicePrefetcher, ShardDataset, make_loader
+from packer.loader import DevicePrefetcher, MixedShapesError, ShardDataset, collate_pad, collate_stack, make_loader
 from tests.helpers import REPO
 from tests.test_targets import _build, _job
 
@@ -88,6 +88,52 @@ def test_train3d_on_volumes_of_several_sizes_advises_the_volume_size_packer_acce
     assert load_job(taken).sources
     with pytest.raises(ConfigError, match="a volume's size and spacing are 3-D"):
         load_job(_job(tmp_path / "old", [source], transform={"nifti": {"sample": "volume", "size": [24, 24]}}))
+
+
+# -- the stacking collate: no collate="pad" where pad refuses the batch ------------------------------------------
+
+
+def test_the_stack_error_for_volumes_of_several_sizes_offers_only_what_loads_them(two_sizes: Path) -> None:
+    """It ended '(collate="pad" pads height and width)', and collate="pad" refuses that very batch."""
+    with pytest.raises(MixedShapesError) as stacked:
+        next(iter(make_loader(ShardDataset(two_sizes, "train", shuffle=False), 2, 0)))
+    said = str(stacked.value)
+    assert VOLUME_SIZE in said and 'collate="list"' in said, said
+    assert 'collate="pad"' not in said and "transform.<kind>.size" not in said, said
+    with pytest.raises(MixedShapesError, match="volumes of several sizes"):  # what the old advice led to
+        next(iter(make_loader(ShardDataset(two_sizes, "train", shuffle=False), 2, 0, collate="pad")))
+    listed = next(iter(make_loader(ShardDataset(two_sizes, "train", shuffle=False), 2, 0, collate="list")))
+    assert sorted(tuple(im.shape) for im in listed["image"]) == [(1, 10, 24, 20), (1, 12, 24, 24)]
+
+
+def test_a_transform_that_gives_volumes_several_sizes_is_not_offered_pad() -> None:
+    items = [{"image": torch.zeros(shape, dtype=torch.uint8), "key": f"ct-{i}"}
+             for i, shape in enumerate([(1, 4, 8, 8), (1, 3, 8, 8)])]
+    with pytest.raises(MixedShapesError) as stacked:
+        collate_stack(items, shapes={"ct": [[1, 6, 8, 8]]}, transforms=("crop",))
+    said = str(stacked.value)
+    assert "crop" in said and 'collate="list"' in said and 'collate="pad"' not in said, said
+
+
+@pytest.mark.parametrize(("shapes", "pad_offered"), [
+    ([(3, 40, 48), (3, 48, 40)], True),               # 2-D images of one channel count: pad pads them
+    ([(1, 32, 32), (3, 48, 48)], False),              # channel counts differ: pad refuses them
+    ([(1, 4, 32, 40), (1, 4, 48, 24)], False),        # volumes of two sizes: pad refuses them
+])
+def test_pad_is_offered_only_where_it_loads_the_batch(shapes: list[tuple[int, ...]], pad_offered: bool) -> None:
+    items = [{"image": torch.zeros(shape, dtype=torch.uint8), "key": str(i)} for i, shape in enumerate(shapes)]
+    with pytest.raises(MixedShapesError) as stacked:
+        collate_stack(items)
+    said = str(stacked.value)
+    assert ('collate="pad"' in said) is pad_offered and 'collate="list"' in said, said
+    if pad_offered:  # and pad does load it
+        assert collate_pad(items)["image"].shape == (2, 3, 48, 48)
+    else:
+        with pytest.raises(MixedShapesError):
+            collate_pad(items)
+    # volumes are told their own size setting only; 2-D images the kind's
+    assert (VOLUME_SIZE in said) is (len(shapes[0]) == 4), said
+    assert ("transform.<kind>.size" in said) is (len(shapes[0]) == 3), said
 
 
 # -- DevicePrefetcher: mean/std against the channel count ----------------------------------------------------------

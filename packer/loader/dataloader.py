@@ -28,7 +28,7 @@ import logging
 import math
 import random
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -165,17 +165,29 @@ def _one_channel_count(channels: set[int]) -> str:
     return (f"build with one channel count: give every source the same number of channels ({shown} here: as many "
             "windows each); transform.channels replicates only 1-channel samples")
 _ONE_SIZE = "build with one size: transform.<kind>.size (a volume's: sample: {volume: {size: [D, H, W]}})"
-_AS_LIST = ("take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
-            "(collate=\"pad\" pads height and width)")
+_IMAGES_ONE_SIZE = "build with one size: transform.<kind>.size"
+#: load_job refuses transform.<kind>.size for volumes: their size is 3-D, set on the sample
+_VOLUMES_ONE_SIZE = "build with one size: sample: {volume: {size: [D, H, W]}}"
+_LIST = "take the images as a list: make_loader(dataset, batch_size, collate=\"list\")"
+_AS_LIST = f"{_LIST} (collate=\"pad\" pads height and width)"
 #: The ways out of a mixed batch, for every message that meets one (where its shapes are not known).
 MIXED_FIXES = f"{_ONE_SOURCE}{_ONE_CHANNEL_COUNT}; or, where they differ in size only, {_ONE_SIZE}; or {_AS_LIST}"
+
+
+def _as_list(shapes: Collection[tuple[int, ...]]) -> str:
+    """The list collate, and the pad collate beside it only where it loads a batch of ``shapes``:
+    C×H×W images of one channel count (it refuses volumes of several sizes and channel mixes)."""
+    pads = all(len(shape) == 3 for shape in shapes) and len({shape[0] for shape in shapes}) == 1
+    return _AS_LIST if pads else _LIST
 
 
 def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
     """The fixes of :data:`MIXED_FIXES` that can help a batch of ``shapes`` (C×H×W or C×D×H×W):
     one channel count only where the channel counts differ, one size only where the sizes do
     (an EXIF-rotated photo among upright ones differs in size alone: a channel count changes
-    nothing there), neither where volumes meet 2-D images (nothing but a list joins those)."""
+    nothing there), neither where volumes meet 2-D images (nothing but a list joins those).
+    The size is the kind's for 2-D images, ``sample: {volume: {size}}`` for volumes; the pad
+    collate is offered only where it loads the batch (:func:`_as_list`)."""
     if len(shapes) < 2:
         return MIXED_FIXES
     if len({len(shape) for shape in shapes}) > 1:  # volumes beside 2-D images: no channel count or size joins them
@@ -184,7 +196,9 @@ def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
                 "channels or size)")
     counts = {shape[0] for shape in shapes}
     sizes = len({shape[1:] for shape in shapes}) > 1
-    fixes = [*([_one_channel_count(counts)] if len(counts) > 1 else []), *([_ONE_SIZE] if sizes else []), _AS_LIST]
+    one_size = _VOLUMES_ONE_SIZE if len(next(iter(shapes))) == 4 else _IMAGES_ONE_SIZE
+    fixes = [*([_one_channel_count(counts)] if len(counts) > 1 else []), *([one_size] if sizes else []),
+             _as_list(shapes)]
     return _ONE_SOURCE + "; or ".join(fixes)
 
 
@@ -316,8 +330,7 @@ def _transform_changed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequ
             f"tensor; {', '.join(map(_shape_text, made))} {'is not a shape' if len(made) == 1 else 'are not shapes'} "
             f"the build made (the manifest's: {', '.join(map(_shape_text, stored))}), so {_transform_text(transforms)} "
             "changed them (a random crop or resize gives each sample its own size): make it return one shape for "
-            "every sample (crop or resize to a fixed size), or take the images as a list: "
-            "make_loader(dataset, batch_size, collate=\"list\") (collate=\"pad\" pads height and width)")
+            f"every sample (crop or resize to a fixed size), or {_as_list([tuple(i['image'].shape) for i in items])}")
 
 
 def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None,
