@@ -118,7 +118,7 @@ def from_record(x: np.ndarray, record: dict[str, Any], output: str) -> np.ndarra
     if output == "uint8":
         y = (f - np.float32(record["low"])) * np.float32(1.0 / (record["high"] - record["low"]))
         return np.rint(np.clip(y, 0.0, 1.0) * np.float32(255.0)).astype(np.uint8)
-    z = (f - np.float32(record["mean"])) * np.float32(1.0 / max(record["std"], 1e-8))
+    z = (f - np.float32(record["mean"])) * np.float32(1.0 / record["std"])
     return np.where(f == 0, np.float32(0.0), z).astype(np.float16)
 
 

@@ -53,7 +53,7 @@ from packer.transform.dicom import (
     spacing_size,
     to_modality_values,
 )
-from packer.transform.intensity import apply_zscore, percentile_stats, zscore_black, zscore_stats
+from packer.transform.intensity import apply_zscore, percentile_stats, zscore_black, zscore_scale, zscore_stats
 from packer.transform.window import padding_mask
 
 GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
@@ -490,6 +490,10 @@ def _render_normalised(ref: SampleRef, ds: Dataset, stored: np.ndarray, frame: i
     for spec in specs:
         if spec.kind == "zscore":
             stats = zscore_stats(values[~padding], spec.over or "nonzero")
+            try:
+                zscore_scale(stats)
+            except ValueError as err:
+                return _issue(ref, "transform", "non_finite", f"frame {frame}: {err}")
             channel = apply_zscore(values, stats)
             record = {"name": spec.name, "center": None, "width": None, "function": None, "source": "zscore",
                       **stats.to_json()}

@@ -62,6 +62,7 @@ from packer.read.nifti_samples import (
     FlatWindow,
     MissingWindow,
     Slicing,
+    UnscalableZscore,
     slice_samples,
     volume_sample,
 )
@@ -483,6 +484,8 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
         return Issue.of(ref, stage="transform", reason="missing_window", message=f"{ref.path}: {err}")
     except FlatWindow as err:
         return Issue.of(ref, stage="validate", reason="constant_image", message=f"{ref.path}: {err}")
+    except UnscalableZscore as err:
+        return Issue.of(ref, stage="transform", reason="non_finite", message=f"{ref.path}: {err}")
 
 
 def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobConfig,

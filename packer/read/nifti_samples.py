@@ -67,6 +67,7 @@ from packer.transform.intensity import (
     apply_zscore,
     percentile_stats,
     zscore_black,
+    zscore_scale,
     zscore_stats,
 )
 from packer.transform.mask import transform_mask_dicom
@@ -119,6 +120,12 @@ class Case:
 
 class MissingWindow(Exception):
     """A ``file`` window of a channel whose file sets no ``cal_min``/``cal_max``."""
+
+
+class UnscalableZscore(Exception):
+    """A ``zscore`` channel whose standard deviation float32 cannot invert
+    (:func:`~packer.transform.intensity.zscore_scale`): ``non_finite``, as voxels beyond float32's
+    range are."""
 
 
 class FlatWindow(Exception):
@@ -187,6 +194,11 @@ def plan_channels(case: Case, windows: Sequence[WindowSpec]) -> list[_Channel]:
     for index, name in enumerate(case.names):
         for spec in windows:
             stats = _stats(case.values[index], spec)
+            if stats is not None and spec.kind == "zscore":
+                try:
+                    zscore_scale(stats)
+                except ValueError as err:
+                    raise UnscalableZscore(f"channel {name!r}: {err}") from None
             center, width, function = spec.center, spec.width, spec.function
             if spec.kind == "file":
                 if spec.selector not in (0, None):  # a NIfTI file has one display range, named by nothing

@@ -54,7 +54,7 @@ class Stats:
         reproduces the packed bytes: ``uint16`` computes ``(x - low) / (high - low)`` in float64
         from them as they are; ``uint8`` and ``float16`` compute in float32 from
         ``float32(low)`` and ``float32(1 / (high - low))``, or ``float32(mean)`` and
-        ``float32(1 / max(std, 1e-8))`` (:func:`apply_percentiles`, :func:`apply_zscore`), which
+        ``float32(1 / std)`` (:func:`apply_percentiles`, :func:`apply_zscore`), which
         values rounded to float32 first would not always give."""
         out: dict[str, Any] = {"over": self.over, "count": self.count}
         if self.kind == "percentiles":
@@ -126,15 +126,40 @@ def apply_percentiles(values: np.ndarray, stats: Stats, dtype: type[np.floating]
     return out
 
 
+def zscore_scale(stats: Stats) -> np.float32:
+    """``float32(1 / std)``, the factor :func:`apply_zscore` multiplies by: the population std
+    itself, however small (an ADC map in m²/s has a std of ~1e-9), so that the record's
+    ``mean``/``std`` reproduce the packed values; 0 where the std is 0 (a constant region, every
+    value of which is the mean: its z-scores are 0). Raises ValueError, naming the std, where
+    float32 cannot hold ``1 / std`` (a std below ~3e-39: subnormal values) or holds it as 0 (a
+    std beyond ~1e45): the z-scores cannot be computed as the record says (``non_finite``)."""
+    std = float(stats.std or 0.0)
+    if std == 0.0:
+        return np.float32(0.0)
+    with np.errstate(over="ignore", under="ignore"):
+        scale = np.float32(1.0 / std)
+    if not np.isfinite(scale) or scale == 0:
+        raise ValueError(f"the standard deviation of its z-score region ({stats.count} values, mean "
+                         f"{float(stats.mean or 0.0):.6g}) is {std:.6g}, whose reciprocal {1.0 / std:.6g} float32 "
+                         "cannot hold (its range is about 1.2e-38 to 3.4e38), so the values cannot be z-scored; "
+                         "rescale the values into a usable unit (mm²/s rather than m²/s) or use a window or "
+                         "percentiles")
+    return scale
+
+
 def apply_zscore(values: np.ndarray, stats: Stats) -> np.ndarray:
-    """``(values - mean) / std``, float32 of the same shape; with ``over == "nonzero"`` the
-    zero voxels stay 0. A zero std (a constant region) gives 0 where the statistics apply:
-    ``max(std, 1e-8)`` as nnU-Net divides."""
-    mean, std = float(stats.mean or 0.0), max(float(stats.std or 0.0), 1e-8)
+    """``(values - mean) / std``, float32 of the same shape, computed as
+    ``(x - float32(mean)) · float32(1 / std)`` (:func:`zscore_scale`, which raises ValueError
+    where float32 cannot hold ``1 / std``); with ``over == "nonzero"`` the zero voxels stay 0. A
+    zero std (a constant region) gives 0 where the statistics apply."""
+    mean, scale = float(stats.mean or 0.0), zscore_scale(stats)
     out = np.asarray(values, dtype=np.float32).astype(np.float32, copy=True)
     zero = out == 0 if stats.over == "nonzero" else None
+    if scale == 0:
+        out[...] = 0.0  # every value of the region is the mean: +0.0, never (x - mean) · 0's -0.0
+        return out
     out -= np.float32(mean)
-    out *= np.float32(1.0 / std)
+    out *= scale
     if zero is not None:
         out[zero] = 0.0
     return out
