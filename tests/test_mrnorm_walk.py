@@ -112,3 +112,86 @@ def test_a_constant_foreground_z_scores_to_zero_not_nan(tmp_path: Path) -> None:
     assert packed.bad == []
     [image] = packed.images.values()
     assert np.array_equal(image, np.zeros_like(image)) and not np.signbit(image).any()
+
+
+# ------------------------------------------------------------------ scl_slope / scl_inter, as nibabel reads them
+
+#: (stored dtype, scl_slope, scl_inter): CT in 0.1 HU steps, a uint8 map, an int32 PET count (the
+#: header holds float32: the values as written and read back)
+SCALINGS = [(dtype, float(np.float32(slope)), float(np.float32(inter)))
+            for dtype, slope, inter in [(np.int16, 0.1, -1024.3), (np.uint8, 0.37, 3.1), (np.int32, 1.3e-5, -12.9)]]
+
+
+def stored_ramp(dtype: Any, shape: tuple[int, int, int] = (24, 24, 40)) -> np.ndarray:
+    """Every stored value of ``dtype`` from its low end upwards (a ramp, wrapping past the top):
+    a third of int16 CT scaled by 0.1 and -1024.3 rounds differently in two float32 steps."""
+    info = np.iinfo(dtype)
+    count = int(np.prod(shape))
+    values = np.arange(count, dtype=np.int64) * max(1, (int(info.max) - int(info.min)) // count)
+    return (values % (int(info.max) - int(info.min) + 1) + int(info.min)).astype(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("gzipped", [True, False], ids=["nii.gz", "nii"])
+@pytest.mark.parametrize(("dtype", "slope", "inter"), SCALINGS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_scaled_voxels_are_nibabel_s_get_fdata_float32(tmp_path: Path, gzipped: bool, dtype: Any, slope: float,
+                                                      inter: float) -> None:
+    """README "NIfTI volumes": the values are those of nibabel's get_fdata(dtype=np.float32), which
+    scales in float64 and rounds once; under windows: [] they pack as float16 of that. Read both
+    ways a file is read (a .nii.gz inflated a slice at a time, a .nii mapped)."""
+    import nibabel as nib
+
+    raw = stored_ramp(dtype)
+    name = "v.nii.gz" if gzipped else "v.nii"
+    (tmp_path / "raw").mkdir()
+    path = write_nifti(tmp_path / "raw" / name, raw, AFFINE, slope=slope, inter=inter)
+    reference = nib.load(path).get_fdata(dtype=np.float32)
+    packed = build_nifti(tmp_path, [{"path": name, "entity": "p1"}],
+                         {"windows": [], "output": "float16", "sample": "volume"})
+    assert packed.bad == []
+    [image] = packed.images.values()
+    # the scaling is monotonic and the packed grid a permutation of the file's: compare sorted
+    got = np.sort(image.ravel().astype(np.float64))
+    assert np.array_equal(got, np.sort(reference.astype(np.float16).ravel().astype(np.float64)))
+
+
+@pytest.mark.parametrize(("dtype", "slope", "inter"), SCALINGS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_normalised_scaled_volume_takes_its_statistics_from_nibabel_s_values(tmp_path: Path, dtype: Any,
+                                                                              slope: float, inter: float) -> None:
+    """The float32 values every window and normalisation starts from are nibabel's: the
+    percentile channel's recorded ends are two of nibabel's float32 voxels."""
+    import nibabel as nib
+
+    raw = stored_ramp(dtype)
+    (tmp_path / "raw").mkdir()
+    path = write_nifti(tmp_path / "raw" / "v.nii.gz", raw, AFFINE, slope=slope, inter=inter)
+    reference = nib.load(path).get_fdata(dtype=np.float32)
+    packed = build_nifti(tmp_path, [{"path": "v.nii.gz", "entity": "p1"}],
+                         {"windows": [{"percentiles": [0, 100]}], "output": "float16", "sample": "volume"})
+    [record] = packed.records.values()
+    [window] = record["metadata"]["windows"]
+    assert (window["low"], window["high"]) == (float(reference.min()), float(reference.max()))
+
+
+def test_scaling_a_volume_holds_no_float64_copy_of_it(tmp_path: Path) -> None:
+    """The float64 scaling is done a slice at a time: reading a scaled int16 .nii.gz peaks at its
+    float32 volume and a slab, within limits.max_decoded_bytes' stored + float32 estimate."""
+    import tracemalloc
+
+    import nibabel as nib
+
+    from packer.config import LimitsConfig
+    from packer.read.nifti import load_header, read_canonical
+
+    raw = stored_ramp(np.int16, (256, 256, 64))
+    _, slope, inter = SCALINGS[0]
+    path = write_nifti(tmp_path / "big.nii.gz", raw, AFFINE, slope=slope, inter=inter)
+    img, header = load_header(str(path), LimitsConfig(), channels_from=None)
+    tracemalloc.start()
+    try:
+        volume = read_canonical(img, header)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert volume.array.dtype == np.float32 and peak < volume.array.nbytes + raw.nbytes, peak
+    want = np.sort(nib.load(path).get_fdata(dtype=np.float32).ravel())
+    assert np.array_equal(np.sort(volume.array.ravel()), want)

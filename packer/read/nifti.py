@@ -30,7 +30,8 @@ patient's right on the left of the picture).
 
 **Values.** The stored values times ``scl_slope`` plus ``scl_inter`` when the slope is set (non-zero
 and finite; 0 or NaN means "no scaling", an infinite slope is a damaged header: ``unreadable``),
-as float32: CT stored as int16 with ``scl_inter = -1024`` is
+computed in float64 and rounded once to float32, as nibabel's ``get_fdata(dtype=np.float32)``
+gives them (:func:`_store`): CT stored as int16 with ``scl_inter = -1024`` is
 then in Hounsfield units and the HU window presets apply unchanged. NaN or infinite voxels make
 the file ``non_finite`` (unless the job fills them: :func:`fill_non_finite`), a volume of one value
 ``constant_image``, and so does a scaling under which differing stored values all round to one
@@ -616,31 +617,49 @@ def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) ->
                     _check_range(chunk, out.dtype)
                     for n in range(count):
                         t, k = divmod(done + n, z)
-                        np.copyto(stored_order[t, k], chunk[n], casting="unsafe")
+                        _store(stored_order[t, k], chunk[n], header)
                     del chunk
                     done, filled = done + count, 0
-    _scale(out, header)
     return Volume(out, plan.affine)
 
 
-def _scale(values: np.ndarray, header: NiftiHeader) -> None:
-    """``values`` (stored values, canonical) × ``scl_slope`` + ``scl_inter`` in place, where the
-    header sets a slope and ``values`` are floats (a label map's integers stay as stored)."""
-    if values.dtype.kind == "f" and header.slope is not None:
-        values *= np.asarray(header.slope, dtype=values.dtype)
+def _store(dest: np.ndarray, stored: np.ndarray, header: NiftiHeader) -> None:
+    """``stored`` (stored values: a slice, or a whole volume where the header sets no scaling)
+    into ``dest`` (its place in the canonical volume). Where the header sets a slope and ``dest``
+    holds floats: ``stored`` × ``scl_slope`` + ``scl_inter`` computed in float64 and rounded once
+    to ``dest``'s dtype, as nibabel's ``get_fdata(dtype=np.float32)`` computes them (its
+    ``apply_read_scaling``: the header's float32 fields as float64, the stored values upcast to
+    float64, each step skipped where it is the identity, then one cast), so a voxel is the
+    float32 value nearest the scaled value, never one rounded twice (int16 CT under a slope of
+    0.1 was 1-2 ulp off in a third of its voxels that way, a HU off once packed as float16).
+    The float64 temporary is ``stored``'s size: callers pass a slice at a time, so the peak stays
+    the stored values and the float32 volume (``limits.max_decoded_bytes``' estimate). A label
+    map's integers (``dest`` an integer dtype) stay as stored."""
+    if dest.dtype.kind != "f" or header.slope is None:
+        np.copyto(dest, stored, casting="unsafe")
+        return
+    scaled = stored.astype(np.float64)  # a copy: the steps below are in place
+    with np.errstate(over="ignore"):  # beyond float32: infinite, the non_finite check's, as nibabel's
+        if header.slope != 1.0:
+            scaled *= header.slope
         if header.inter:
-            values += np.asarray(header.inter, dtype=values.dtype)
+            scaled += header.inter
+        np.copyto(dest, scaled, casting="unsafe")
 
 
 def canonical_values(raw: np.ndarray, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
     """``raw`` (X, Y, Z, T stored values) as a C×D×H×W volume in canonical LPS axes (module
-    docstring), copied once into ``dtype`` (float32: then scaled by ``scl_slope``/``scl_inter``;
-    an integer dtype, for label maps: unscaled), with its affine (voxel (d, h, w) → LPS mm)."""
+    docstring), copied once into ``dtype`` (float32: scaled by ``scl_slope``/``scl_inter`` a
+    slice at a time on the way, :func:`_store`; an integer dtype, for label maps: unscaled), with
+    its affine (voxel (d, h, w) → LPS mm)."""
     view = canonical_view(raw.transpose(3, 2, 1, 0), stored_grid(header)[0])  # (T, K, J, I) = (C, D, H, W)
     out = np.empty(view.array.shape, dtype=dtype)
     _check_range(view.array, out.dtype)
-    np.copyto(out, view.array, casting="unsafe")
-    _scale(out, header)
+    if out.dtype.kind == "f" and header.slope is not None:
+        for c, d in np.ndindex(*out.shape[:2]):  # a slice at a time: no float64 copy of the volume
+            _store(out[c, d], view.array[c, d], header)
+    else:
+        _store(out, view.array, header)
     return Volume(out, view.affine)
 
 
