@@ -201,7 +201,9 @@ class CachedChunk:
 #: dates; lossless-JPEG TIFF masks read; a vendor's private class without pixel data left out.
 #: 64: a deflated DICOM data set counts twice against limits.max_decoded_bytes (one between half the
 #: limit and the limit, packed before, is now too_large).
-CACHE_FORMAT = 64
+#: 65: NIfTI scl_slope/scl_inter applied in float64 and rounded once (as nibabel); a z-score divides by
+#: the real std (no 1e-8 floor), one float32 cannot invert refused as non_finite.
+CACHE_FORMAT = 65
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
