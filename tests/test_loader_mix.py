@@ -234,12 +234,12 @@ def test_incompatible_members_are_refused_by_name(manifests: dict[str, Path], tm
     a = ShardDataset(manifests["a"], "train")
     with pytest.raises(ConfigError, match="weights must be > 0"):
         MixedDataset([(a, 1), (ShardDataset(manifests["b"], "train"), 0)])
-    for weight in ("heavy", "0.7", True, None):  # not numbers: refused by name, never float()'s bare ValueError
+    sizes = torch.tensor([20.0, 10.0])
+    for weight in ("heavy", "0.7", True, None, sizes / sizes.sum(), np.array([0.5, 0.5])):  # not one number each:
         with pytest.raises(ConfigError, match=r"\(member 1\) has weight .*a weight is a number > 0"):
             MixedDataset([(a, 1), (ShardDataset(manifests["b"], "train"), weight)])
     import decimal
     import fractions
-    sizes = torch.tensor([20.0, 10.0])
     for weight in ((sizes / sizes.sum())[1], fractions.Fraction(1, 3), decimal.Decimal("0.5"), np.float32(0.5)):
         mix = MixedDataset([(a, 1), (ShardDataset(manifests["b"], "train"), weight)])  # numbers all: taken
         assert mix.weights[1] == float(weight)

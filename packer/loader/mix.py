@@ -153,7 +153,9 @@ class MixedDataset(PlannedDataset):
                                   + _not_a_pair(member) + f" (member {i}); write [(dataset, 1.0), ...]")
         for i, (dataset, weight) in enumerate(members):  # "0.7" or True would pass float() as a number
             # a number is anything float() takes as one: int, float, numpy and 0-d torch scalars, Fraction, Decimal
-            if isinstance(weight, str | bytes | bool | np.bool_) or not hasattr(weight, "__float__"):
+            # ... and one number: a whole tensor or array (w, not w[i]) has __float__ too
+            if isinstance(weight, str | bytes | bool | np.bool_) or not hasattr(weight, "__float__") \
+                    or int(np.prod(getattr(weight, "shape", ()))) != 1:
                 raise ConfigError(f"MixedDataset: {dataset.info.name} (member {i}) has weight {weight!r}, a "
                                   f"{type(weight).__name__}; a weight is a number > 0, e.g. (dataset, 0.7)")
         self.members = [dataset for dataset, _ in members]
