@@ -29,7 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydicom.datadict import tag_for_keyword
 from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+from pydicom.tag import Tag
 
 from packer.read.dicom_attrs import ELEMENT_ERRORS, DamagedElement, element, item_text
 from packer.structures import Structure, StructureMap
@@ -269,6 +272,24 @@ def _uid(ds: Dataset, keyword: str) -> str:
     return str(element(ds, keyword, "") or "").strip()
 
 
+def _frame_uid(ds: Dataset, keyword: str) -> str:
+    """The Frame of Reference UID ``keyword`` of ``ds`` ("" where absent), as :func:`_uid`; raises
+    :class:`~packer.read.dicom_attrs.DamagedElement` when its value is not one UID of digits and
+    dots: a damaged element (a VR byte flipped, ``UI`` read as ``<I``, or a wrong length) whose value
+    swallowed the elements after it. Taken as a frame of reference, such a value lies in no
+    series' frame, and linking would tie the annotation, whose references it swallowed, to no
+    series it may belong to (:func:`packer.read.dicom_masks._lost_for`). Its length is not held to
+    PS3.5's 64 characters: a longer UID of digits and dots is a writer's, and still matches its images."""
+    value = element(ds, keyword, "")
+    text = "\\".join(str(v) for v in value) if isinstance(value, MultiValue) else str(value or "").strip()
+    if text and not _WHOLE_UID.fullmatch(text):
+        raise DamagedElement(
+            f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} is not a UID ({len(text)} characters, not digits and "
+            "dots alone: the element is damaged, and its value swallowed the elements after it, the references "
+            "among them)")
+    return text
+
+
 def annotation_modality(ds: Dataset) -> str | None:
     """``SEG`` or ``RTSTRUCT`` where ``ds`` is one (by SOP class, or Modality), else None."""
     uid = _uid(ds, "SOPClassUID")
@@ -294,15 +315,18 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
     instances), each contour's Contour Image Sequence, the Structure Set ROI Sequence's Referenced
     Frame of Reference UIDs. The per-frame and per-contour references are read only where the
     object names no series (a structure set of a thousand contours is then not walked twice).
-    Missing sequences give empty tuples: linking decides."""
+    Missing sequences give empty tuples: linking decides. Raises
+    :class:`~packer.read.dicom_attrs.DamagedElement` where an element cannot be decoded, or a Frame
+    of Reference UID is no UID (:func:`_frame_uid`): the probe makes the references unreadable."""
     modality = annotation_modality(ds) or ""
     series: dict[str, None] = {}
     instances: dict[str, None] = {}
     frames: dict[str, None] = {}
 
     def add(found: dict[str, None], item: Dataset, keyword: str) -> None:
-        if _uid(item, keyword):
-            found[_uid(item, keyword)] = None
+        uid = _frame_uid(item, keyword) if found is frames else _uid(item, keyword)
+        if uid:
+            found[uid] = None
 
     add(frames, ds, "FrameOfReferenceUID")
     structures = 0
