@@ -105,3 +105,26 @@ def test_a_structure_set_whose_frame_of_reference_uid_is_damaged_holds_its_serie
     assert all(Path(r["path"]).parts[-3] == "A" for r in records)
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B alone, empty
 
+
+def test_a_structure_set_without_its_preamble_and_with_a_damaged_frame_uid_holds_back_what_its_record_says(
+        tmp_path: Path) -> None:
+    """The fuzzing walk's 07: the damaged structure set written without its 128-byte preamble and
+    ``DICM`` marker is ``not_dicom``; its record says that the series it annotates is not packed
+    without it, and so it is: the series of its study is ``mask_missing`` naming it, as an
+    undamaged structure set without its preamble holds back the series it names."""
+    raw = tmp_path / "raw"
+    rt, _ = _tree(raw, seg=False)
+    ds = pydicom.dcmread(rt)
+    ds.preamble = None
+    buffer = io.BytesIO()
+    ds.save_as(buffer, enforce_file_format=False)  # no preamble, no DICM
+    assert buffer.getvalue()[128:132] != b"DICM"
+    rt.write_bytes(_damage_frame_uid(buffer.getvalue()))
+    records, items = _outcome(tmp_path, raw, RTSTRUCT_ROIS)
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("RT", "not_dicom"), *[("CT", "mask_missing")] * SLICES])
+    own = next(r for r in records if r["path"] == str(rt))
+    assert "the series it annotates is not packed without it" in own["message"]
+    assert all(str(rt) in r["message"] and Path(r["path"]).parts[-3] == "A"
+               for r in records if r["reason"] == "mask_missing")
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B alone, empty
