@@ -128,3 +128,24 @@ def test_a_structure_set_without_its_preamble_and_with_a_damaged_frame_uid_holds
     assert all(str(rt) in r["message"] and Path(r["path"]).parts[-3] == "A"
                for r in records if r["reason"] == "mask_missing")
     assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B alone, empty
+
+
+def test_a_malformed_but_undamaged_frame_of_reference_uid_still_links(tmp_path: Path) -> None:
+    """A de-identifier that writes its own text for every Frame of Reference UID (hex, letters)
+    leaves a malformed UID, not a damaged element: the images carry the same text, the structure
+    set links to them and paints its masks, as before the damage check."""
+    raw = tmp_path / "raw"
+    rt, _ = _tree(raw, seg=False)
+    anonymous = "ANON-FOR-" + "ab12" * 8  # printable, not digits and dots
+    for path in [*sorted((raw / "A" / "CT").iterdir()), rt]:
+        ds = pydicom.dcmread(path)
+        ds.FrameOfReferenceUID = anonymous
+        for item in ds.get("ReferencedFrameOfReferenceSequence") or ():
+            item.FrameOfReferenceUID = anonymous
+        for item in ds.get("StructureSetROISequence") or ():
+            item.ReferencedFrameOfReferenceUID = anonymous
+        ds.save_as(path, enforce_file_format=True)
+    records, items = _outcome(tmp_path, raw, RTSTRUCT_ROIS)
+    assert records == [], records
+    assert len(items) == 2 * SLICES and sum(item["mask"].numpy().any() for item in items) > 0
+

@@ -278,16 +278,22 @@ def _frame_uid(ds: Dataset, keyword: str) -> str:
     dots: a damaged element (a VR byte flipped, ``UI`` read as ``<I``, or a wrong length) whose value
     swallowed the elements after it. Taken as a frame of reference, such a value lies in no
     series' frame, and linking would tie the annotation, whose references it swallowed, to no
-    series it may belong to (:func:`packer.read.dicom_masks._lost_for`). Its length is not held to
-    PS3.5's 64 characters: a longer UID of digits and dots is a writer's, and still matches its images."""
+    series it may belong to (:func:`packer.read.dicom_masks._lost_for`). Damage is told by what a
+    swallowed element leaves: bytes that are no printable ASCII (tags, lengths, binary values), or a
+    length past :data:`_UID_DAMAGED_LENGTH`. A UID that is only malformed (a de-identifier's hex or
+    text ids, a writer's longer UID) is not damaged: its images carry the same text and it links."""
     value = element(ds, keyword, "")
     text = "\\".join(str(v) for v in value) if isinstance(value, MultiValue) else str(value or "").strip()
-    if text and not _WHOLE_UID.fullmatch(text):
+    if text and (len(text) > _UID_DAMAGED_LENGTH or not (text.isascii() and text.isprintable())):
         raise DamagedElement(
-            f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} is not a UID ({len(text)} characters, not digits and "
-            "dots alone: the element is damaged, and its value swallowed the elements after it, the references "
-            "among them)")
+            f"{Tag(tag_for_keyword(keyword) or 0)} {keyword} is not a UID ({len(text)} characters"
+            + ("" if text.isascii() and text.isprintable() else ", binary bytes among them")
+            + ": the element is damaged, and its value swallowed the elements after it, the references among them)")
     return text
+
+
+#: A Frame of Reference UID this long is elements swallowed by a damaged one (PS3.5 allows 64 characters)
+_UID_DAMAGED_LENGTH = 256
 
 
 def annotation_modality(ds: Dataset) -> str | None:
