@@ -10,10 +10,11 @@ Some objects are images but not what an image job means by default: an RT Dose g
 HU: windowed as CT it silently pollutes a CT training set), a secondary capture (a screenshot,
 often with burned-in text) and, in a slice job, a CT localizer (a projection scout among axial
 slices). They are ``not_requested`` unless the source's ``where:`` asks for them by a positive
-condition (equality, membership or match, not ``not``) on the attribute that names them and
-that holds for the file: ``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`` for RT Dose,
-``SOPClassUID`` for a secondary capture (its Modality is often that of the images it shows),
-``ImageType: LOCALIZER`` for a localizer. A slide's label, overview or thumbnail image (Image
+condition (equality, membership or match, not ``not``) that holds for the file and names them
+(:func:`_asked`: a condition that merely holds, ``ImageType: ORIGINAL`` for a scout, does not):
+``Modality: RTDOSE`` or ``SOPClassUID: RT Dose Storage`` for RT Dose, ``SOPClassUID`` for a
+secondary capture (its Modality is often that of the images it shows), ``ImageType: LOCALIZER``
+for a localizer. A slide's label, overview or thumbnail image (Image
 Type value 3 in :data:`SLIDE_AUXILIARY`, beside a whole-slide scan's levels: the label's photo
 often shows the patient's name) is ``not_requested`` in every job, asked for by ``ImageType``
 (``ImageType: LABEL``); asked for, one whose Specimen Label in Image is YES is refused as
@@ -35,7 +36,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydicom.datadict import dictionary_VR, keyword_dict
@@ -299,9 +300,46 @@ class ObjectClass:
     detail: str = ""
 
 
-def _asked(conditions: Iterable[Condition], keys: Sequence[str], ds: Dataset) -> bool:
-    """Whether a positive condition (not ``not``) on one of ``keys`` holds for ``ds``."""
-    return any(c.op != "not" and c.key in keys and c.holds(header_values(ds, c.key)) for c in conditions)
+#: Image Type values (PS3.3 C.7.6.1.1.2, C.8.12.4.1.1) of images no job leaves out by default: a
+#: ``match`` that finds one of them is too broad to name a localizer or a slide's label, overview or thumbnail
+PLAIN_IMAGE_TYPES = ("ORIGINAL", "DERIVED", "PRIMARY", "SECONDARY", "AXIAL", "VOLUME", "RESAMPLED", "NONE", "OTHER")
+#: Modalities (PS3.3 C.7.3.1.1.1) but RTDOSE: a ``match`` that finds one of them is too broad to name RT Dose
+OTHER_MODALITIES = tuple(sorted({"CT", "MR", "PT", "NM", "OT", "RTIMAGE"} | NOT_IMAGE_MODALITIES
+                                | PROJECTION_MODALITIES))
+
+
+@functools.cache
+def _other_image_classes(kind: frozenset[str]) -> tuple[str, ...]:
+    """The UID and name of each image SOP class of pydicom's dictionary (its name says Image, or RT
+    Dose) that is not in ``kind``: a ``match`` that finds one of them is too broad to name ``kind``."""
+    return tuple(text for uid, (name, what, *_) in UID_dictionary.items()
+                 if what == "SOP Class" and ("Image" in name or uid == RT_DOSE) and uid not in kind
+                 for text in (uid, name))
+
+
+@functools.lru_cache(maxsize=256)
+def _broad(condition: Condition, others: tuple[str, ...]) -> bool:
+    """Whether ``condition`` holds for any of ``others`` (once per condition and kind, not per file)."""
+    return condition.holds(others)
+
+
+def _asked(conditions: Iterable[Condition], ds: Dataset, kinds: Mapping[str, tuple[Sequence[str], tuple[str, ...]]]
+           ) -> bool:
+    """Whether a positive condition (not ``not``) that holds for ``ds`` names what it is: ``kinds``
+    maps each key that may name it to the values that do (``LOCALIZER``, ``RTDOSE``, a SOP class's
+    UID and name) and the values of the key that do not (``ORIGINAL``, ``CT``, other image classes).
+    A value or a list names it when one of its values is one that does; a ``match`` when it finds
+    one that does and none that does not: ``{ImageType: ORIGINAL}`` holds for a scout
+    (ORIGINAL\\PRIMARY\\LOCALIZER) but names no localizer, nor does ``{match: .}``, while
+    ``{match: localizer}`` does; ``{SOPClassUID: {match: Image Storage}}`` names every image class,
+    so no secondary capture, while ``{match: Secondary Capture}`` names the five SC classes only."""
+    for c in conditions:
+        if c.op == "not" or c.key not in kinds or not c.holds(header_values(ds, c.key)):
+            continue
+        naming, others = kinds[c.key]
+        if c.holds(naming) and (c.op == "in" or not _broad(c, others)):
+            return True
+    return False
 
 
 def has_pixels(ds: Dataset) -> bool:
@@ -367,19 +405,23 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
                            f"{what} holds no image to pack: an RT Dose with no dose grid (no Pixel Data), only "
                            "dose-volume histograms (DVH Sequence) or point doses")
     if uid == RT_DOSE or modality == "RTDOSE":
-        if not _asked(conditions, ("Modality", "SOPClassUID"), ds):
+        dose = {"Modality": (["RTDOSE"], OTHER_MODALITIES),
+                "SOPClassUID": ([RT_DOSE, sop_class_name(RT_DOSE)], _other_image_classes(frozenset({RT_DOSE})))}
+        if not _asked(conditions, ds, dose):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a dose grid (absorbed dose in Gy, not image intensities such as HU) is packed "
                                "only when asked; to pack it add to the source where: {Modality: RTDOSE} (or list "
                                "RTDOSE among the modalities)")
     elif uid in SECONDARY_CAPTURE:
-        if not _asked(conditions, ("SOPClassUID",), ds):
+        if not _asked(conditions, ds, {"SOPClassUID": (header_values(ds, "SOPClassUID"),
+                                                        _other_image_classes(SECONDARY_CAPTURE))}):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}} "
                                "(every SC class, multi-frame included: {SOPClassUID: {match: Secondary Capture}})")
     elif (auxiliary := _slide_auxiliary(ds)) is not None:
-        if not _asked(conditions, ("ImageType",), ds):
+        own = [v for v in header_values(ds, "ImageType") if v.strip().upper() == auxiliary]
+        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
             return ObjectClass(modality, name, "not_requested",
                                f"{what} is a slide's {auxiliary} image (Image Type "
                                f"{'/'.join(header_values(ds, 'ImageType'))}), not tissue at the scan's resolution; "
@@ -388,7 +430,7 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
                                "shows the label is then refused as burned-in text, unless "
                                "safety.burned_in_annotation: allow)")
     elif not slices and _planar(ds, modality) and not _placed(ds):
-        if not _asked(conditions, ("Modality",), ds):
+        if not _asked(conditions, ds, {"Modality": (header_values(ds, "Modality"), ())}):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a projection or 2-D image with no place in patient space (no Image "
                                "Position (Patient), nor Plane Position (Patient) in functional groups), not a slice "
@@ -397,7 +439,8 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
                                "job with sample: slice, or leave them out with the source's where: {Modality: "
                                "[CT, MR]}")
     elif slices and "LOCALIZER" in [v.strip().upper() for v in header_values(ds, "ImageType")]:
-        if not _asked(conditions, ("ImageType",), ds):
+        own = [v for v in header_values(ds, "ImageType") if v.strip().upper() == "LOCALIZER"]
+        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
             return ObjectClass(modality, name, "not_requested",
                                f"{what} is a localizer (Image Type {'/'.join(header_values(ds, 'ImageType'))}), a "
                                "scout, not a slice; to pack localizers add to the source where: "

@@ -1,0 +1,122 @@
+"""A DICOM source's ``where:`` as a job author writes it, walked against real files.
+
+README "DICOM exports": a localizer (in a slice job), a slide's LABEL, OVERVIEW or THUMBNAIL
+image, a secondary capture and an RT Dose are ``not_requested`` unless a positive condition
+*names* them and holds for the file. A condition that merely holds for them (``ImageType:
+ORIGINAL``, which README offers to keep a slide's base level, or ``{SOPClassUID: {match: Image
+Storage}}``) does not ask for them: it would pack scouts as slices and a slide's label photo as
+tissue.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydicom.uid import SecondaryCaptureImageStorage
+
+from packer.config import load_job
+from packer.read.dicom import probe_dicom
+from packer.records import Excluded, Issue
+from tests.dicom_files import ct_dataset, image_dataset, make_ref, save, shipped
+from tests.test_dicom_exports import _slide_image, export_job
+
+
+def _outcome(tmp: Path, raw: Path, path: Path, where: dict[str, Any]) -> str:
+    """What the probe makes of ``path`` under the source's ``where:`` (loaded as a job loads it,
+    names of SOP classes turned into UIDs): the why of its exclusion, or ``packed``."""
+    conditions = load_job(export_job(tmp, raw, where=where)).sources[0].header_where
+    found = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=(), where=conditions)
+    assert not isinstance(found, Issue), found
+    return found.why if isinstance(found, Excluded) else "packed"
+
+
+@pytest.fixture()
+def scout(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A CT slice (ORIGINAL\\PRIMARY\\AXIAL) and a scout (ORIGINAL\\PRIMARY\\LOCALIZER) of one patient."""
+    raw = tmp_path / "raw"
+    axial = save(ct_dataset(PatientID="P1", ImageType=["ORIGINAL", "PRIMARY", "AXIAL"]), raw / "ax.dcm")
+    localizer = save(ct_dataset(PatientID="P1", ImageType=["ORIGINAL", "PRIMARY", "LOCALIZER"]), raw / "scout.dcm")
+    return raw, axial, localizer
+
+
+@pytest.mark.parametrize(("where", "localizer"), [
+    ({"ImageType": "ORIGINAL"}, "not_requested"),            # holds for the scout, names no LOCALIZER
+    ({"ImageType": {"in": ["PRIMARY"]}}, "not_requested"),
+    ({"ImageType": {"match": "."}}, "not_requested"),        # broad: finds every value
+    ({"ImageType": {"match": "ORIG|PRIM"}}, "not_requested"),
+    ({"ImageType": {"not": ["DERIVED"]}}, "not_requested"),  # not never asks
+    ({"ImageType": "LOCALIZER"}, "packed"),
+    ({"ImageType": ["ORIGINAL", "LOCALIZER"]}, "packed"),    # a list member names it
+    ({"ImageType": {"match": "localizer"}}, "packed"),       # a pattern that finds the word itself
+    ({"ImageType": {"match": "^LOCAL"}}, "packed"),
+])
+def test_only_a_condition_naming_localizer_asks_for_a_scout_in_a_slice_job(
+        tmp_path: Path, scout: tuple[Path, Path, Path], where: dict[str, Any], localizer: str) -> None:
+    raw, axial, scout_path = scout
+    assert _outcome(tmp_path, raw, scout_path, where) == localizer
+    expected_axial = "filtered" if localizer == "packed" and where != {"ImageType": ["ORIGINAL", "LOCALIZER"]} \
+        else "packed"
+    assert _outcome(tmp_path, raw, axial, where) == expected_axial
+
+
+def test_readmes_slide_recipe_image_type_original_keeps_the_base_level_not_the_label_overview_or_thumbnail(
+        tmp_path: Path) -> None:
+    """README: ``{ImageType: ORIGINAL}`` keeps a slide's base level. The label, overview and
+    thumbnail images are ORIGINAL too (value 1), and were packed as tissue by it."""
+    raw = tmp_path / "raw"
+    files = {kind: _slide_image(raw / f"{kind.lower()}.dcm", kind, label_in_image=False, seed=k)
+             for k, kind in enumerate(("VOLUME", "LABEL", "OVERVIEW", "THUMBNAIL"))}
+    assert {kind: _outcome(tmp_path / "a", raw, path, {"ImageType": "ORIGINAL"}) for kind, path in files.items()} == {
+        "VOLUME": "packed", "LABEL": "not_requested", "OVERVIEW": "not_requested", "THUMBNAIL": "not_requested"}
+    # a list asks for the images whose own value 3 it names, and no other
+    listed = {"ImageType": ["ORIGINAL", "THUMBNAIL"]}
+    assert {kind: _outcome(tmp_path / "b", raw, path, listed) for kind, path in files.items()} == {
+        "VOLUME": "packed", "LABEL": "not_requested", "OVERVIEW": "not_requested", "THUMBNAIL": "packed"}
+    pattern = {"ImageType": {"match": "thumb|overview"}}
+    assert {kind: _outcome(tmp_path / "c", raw, path, pattern) for kind, path in files.items()} == {
+        "VOLUME": "filtered", "LABEL": "filtered", "OVERVIEW": "packed", "THUMBNAIL": "packed"}
+    broad = {"ImageType": {"match": "o"}}  # finds ORIGINAL in every image: names none
+    assert {kind: _outcome(tmp_path / "d", raw, path, broad) for kind, path in files.items()} == {
+        "VOLUME": "packed", "LABEL": "not_requested", "OVERVIEW": "not_requested", "THUMBNAIL": "not_requested"}
+
+
+@pytest.mark.parametrize(("where", "capture"), [
+    ({"SOPClassUID": {"match": "Image Storage"}}, "not_requested"),  # every image class's name holds it
+    ({"SOPClassUID": {"match": "."}}, "not_requested"),
+    ({"SOPClassUID": {"match": "Storage$"}}, "not_requested"),
+    ({"SOPClassUID": {"match": "Secondary Capture"}}, "packed"),     # README's recipe: the five SC classes only
+    ({"SOPClassUID": {"match": "secondary"}}, "packed"),
+    ({"SOPClassUID": ["CT Image Storage", "Secondary Capture Image Storage"]}, "packed"),
+    ({"SOPClassUID": "1.2.840.10008.5.1.4.1.1.7"}, "packed"),
+    ({"SOPClassUID": {"not": ["CT Image Storage"]}}, "not_requested"),
+])
+def test_only_a_condition_naming_a_secondary_capture_class_asks_for_a_screenshot(
+        tmp_path: Path, where: dict[str, Any], capture: str) -> None:
+    raw = tmp_path / "raw"
+    screen = np.random.default_rng(6).integers(0, 255, (16, 16), dtype=np.uint8)
+    shot = save(image_dataset(screen, modality="OT", sop_class=SecondaryCaptureImageStorage, PatientID="P1",
+                              BurnedInAnnotation="NO"), raw / "shot.dcm")
+    assert _outcome(tmp_path, raw, shot, where) == capture
+
+
+@pytest.mark.parametrize(("where", "dose"), [
+    ({"Modality": {"match": "."}}, "not_requested"),
+    ({"Modality": {"match": "^RT"}}, "not_requested"),  # RTIMAGE, RTPLAN, RTSTRUCT too
+    ({"SOPClassUID": {"match": "Storage"}}, "not_requested"),
+    ({"Modality": {"not": ["CT"]}}, "not_requested"),
+    ({"Modality": "RTDOSE"}, "packed"),
+    ({"Modality": ["CT", "RTDOSE"]}, "packed"),
+    ({"Modality": {"match": "dose"}}, "packed"),
+    ({"SOPClassUID": "RT Dose Storage"}, "packed"),
+    ({"SOPClassUID": {"match": "RT Dose"}}, "packed"),
+])
+def test_only_a_condition_naming_rt_dose_asks_for_a_dose_grid(tmp_path: Path, where: dict[str, Any],
+                                                                dose: str) -> None:
+    raw = tmp_path / "raw"
+    grid = Path(shutil.copy(shipped("rtdose.dcm"), (raw.mkdir() or raw) / "dose.dcm"))
+    assert _outcome(tmp_path, raw, grid, where) == dose
+
