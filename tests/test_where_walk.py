@@ -11,6 +11,7 @@ tissue.
 from __future__ import annotations
 
 import shutil
+from datetime import date as _date
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from pydicom.uid import SecondaryCaptureImageStorage
 
 from packer.config import load_job
+from packer.errors import ConfigError
 from packer.read.dicom import probe_dicom
 from packer.records import Excluded, Issue
 from tests.dicom_files import ct_dataset, image_dataset, make_ref, save, shipped
@@ -120,3 +122,44 @@ def test_only_a_condition_naming_rt_dose_asks_for_a_dose_grid(tmp_path: Path, wh
     grid = Path(shutil.copy(shipped("rtdose.dcm"), (raw.mkdir() or raw) / "dose.dcm"))
     assert _outcome(tmp_path, raw, grid, where) == dose
 
+
+def _dated(raw: Path) -> dict[str, Path]:
+    """Three CT studies, one a day, StudyDate written as DICOM writes a DA (YYYYMMDD)."""
+    return {date: save(ct_dataset(PatientID=f"P{k}", StudyDate=date, StudyTime="101112",
+                                  AcquisitionDateTime=f"{date}101112"), raw / f"P{k}" / "ax.dcm")
+            for k, date in enumerate(("20230504", "20240110", "20220301"))}
+
+
+@pytest.mark.parametrize(("where", "said"), [
+    ({"StudyDate": {"not": ["2024-01-10"]}}, r"StudyDate: '2024-01-10' .*DA.*YYYYMMDD.*20240110"),
+    ({"StudyDate": ["20230504", "2024/01/10"]}, r"StudyDate: '2024/01/10' .*20240110"),
+    ({"StudyDate": _date(2024, 1, 10)}, r"StudyDate: '2024-01-10' .*20240110"),  # unquoted YAML: a date
+    ({"StudyDate": "Jan 10 2024"}, r"StudyDate: 'Jan 10 2024' .*DA.*YYYYMMDD"),
+    ({"StudyTime": "10:11:12"}, r"StudyTime: '10:11:12' .*TM.*101112"),
+    ({"AcquisitionDateTime": {"in": ["2024-01-10T10:11:12"]}}, r"AcquisitionDateTime: '2024-01-10T10:11:12' "
+                                                                 r".*DT.*20240110101112"),
+])
+def test_a_date_or_time_no_dicom_header_can_hold_is_refused_naming_its_dicom_spelling(
+        tmp_path: Path, where: dict[str, Any], said: str) -> None:
+    """A DA is YYYYMMDD (PS3.5 6.2): ``{StudyDate: {not: ['2024-01-10']}}`` never matches a
+    file, so it left the study of that day in with no word; a list silently dropped it."""
+    raw = tmp_path / "raw"
+    _dated(raw)
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.where\." + said):
+        load_job(export_job(tmp_path, raw, where=where))
+
+
+def test_a_date_written_as_dicom_writes_it_is_compared_as_ever(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    files = _dated(raw)
+    for k, where in enumerate(({"StudyDate": {"not": ["20240110"]}}, {"StudyDate": {"not": [20240110]}},
+                               {"AcquisitionDateTime": {"not": ["20240110101112"]}})):
+        outcomes = {date: _outcome(tmp_path / str(k), raw, path, where) for date, path in files.items()}
+        assert outcomes == {"20230504": "packed", "20240110": "filtered", "20220301": "packed"}, where
+    for k, where in enumerate(({"StudyTime": ["1011", "101112", "101112.5"]}, {"AcquisitionDateTime": "2024"},
+                               {"AcquisitionDateTime": "20240110101112.123456+0100"})):
+        load_job(export_job(tmp_path / f"t{k}", raw, where=where))  # each a value its VR may hold: accepted
+    # a pattern finds part of a value: no whole value to hold to the VR's form
+    year = {date: _outcome(tmp_path / "m", raw, path, {"StudyDate": {"match": "^2024"}})
+            for date, path in files.items()}
+    assert year == {"20230504": "filtered", "20240110": "packed", "20220301": "filtered"}

@@ -1126,6 +1126,34 @@ def valueless_problem(keyword: str) -> str | None:
     return None
 
 
+#: One whole value of a date or time VR (PS3.5 6.2), and how it is written: a ``where:`` value
+#: of any other form never equals one a header holds
+_VALUE_FORMS = {
+    "DA": (re.compile(r"\d{8}"), "YYYYMMDD"),
+    "TM": (re.compile(r"\d{2}(?:\d{2}(?:\d{2}(?:\.\d{1,6})?)?)?"), "HHMMSS.FFFFFF, the parts after HH optional"),
+    "DT": (re.compile(r"\d{4}(?:\d{2}(?:\d{2}(?:\d{2}(?:\d{2}(?:\d{2}(?:\.\d{1,6})?)?)?)?)?)?(?:[+-]\d{4})?"),
+           "YYYYMMDDHHMMSS.FFFFFF&ZZXX, the parts after YYYY optional"),
+}
+#: The separators an ISO or locale spelling puts between a date's or time's parts, which DICOM does not
+_SEPARATORS = {"DA": r"[-/. ]", "TM": r":", "DT": r"[-/:T ]"}
+
+
+def value_form_problem(keyword: str, text: str) -> str | None:
+    """Why ``text`` can be no value of ``keyword`` where its VR is a date or time (DA, TM, DT),
+    None where it can be one or the VR is another: ``StudyDate is a DA, written YYYYMMDD (here
+    20240110)`` for an ISO ``2024-01-10``, with the DICOM spelling where dropping the separators
+    gives one."""
+    vr = dictionary_VR(keyword) if tag_for_keyword(keyword) is not None else ""
+    if vr not in _VALUE_FORMS:
+        return None
+    form, written = _VALUE_FORMS[vr]
+    if form.fullmatch(text):
+        return None
+    spelled = re.sub(_SEPARATORS[vr], "", text)
+    here = f" (here {spelled})" if form.fullmatch(spelled) else ""
+    return f"{keyword} is a {vr}, written {written} in every header{here}"
+
+
 #: What a DICOM source's ``time:`` may name where no keyword of the list dates a file (a time of day)
 _DATE_KEYWORDS = "StudyDate, AcquisitionDateTime or ContentDate"
 

@@ -53,6 +53,7 @@ from packer.read.dicom_attrs import (
     sop_class_name,
     spelled_value,
     tag_key_problem,
+    value_form_problem,
     valueless_problem,
 )
 from packer.where import Condition, failed
@@ -177,8 +178,9 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
     become UIDs. Raises ConfigError for a key written as a tag (``(0008,0060)``:
     :func:`~packer.read.dicom_attrs.tag_key_problem` names its keyword), a sequence attribute
     (no value to compare), one that holds bytes (PixelData:
-    :func:`~packer.read.dicom_attrs.valueless_problem`) or a SOP class name pydicom does not
-    know (naming close ones)."""
+    :func:`~packer.read.dicom_attrs.valueless_problem`), a SOP class name pydicom does not
+    know (naming close ones), or a value no header can hold (an ISO ``2024-01-10`` for a DA:
+    :func:`~packer.read.dicom_attrs.value_form_problem`), which would never match."""
     out = []
     for condition in conditions:
         tagged = tag_key_problem(condition.key)
@@ -191,6 +193,12 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
         if valueless is not None:  # bytes (PixelData): their repr is no value a job could write
             raise ConfigError(f"{where}.{condition.key}: {valueless}, so there is nothing to compare; name an "
                               f"attribute with a value ({_VALUED})")
+        for value in condition.values if condition.op != "match" else ():  # a pattern finds part of a value
+            form = value_form_problem(condition.key, value)
+            if form is not None:
+                raise ConfigError(f"{where}.{condition.key}: {value!r} never matches: {form}, and a where: value "
+                                  "is compared with the header's value as written; write it so, or find part of it "
+                                  "with {match: REGEX}")
         if condition.key != "SOPClassUID" or condition.op == "match":
             out.append(condition)
             continue
