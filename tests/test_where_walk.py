@@ -163,3 +163,42 @@ def test_a_date_written_as_dicom_writes_it_is_compared_as_ever(tmp_path: Path) -
     year = {date: _outcome(tmp_path / "m", raw, path, {"StudyDate": {"match": "^2024"}})
             for date, path in files.items()}
     assert year == {"20230504": "filtered", "20240110": "packed", "20220301": "filtered"}
+
+
+@pytest.mark.parametrize(("where", "said"), [
+    ({"ImageType": {"not": ["DERIVED\\SECONDARY\\MPR"]}},
+     r"ImageType: 'DERIVED\\SECONDARY\\MPR' never matches: .*each value of ImageType alone.*"
+     r"ImageType: \{not: \[MPR\]\}.*ImageType: \{not: \[DERIVED, SECONDARY, MPR\]\}"),
+    ({"ImageType": "ORIGINAL\\PRIMARY\\AXIAL"}, r"ImageType: 'ORIGINAL\\PRIMARY\\AXIAL' .*ImageType: AXIAL"),
+    ({"ImageType": ["LOCALIZER", "ORIGINAL\\PRIMARY"]}, r"ImageType: 'ORIGINAL\\PRIMARY' never matches"),
+    ({"PatientOrientation": "L\\F"}, r"PatientOrientation: 'L\\F' never matches"),
+])
+def test_a_value_holding_dicoms_value_delimiter_is_refused_saying_to_write_one_value(
+        tmp_path: Path, scout: tuple[Path, Path, Path], where: dict[str, Any], said: str) -> None:
+    """A backslash separates the values of a multi-valued attribute (PS3.5 6.4) and a condition
+    tests each value alone, so ``{not: ['DERIVED\\SECONDARY\\MPR']}`` (ImageType as dcmdump shows
+    it) never matched: it packed the MPRs it meant to leave out, with no word."""
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.where\." + said):
+        load_job(export_job(tmp_path, scout[0], where=where))
+
+
+def test_a_backslash_in_a_text_value_that_may_hold_one_is_a_value_and_a_pattern_is_a_pattern(
+        tmp_path: Path, scout: tuple[Path, Path, Path]) -> None:
+    raw, axial, _ = scout
+    # LT, ST and UT are single-valued text, where a backslash is a character (PS3.5 6.2)
+    load_job(export_job(tmp_path / "lt", raw, where={"ImageComments": "C:\\scans\\a"}))
+    assert _outcome(tmp_path / "re", raw, axial, {"ImageType": {"match": "^AX\\w+"}}) == "packed"
+
+
+def test_the_values_a_file_holds_are_shown_as_dicom_writes_them_joined_by_backslashes(
+        tmp_path: Path, scout: tuple[Path, Path, Path]) -> None:
+    """The filtered and not_requested details joined ImageType's values with '/', a spelling
+    no header, dcmdump or where: uses."""
+    raw, axial, localizer = scout
+    conditions = load_job(export_job(tmp_path, raw, where={"ImageType": "LOCALIZER"})).sources[0].header_where
+    filtered = probe_dicom(make_ref(axial), entity_keyword="PatientID", time_keywords=(), where=conditions)
+    assert isinstance(filtered, Excluded) and filtered.why == "filtered", filtered
+    assert filtered.detail == "ImageType is ORIGINAL\\PRIMARY\\AXIAL, where: ImageType = LOCALIZER"
+    scout_left_out = probe_dicom(make_ref(localizer), entity_keyword="PatientID", time_keywords=())
+    assert isinstance(scout_left_out, Excluded) and scout_left_out.why == "not_requested", scout_left_out
+    assert "(Image Type ORIGINAL\\PRIMARY\\LOCALIZER)" in scout_left_out.detail

@@ -173,6 +173,24 @@ def keyword_suggestion(key: str) -> str | None:
 _VALUED = "e.g. Modality, SOPClassUID, ImageType, SeriesDescription"
 
 
+#: The VRs whose one value may hold a backslash (PS3.5 6.2: text, not a list of values)
+_BACKSLASH_TEXT = ("LT", "ST", "UT")
+
+
+def _one_value_at_a_time(condition: Condition, value: str) -> str:
+    """Why a ``where:`` value holding a backslash (``DERIVED\\SECONDARY\\MPR``, as dcmdump shows a
+    multi-valued attribute) never equals a value of ``condition.key``, and what to write instead."""
+    parts = [part.strip() for part in value.split("\\") if part.strip()] or [value]
+    one, listed = parts[-1], f"[{', '.join(parts)}]"
+    if condition.op == "not":
+        one, listed = f"{{not: [{one}]}}", f"{{not: {listed}}}"
+    key = condition.key
+    return (f"a backslash separates the values of a multi-valued attribute (PS3.5 6.4), and a condition tests "
+            f"each value of {key} alone, so no value is '{value}'; write the one value that tells the files apart, "
+            f"e.g. {key}: {one}, or a list, {key}: {listed} ({'none' if condition.op == 'not' else 'any one'} of "
+            "them)")
+
+
 def check_header_conditions(conditions: Sequence[Condition], where: str) -> tuple[Condition, ...]:
     """The ``where:`` header conditions as the probe tests them: SOPClassUID values given by name
     become UIDs. Raises ConfigError for a key written as a tag (``(0008,0060)``:
@@ -194,6 +212,10 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
             raise ConfigError(f"{where}.{condition.key}: {valueless}, so there is nothing to compare; name an "
                               f"attribute with a value ({_VALUED})")
         for value in condition.values if condition.op != "match" else ():  # a pattern finds part of a value
+            if "\\" in value and dictionary_VR(condition.key) not in _BACKSLASH_TEXT:
+                # quoted as written: repr would double each backslash
+                raise ConfigError(f"{where}.{condition.key}: '{value}' never matches: "
+                                  f"{_one_value_at_a_time(condition, value)}")
             form = value_form_problem(condition.key, value)
             if form is not None:
                 raise ConfigError(f"{where}.{condition.key}: {value!r} never matches: {form}, and a where: value "
@@ -254,6 +276,11 @@ def _held_values(ds: Dataset, keyword: str) -> list[str]:
     return values
 
 
+def _shown(values: Sequence[str]) -> str:
+    """The values of a multi-valued attribute as DICOM (and dcmdump) writes them: ``ORIGINAL\\PRIMARY\\AXIAL``."""
+    return "\\".join(values)
+
+
 def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
     """Why ``ds`` fails the source's header ``conditions`` (``Modality is RTDOSE, where: Modality
     = CT``), None when it meets them all. A condition on an attribute whose frames hold different
@@ -273,7 +300,7 @@ def header_failure(ds: Dataset, conditions: Sequence[Condition]) -> str | None:
     shown = [v for v in lookup[condition.key] if v.strip()]
     if condition.key == "SOPClassUID" and shown:
         shown = [sop_class_name(shown[0])]
-    has = f"{condition.key} is {'/'.join(shown)}" if shown else f"{condition.key} is absent"
+    has = f"{condition.key} is {_shown(shown)}" if shown else f"{condition.key} is absent"
     return f"{has}, where: {condition.describe()}"
 
 
@@ -432,7 +459,7 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
         if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
             return ObjectClass(modality, name, "not_requested",
                                f"{what} is a slide's {auxiliary} image (Image Type "
-                               f"{'/'.join(header_values(ds, 'ImageType'))}), not tissue at the scan's resolution; "
+                               f"{_shown(header_values(ds, 'ImageType'))}), not tissue at the scan's resolution; "
                                "a label or overview photo often shows the patient's name or accession number. To "
                                f"pack such images add to the source where: {{ImageType: {auxiliary}}} (one that "
                                "shows the label is then refused as burned-in text, unless "
@@ -450,7 +477,7 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
         own = [v for v in header_values(ds, "ImageType") if v.strip().upper() == "LOCALIZER"]
         if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
             return ObjectClass(modality, name, "not_requested",
-                               f"{what} is a localizer (Image Type {'/'.join(header_values(ds, 'ImageType'))}), a "
+                               f"{what} is a localizer (Image Type {_shown(header_values(ds, 'ImageType'))}), a "
                                "scout, not a slice; to pack localizers add to the source where: "
                                "{ImageType: LOCALIZER}")
     return ObjectClass(modality, name)
