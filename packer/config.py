@@ -1745,9 +1745,21 @@ def _pinned_table(base: Path, spec: str) -> Path:
         with open(path, "rb"):
             pass
     except OSError as err:
-        relative = "" if Path(spec).is_absolute() else f"; {spec!r} is relative to the job file"
-        raise ConfigError(f"split.pinned: cannot read {path} ({err.strerror or err}{relative}); fix the path") from err
+        raise ConfigError(f"split.pinned: cannot read {path} ({_unread(err, path, spec)}); fix the path") from err
     return path
+
+
+def _unread(err: OSError, path: Path, spec: str) -> str:
+    """Why a file the job names could not be read, for its message: the OS's reason, how a relative
+    ``spec`` resolved, and where its folder is missing too (a public dataset's recipe run before the
+    data was downloaded or mounted: the list's folder, not the list, is what is missing)."""
+    said = str(err.strerror or err) + ("" if Path(spec).is_absolute() else f"; {spec!r} is relative to the job file")
+    if isinstance(err, FileNotFoundError) and not path.parent.exists():
+        missing = path.parent
+        while not missing.parent.exists() and missing.parent != missing:
+            missing = missing.parent
+        said += f"; the folder {missing} does not exist either: is the dataset downloaded or mounted there?"
+    return said
 
 
 def _split_list(split: str, raw: str | dict[str, Any], base: Path) -> SplitList:
@@ -1757,8 +1769,8 @@ def _split_list(split: str, raw: str | dict[str, Any], base: Path) -> SplitList:
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as err:
-        raise ConfigError(f"split.lists.{split}: cannot read {path} ({err.strerror or err}; {spec!r} is relative "
-                          "to the job file); fix the path") from err
+        raise ConfigError(f"split.lists.{split}: cannot read {path} ({_unread(err, path, spec)}); "
+                          "fix the path") from err
     return SplitList(split=split, path=path, spec=spec, column=column, sha256=digest, file_sha256=digest)
 
 

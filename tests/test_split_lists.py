@@ -640,6 +640,20 @@ def test_a_given_split_refuses_what_does_not_apply(tmp_path: Path, split: dict[s
         load_job(job_file(tmp_path, split))
 
 
+def test_a_list_in_a_folder_that_is_not_there_says_the_folder_is_missing(tmp_path: Path) -> None:
+    """A public dataset's recipe run before the data is downloaded named only the split list it could
+    not read, so a newcomer fixed the list's path; the folder that is missing is the dataset's."""
+    nested = {"by": "list", "lists": {"train": "data/nih/train_val_list.txt"}}
+    with pytest.raises(ConfigError, match=(r"split\.lists\.train: cannot read .*train_val_list\.txt \(No such file or "
+                                           r"directory; 'data/nih/train_val_list\.txt' is relative to the job file; "
+                                           rf"the folder {re.escape(str(tmp_path / 'data'))} does not exist either: "
+                                           r"is the dataset downloaded or mounted there\?\); fix the path")):
+        load_job(job_file(tmp_path, nested))
+    absolute = {"by": "list", "lists": {"train": str(tmp_path / "missing.txt")}}  # its folder is there
+    with pytest.raises(ConfigError, match=r"\(No such file or directory\); fix the path"):
+        load_job(job_file(tmp_path, absolute))
+
+
 def test_a_column_split_needs_a_table_whose_cells_reach_the_samples(tmp_path: Path) -> None:
     doc = yaml.safe_load(job_file(tmp_path, {"by": "column", "column": "split"}).read_text())
     doc["sources"] = [{"kind": "dicom", "root": "raw"}]
