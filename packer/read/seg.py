@@ -220,6 +220,7 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
                 f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
                 f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
         _check_pixel_length(path, ds, frames)
+        _check_segment_numbers(path, ds)
         labels = segment_labels(ds)  # before highdicom decodes them its way (U+FFFD)
         seg = hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
         return seg, labels
@@ -280,6 +281,25 @@ def segment_labels(ds: Dataset) -> dict[int, str]:
         if number is not None:
             out[int(number)] = item_text(item, "SegmentLabel")
     return out
+
+
+def _check_segment_numbers(path: str, ds: Dataset) -> None:
+    """``unreadable`` where two Segment Sequence items share a Segment Number (unique, PS3.3
+    C.8.20.4): frames name their segment by number, so whose frames they are cannot be told
+    (highdicom keeps the last item's description, and its label and code would class them all)."""
+    first: dict[int, tuple[int, str]] = {}
+    for k, item in enumerate(ds.get("SegmentSequence") or (), start=1):
+        number = item.get("SegmentNumber")
+        if number is None:
+            continue
+        label = item_text(item, "SegmentLabel")
+        if int(number) in first:
+            at, other = first[int(number)]
+            raise AnnotationError("unreadable", (
+                f"{path}: Segment Sequence (0062,0002) items {at} and {k} both have Segment Number (0062,0004) "
+                f"{int(number)} ({other!r} and {label!r}); segment numbers are unique (PS3.3 C.8.20.4), so which "
+                "segment the frames of that number hold cannot be told: re-export the SEG"))
+        first[int(number)] = (k, label)
 
 
 def _fractional_scale(path: str, seg: hd.seg.Segmentation) -> float:

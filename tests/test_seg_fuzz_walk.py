@@ -1,0 +1,79 @@
+"""DICOM SEG defects a fuzzing walk found, each a real SEG by highdicom's writer damaged in one
+attribute with pydicom: a SEG whose frames, segments or pixel layout do not add up is refused
+with a reason and a message naming the frame, the attribute and its value, never packed as a
+partial or wrong mask, and never reported in the words of a library's internals."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+
+from packer.read.annotations import AnnotationError
+from tests.test_seg import Grid, ct_series, expected_labels, paint, places, write_seg
+
+GRID = Grid(rows=12, columns=14, spacing=(1.0, 0.8), n=6, step=2.0, origin=(-6.0, -5.0, 0.0))
+
+
+def _planted() -> np.ndarray:
+    """frames (in normal order) × rows × columns × 2: a 'sphere' box on slices 1-3 and a 'box'
+    box on slices 2-4, apart in the plane."""
+    out = np.zeros((GRID.n, GRID.rows, GRID.columns, 2), dtype=bool)
+    out[1:4, 2:5, 2:6, 0] = True
+    out[2:5, 7:10, 8:12, 1] = True
+    return out
+
+
+def _in_source_order(sources: list[Dataset], volume: np.ndarray) -> np.ndarray:
+    depth = [float(ds.ImagePositionPatient[2]) - GRID.origin[2] for ds in sources]
+    return volume[[int(round(d / GRID.step)) for d in depth]]
+
+
+@pytest.fixture()
+def series() -> list[Dataset]:
+    return ct_series(GRID, seed=7)
+
+
+def _seg(tmp_path: Path, sources: list[Dataset], *, kind: str = "BINARY", name: str = "seg.dcm") -> Path:
+    pixels = _in_source_order(sources, _planted())
+    if kind == "FRACTIONAL":
+        pixels = pixels.astype(np.float32)
+    return write_seg(tmp_path / name, sources, pixels, ["Ball Thing", "Cube_A"], kind=kind)
+
+
+def _refusal(path: Path, sources: list[Dataset]) -> AnnotationError:
+    with pytest.raises(AnnotationError) as err:
+        paint(path, places(sources))
+    assert str(path) in err.value.message
+    return err.value
+
+
+def test_the_unmodified_seg_paints_its_planted_boxes(tmp_path: Path, series: list[Dataset]) -> None:
+    """The SEG the tests below damage is read right when whole (so their refusals are the damage's)."""
+    labels, drawn = paint(_seg(tmp_path, series), places(series))
+    np.testing.assert_array_equal(labels, expected_labels(_planted()))
+    assert drawn.notes == ()
+
+
+def test_two_segments_of_one_segment_number_refuse_the_seg(tmp_path: Path, series: list[Dataset]) -> None:
+    """PS3.3 C.8.20.4: Segment Numbers are unique. Two items of Segment Number 1 ('Ball Thing',
+    then 'Cube_A') leave its frames' class unknown (the last label used to win, packing the
+    sphere's voxels as the box): ``unreadable``, naming the number and both labels, as a
+    duplicated ROI Number in an RTSTRUCT is."""
+    path = write_seg(tmp_path / "seg.dcm", series, _in_source_order(series, _planted()[..., :1]), ["Ball Thing"])
+    ds = pydicom.dcmread(path)
+    again = copy.deepcopy(ds.SegmentSequence[0])
+    again.SegmentLabel = "Cube_A"
+    again.SegmentedPropertyTypeCodeSequence = DicomSequence([hd.sr.CodedConcept("108369006", "SCT", "Tumor")])
+    ds.SegmentSequence.append(again)
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "unreadable"
+    assert "Segment Number (0062,0004) 1 " in err.message and "items 1 and 2" in err.message
+    assert "'Ball Thing'" in err.message and "'Cube_A'" in err.message
