@@ -61,6 +61,33 @@ def test_the_unmodified_seg_paints_its_planted_boxes(tmp_path: Path, series: lis
     assert drawn.notes == ()
 
 
+def _segment_of_frame(ds: Dataset, index: int) -> Dataset:
+    """Frame ``index``'s own Segment Identification item (moved out of the shared group if there)."""
+    item = ds.PerFrameFunctionalGroupsSequence[index]
+    if "SegmentIdentificationSequence" not in item:
+        shared = ds.SharedFunctionalGroupsSequence[0]
+        for frame in ds.PerFrameFunctionalGroupsSequence:
+            frame.SegmentIdentificationSequence = copy.deepcopy(shared.SegmentIdentificationSequence)
+        del shared.SegmentIdentificationSequence
+    return item.SegmentIdentificationSequence[0]
+
+
+def test_a_frame_of_a_segment_number_the_segment_sequence_does_not_declare_refuses_the_seg(
+        tmp_path: Path, series: list[Dataset]) -> None:
+    """PS3.3 C.8.20.2/.4: a frame's Referenced Segment Number names a Segment Sequence item. One
+    that names none (a damaged number) held a segment no one can say, and dropping it would pack
+    its slice with a partial mask: the SEG is refused, as an RTSTRUCT contour of an undeclared ROI is."""
+    path = _seg(tmp_path, series)
+    ds = pydicom.dcmread(path)
+    _segment_of_frame(ds, 2).ReferencedSegmentNumber = 7
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames"
+    assert "frame 3 " in err.message
+    assert "Referenced Segment Number (0062,000B) 7" in err.message
+    assert "declares segments [1, 2]" in err.message
+
+
 def test_two_segments_of_one_segment_number_refuse_the_seg(tmp_path: Path, series: list[Dataset]) -> None:
     """PS3.3 C.8.20.4: Segment Numbers are unique. Two items of Segment Number 1 ('Ball Thing',
     then 'Cube_A') leave its frames' class unknown (the last label used to win, packing the

@@ -130,7 +130,7 @@ def paint_seg(path: str, slices: Sequence[SlicePlace], segments: StructureMap, p
         kind = str(seg.SegmentationType).upper()
         classes, unmapped = _map_segments(path, seg, segments, segment_names)
         _check_frame_of_reference(path, seg, frame_of_reference)
-        placed_frames = _frame_places(path, seg, kind)
+        placed_frames = _frame_places(path, seg, kind, sorted(int(n) for n in seg.segment_numbers))
         frames = [f for f in placed_frames
                   if not (f.sources and elsewhere and all(uid in elsewhere for uid, _ in f.sources))]
         # a segment drawn on the series' other stacks only is theirs, not empty here
@@ -324,8 +324,11 @@ def _frame_value(item: Dataset, shared: Dataset | None, group: str, keyword: str
     return None
 
 
-def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str) -> list[_Frame]:
-    """Each frame's segment, sources and plane, from the functional groups highdicom typed."""
+def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str, declared: Sequence[int]) -> list[_Frame]:
+    """Each frame's segment, sources and plane, from the functional groups highdicom typed;
+    ``annotation_frames`` where a frame holds a segment number ``declared`` (the Segment
+    Sequence's) lacks: a damaged number, whose frame no class could take, and dropped it would
+    leave its slice packed with part of its mask."""
     shared = _item(seg, "SharedFunctionalGroupsSequence")
     out = []
     for index, item in enumerate(seg.PerFrameFunctionalGroupsSequence):
@@ -337,6 +340,12 @@ def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str) -> list[_Frame
                     f"{path}: frame {index + 1} has no Segment Identification Sequence (0062,000A) → "
                     "Referenced Segment Number: which segment it holds is unknown; re-export the SEG"))
             segment = int(ident.ReferencedSegmentNumber)
+            if segment not in declared:
+                raise AnnotationError("annotation_frames", (
+                    f"{path}: frame {index + 1} has Referenced Segment Number (0062,000B) {segment}, which the "
+                    f"Segment Sequence (0062,0002) does not declare (it declares segments {list(declared)}): which "
+                    "segment the frame holds cannot be told, and without it its slice would be packed with part "
+                    "of its mask; re-export the SEG"))
         sources: list[tuple[str, int]] = []
         for derivation in item.get("DerivationImageSequence") or []:
             for source in derivation.get("SourceImageSequence") or []:
