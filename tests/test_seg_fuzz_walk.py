@@ -16,7 +16,7 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 
 from packer.read.annotations import AnnotationError
-from tests.test_seg import Grid, ct_series, expected_labels, paint, places, write_seg
+from tests.test_seg import SPHERE, Grid, ct_series, expected_labels, paint, places, write_seg
 
 GRID = Grid(rows=12, columns=14, spacing=(1.0, 0.8), n=6, step=2.0, origin=(-6.0, -5.0, 0.0))
 
@@ -104,3 +104,51 @@ def test_two_segments_of_one_segment_number_refuse_the_seg(tmp_path: Path, serie
     assert err.reason == "unreadable"
     assert "Segment Number (0062,0004) 1 " in err.message and "items 1 and 2" in err.message
     assert "'Ball Thing'" in err.message and "'Cube_A'" in err.message
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("FRACTIONAL", 1), ("FRACTIONAL", 16), ("BINARY", 8)])
+def test_a_bits_allocated_its_segmentation_type_does_not_allow_refuses_the_seg(
+        tmp_path: Path, series: list[Dataset], kind: str, bits: int) -> None:
+    """PS3.3 C.8.20.2: BINARY is 1 bit, FRACTIONAL 8, LABELMAP 8 or 16. A FRACTIONAL SEG that says
+    1 was decoded as bits (8 × too much data: an empty or scrambled mask, packed without a word)."""
+    path = _seg(tmp_path, series, kind=kind)
+    ds = pydicom.dcmread(path)
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = bits, bits, bits - 1
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames"
+    assert f"Segmentation Type (0062,0001) {kind}" in err.message
+    assert f"Bits Allocated (0028,0100) {bits}" in err.message
+
+
+@pytest.mark.parametrize("kind", ["BINARY", "FRACTIONAL"])
+def test_pixel_data_longer_than_its_frames_with_data_past_them_refuses_the_seg(
+        tmp_path: Path, series: list[Dataset], kind: str) -> None:
+    """Pixel Data longer than NumberOfFrames × Rows × Columns × Bits Allocated need, the bytes past
+    them not all zero (a Rows or Columns one short, a frame count one short): the frames would be
+    read shifted or cut. Zeros past them are padding, read as the frames they follow (the images' rule)."""
+    path = _seg(tmp_path, series, kind=kind)
+    ds = pydicom.dcmread(path)
+    whole = bytes(ds.PixelData)
+    ds.PixelData = whole + b"\x00\x00\x00\x00"
+    padded = tmp_path / "padded.dcm"
+    ds.save_as(padded)
+    labels, _ = paint(padded, places(series))
+    np.testing.assert_array_equal(labels, expected_labels(_planted()))
+    ds.PixelData = whole + b"\x00\x01\x00\x00"
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames"
+    assert f"holds {len(whole) + 4} bytes" in err.message and "not all zero" in err.message
+
+
+def test_the_byte_that_pads_an_odd_length_is_not_read(tmp_path: Path, series: list[Dataset]) -> None:
+    """3 frames of 12×14 bits are 63 bytes, padded to 64; highdicom leaves bits in that byte, which
+    no frame reads: the SEG paints as drawn."""
+    path = write_seg(tmp_path / "seg.dcm", series, _in_source_order(series, _planted()[..., :1]), ["Ball Thing"])
+    ds = pydicom.dcmread(path)
+    assert len(ds.PixelData) == 64 and int(ds.NumberOfFrames) * GRID.rows * GRID.columns == 63 * 8
+    ds.PixelData = bytes(ds.PixelData)[:63] + b"\xff"
+    ds.save_as(path)
+    labels, _ = paint(path, places(series))
+    np.testing.assert_array_equal(labels, _planted()[..., 0].astype(np.uint8) * SPHERE.id)

@@ -219,6 +219,7 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
             raise AnnotationError("annotation_frames", (
                 f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
                 f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
+        _check_bits_allocated(path, ds)
         _check_pixel_length(path, ds, frames)
         _check_segment_numbers(path, ds)
         labels = segment_labels(ds)  # before highdicom decodes them its way (U+FFFD)
@@ -230,9 +231,32 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
         raise _unreadable(path, err) from err
 
 
+#: The Bits Allocated each Segmentation Type allows (PS3.3 C.8.20.2)
+_BITS_OF_TYPE = {"BINARY": (1,), "FRACTIONAL": (8,), "LABELMAP": (8, 16)}
+
+
+def _check_bits_allocated(path: str, ds: Dataset) -> None:
+    """``annotation_frames`` where Bits Allocated is not one its Segmentation Type allows: a
+    FRACTIONAL SEG saying 1 was unpacked as bits (an empty or scrambled mask), a BINARY one saying
+    8 read as bytes. A type not in :data:`_BITS_OF_TYPE` is left to highdicom, which refuses it."""
+    kind = str(ds.get("SegmentationType", "") or "").strip().upper()
+    allowed = _BITS_OF_TYPE.get(kind)
+    bits = ds.get("BitsAllocated")
+    if allowed is None or bits is None or bits == "" or int(bits) in allowed:
+        return
+    raise AnnotationError("annotation_frames", (
+        f"{path}: Segmentation Type (0062,0001) {kind} with Bits Allocated (0028,0100) {int(bits)}; a {kind} SEG "
+        f"stores {' or '.join(str(b) for b in allowed)} bit (PS3.3 C.8.20.2), so its frames cannot be read as "
+        "stored (a damaged type or bit depth): re-export it"))
+
+
 def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
     """Native (uncompressed) Pixel Data must hold NumberOfFrames frames: a truncated file or a
-    wrong frame count would otherwise decode as a short or shifted frame."""
+    wrong frame count would otherwise decode as a short or shifted frame. Longer Pixel Data is
+    padding where the bytes past the frames, beyond the one byte that pads an odd length, are all
+    zero (read as the frames they follow, as an image's are), else a wrong Rows, Columns, Bits
+    Allocated or frame count, which would read the frames shifted or cut: ``annotation_frames``
+    either way."""
     syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     if syntax is not None and pydicom.uid.UID(syntax).is_encapsulated:
         return
@@ -245,6 +269,14 @@ def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
             f"{path}: Pixel Data (7FE0,0010) holds {len(pixel_data)} bytes but NumberOfFrames {frames} × "
             f"{ds.Rows}×{ds.Columns} at {ds.BitsAllocated} bit needs {(bits + 7) // 8}; the file is truncated "
             "or its frame count is wrong: re-export it"))
+    needed = (bits + 7) // 8
+    padded = needed + needed % 2  # the byte that pads an odd length is not read (highdicom leaves bits in it)
+    if len(pixel_data) > padded and np.frombuffer(pixel_data, dtype=np.uint8, offset=padded).any():
+        raise AnnotationError("annotation_frames", (
+            f"{path}: Pixel Data (7FE0,0010) holds {len(pixel_data)} bytes but NumberOfFrames {frames} × "
+            f"{ds.Rows}×{ds.Columns} at {ds.BitsAllocated} bit needs {needed}, and the {len(pixel_data) - needed} "
+            "bytes past them are not all zero (padding is): its Rows, Columns, Bits Allocated or frame count is "
+            "wrong, and its frames would be read shifted or cut; re-export it"))
 
 
 def _map_segments(path: str, seg: hd.seg.Segmentation, segments: StructureMap,
