@@ -152,3 +152,41 @@ def test_the_byte_that_pads_an_odd_length_is_not_read(tmp_path: Path, series: li
     ds.save_as(path)
     labels, _ = paint(path, places(series))
     np.testing.assert_array_equal(labels, _planted()[..., 0].astype(np.uint8) * SPHERE.id)
+
+
+@pytest.mark.parametrize(("where", "keyword", "value"), [
+    ("frame", "ImagePositionPatient", ["-6", "-5", "NaN"]),
+    ("frame", "ImagePositionPatient", ["-6", "inf", "0"]),
+    ("shared", "ImageOrientationPatient", ["1", "0", "0", "0", "NaN", "0"]),
+])
+def test_a_non_finite_plane_value_is_annotation_frames_naming_the_frame(
+        tmp_path: Path, series: list[Dataset], where: str, keyword: str, value: list[str]) -> None:
+    """A NaN in a frame's Image Position (Patient) made highdicom's frame table fail
+    ("IntegrityError: NOT NULL constraint failed: FrameLUT...") before packer's own plane check:
+    the record named sqlite, not the frame. The plane values are checked first."""
+    path = _seg(tmp_path, series)
+    ds = pydicom.dcmread(path)
+    group = "PlanePositionSequence" if keyword == "ImagePositionPatient" else "PlaneOrientationSequence"
+    holder = ds.PerFrameFunctionalGroupsSequence[0] if where == "frame" else ds.SharedFunctionalGroupsSequence[0]
+    holder[group].value[0][keyword].value = value
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames", err.message
+    assert "frame 1 " in err.message and keyword in err.message
+    assert "IntegrityError" not in err.message and "FrameLUT" not in err.message
+
+
+def test_a_plane_value_that_is_no_number_is_annotation_frames_naming_the_frame(
+        tmp_path: Path, series: list[Dataset]) -> None:
+    """A decimal comma in a frame's Image Position (Patient) (written into the file's bytes, as
+    pydicom refuses to set it) is no number: ``annotation_frames`` quoting it, not ``unreadable``."""
+    path = _seg(tmp_path, series)
+    ds = pydicom.dcmread(path)
+    ds.PerFrameFunctionalGroupsSequence[1].PlanePositionSequence[0].ImagePositionPatient = [-6, -5, -6.54321]
+    ds.save_as(path)
+    raw = path.read_bytes()
+    assert raw.count(b"-6.54321") == 1
+    path.write_bytes(raw.replace(b"-6.54321", b"-6,54321"))
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames", err.message
+    assert "frame 2 " in err.message and "ImagePositionPatient" in err.message and "-6,54321" in err.message

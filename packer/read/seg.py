@@ -221,6 +221,7 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
                 f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
         _check_bits_allocated(path, ds)
         _check_pixel_length(path, ds, frames)
+        _check_planes(path, ds)
         _check_segment_numbers(path, ds)
         labels = segment_labels(ds)  # before highdicom decodes them its way (U+FFFD)
         seg = hd.seg.Segmentation.from_dataset(ds, copy=dataset is not None)
@@ -406,6 +407,20 @@ def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str, declared: Sequ
     return out
 
 
+def _check_planes(path: str, ds: Dataset) -> None:
+    """Each frame's Image Position and Orientation (Patient), per frame or shared, where it has
+    them, as :func:`_plane_values` reads them (``annotation_frames`` naming the frame), before
+    highdicom builds its frame table: a NaN there fails that table's NOT NULL constraint, an
+    sqlite IntegrityError that names neither the frame nor the attribute."""
+    shared = _item(ds, "SharedFunctionalGroupsSequence")
+    for index, item in enumerate(ds.get("PerFrameFunctionalGroupsSequence") or ()):
+        for group, keyword, count in (("PlanePositionSequence", "ImagePositionPatient", 3),
+                                      ("PlaneOrientationSequence", "ImageOrientationPatient", 6)):
+            value = _frame_value(item, shared, group, keyword)
+            if value is not None:
+                _plane_values(path, index, keyword, value, count)
+
+
 def _one_plane(frames: Sequence[_Frame]) -> bool:
     """Whether all of a SEG's frames lie on one plane (one frame, or one frame a segment on one
     slice): a SpacingBetweenSlices then spaces no frames (highdicom writes 1.0 for a one-frame
@@ -430,7 +445,10 @@ def _plane_values(path: str, index: int, keyword: str, value: object, count: int
     frame of four coordinates only when placing it (ValueError from ``dot``), and a zero spacing
     when resampling it (a division by zero)."""
     many = value if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
-    numbers = np.asarray([float(v) for v in many], dtype=np.float64)  # type: ignore[arg-type]
+    try:
+        numbers = np.asarray([float(v) for v in many], dtype=np.float64)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        numbers = np.asarray([np.nan])  # not a number: refused below, quoting it
     positive = keyword != "PixelSpacing" or bool((numbers > 0).all())
     if numbers.shape != (count,) or not np.isfinite(numbers).all() or not positive:
         what = f"{count} finite{' positive' if keyword == 'PixelSpacing' else ''} numbers"
