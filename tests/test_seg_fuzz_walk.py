@@ -190,3 +190,15 @@ def test_a_plane_value_that_is_no_number_is_annotation_frames_naming_the_frame(
     err = _refusal(path, series)
     assert err.reason == "annotation_frames", err.message
     assert "frame 2 " in err.message and "ImagePositionPatient" in err.message and "-6,54321" in err.message
+
+
+def test_number_of_frames_zero_is_quoted_as_zero(tmp_path: Path, series: list[Dataset]) -> None:
+    path = _seg(tmp_path, series)
+    ds = pydicom.dcmread(path)
+    items = len(ds.PerFrameFunctionalGroupsSequence)
+    ds.NumberOfFrames = 0
+    ds.save_as(path)
+    err = _refusal(path, series)
+    assert err.reason == "annotation_frames"
+    assert f"NumberOfFrames (0028,0008) is 0 but the Per-Frame Functional Groups Sequence (5200,9230) has {items}" \
+        in err.message

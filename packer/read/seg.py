@@ -214,11 +214,14 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
                 f"{path}: the file holds no {' and no '.join(absent)}, which every SEG has: it is cut short (a copy "
                 "that stopped ends before them) or is not a whole SEG; copy it again, or re-export it"))
         n_items = len(ds.get("PerFrameFunctionalGroupsSequence") or [])
-        frames = int(ds.get("NumberOfFrames") or 1)
-        if n_items != frames:
+        stated = ds.get("NumberOfFrames")
+        empty = stated is None or stated == ""
+        frames = 1 if empty else int(stated)  # quoted as the file has it: 0 is not 1
+        if n_items != frames or frames < 1:
             raise AnnotationError("annotation_frames", (
-                f"{path}: NumberOfFrames (0028,0008) is {frames} but the Per-Frame Functional Groups "
-                f"Sequence (5200,9230) has {n_items} items; the file is inconsistent: re-export it"))
+                f"{path}: NumberOfFrames (0028,0008) is {'empty' if empty else frames} but the Per-Frame Functional "
+                f"Groups Sequence (5200,9230) has {n_items} items (a SEG holds one frame or more, each with its "
+                "item); the file is inconsistent: re-export it"))
         _check_bits_allocated(path, ds)
         _check_pixel_length(path, ds, frames)
         _check_planes(path, ds)
