@@ -203,7 +203,10 @@ class CachedChunk:
 #: limit and the limit, packed before, is now too_large).
 #: 65: NIfTI scl_slope/scl_inter applied in float64 and rounded once (as nibabel); a z-score divides by
 #: the real std (no 1e-8 floor), one float32 cannot invert refused as non_finite.
-CACHE_FORMAT = 65
+#: 66: where: asks for localizers, slide thumbnails, secondary captures, RT Dose only by naming them; an
+#: annotation's damaged Frame of Reference UID unreadable; SEG refusals (undeclared or repeated segment
+#: numbers, Bits Allocated against Segmentation Type, excess Pixel Data, non-finite frame planes).
+CACHE_FORMAT = 66
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
