@@ -51,6 +51,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 import numbers
 import os
 import re
@@ -58,6 +59,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -82,6 +84,7 @@ from packer.shards.tar import (
 )
 from packer.storage import MANIFEST_FILE
 from packer.targets import Target
+from packer.targets.base import DECIMAL
 
 if TYPE_CHECKING:
     from packer.manifest import Manifest
@@ -512,21 +515,58 @@ def _index_bytes(info: SplitInfo, *, verify: bool, fix: str = "") -> bytes:
 
 def _label_name(label: object, label_map: Mapping[str, int], where: str) -> str:
     """The label name ``labels=`` means by ``label``: a name; an integer where the names are class
-    ids (a Kaggle table's 1, 2, 3: ``2`` is class '2', whatever index it packs as), else an
-    integer is its index in the label map. ``2`` meant index 2, class '3', while ``'2'`` and
-    ``numpy.int64(2)`` meant class '2'. Raises ConfigError listing the labels."""
+    ids (a Kaggle table's 1, 2, 3: ``2`` is class '2', whatever index it packs as; a whole number
+    written as a decimal, ``2.0`` as pandas writes an id column that has a blank, is that id too),
+    else an integer is its index in the label map. ``2`` meant index 2, class '3', while ``'2'``
+    and ``numpy.int64(2)`` meant class '2'. Raises ConfigError listing the labels."""
     if isinstance(label, numbers.Integral) and not isinstance(label, bool):
-        if all(_INTEGER_NAME.fullmatch(name) for name in label_map):
-            name: str | None = str(int(label))
-        else:
-            name = {index: key for key, index in label_map.items()}.get(int(label))
-    else:
-        name = str(label)
-    if name is None or name not in label_map:
+        ids = _class_ids(label_map)
+        if ids is not None:
+            named = ids.get(int(label), [])
+            if len(named) > 1:
+                raise ConfigError(f"{where}: labels {' and '.join(repr(n) for n in sorted(named))} are both class id "
+                                  f"{int(label)}, so the integer {int(label)} names neither alone; name the one meant "
+                                  "as a string")
+            if not named:
+                raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
+                                  f"{sorted(label_map)}, all class ids written as whole numbers (2 or 2.0), so "
+                                  f"an integer names the class id '{int(label)}' here (written {int(label)} or "
+                                  f"{int(label)}.0), not a label index")
+            return named[0]
+        name: str | None = {index: key for key, index in label_map.items()}.get(int(label))
+        if name is None:
+            raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
+                              f"{sorted(label_map)}, not all class ids written as whole numbers (2 or 2.0), so an "
+                              f"integer is a label index here, 0 to {len(label_map) - 1}")
+        return name
+    name = str(label)
+    if name not in label_map:
         raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
-                          f"{sorted(label_map)}" + ("" if isinstance(label, str) or name is None else
-                                                     f" (an integer names the class id {name!r} here)"))
+                          f"{sorted(label_map)}")
     return name
+
+
+def _class_ids(label_map: Mapping[str, int]) -> dict[int, list[str]] | None:
+    """Each class id and the label names that write it, where every name is a class id: an integer
+    (``2``, ``-1``; one with leading zeros, ``007``, is that text, an id no integer names) or a whole
+    number written as a decimal (``2.0``, ``-1.0``, ``1e3``: :data:`~packer.targets.base.DECIMAL`),
+    as packer reads such ids in path templates and join keys. None where a name is no such id (a
+    word, ``0.5``): then ``labels=`` reads an integer as a label index."""
+    ids: dict[int, list[str]] = {}
+    for name in label_map:
+        if _INTEGER_NAME.fullmatch(name):
+            if name.lstrip("-") != "0" and name.lstrip("-").startswith("0"):
+                continue  # zero-padded: its zeros count, no integer spells it (str(7) is '7')
+            number = int(name)
+        elif DECIMAL.fullmatch(name) and math.isfinite(float(name)):
+            exact = Decimal(name)  # not the float: a 20-digit id keeps every digit
+            if exact != exact.to_integral_value():
+                return None
+            number = int(exact)
+        else:
+            return None
+        ids.setdefault(number, []).append(name)
+    return ids
 
 
 #: A class id written as an integer (``labels=`` reads integers as such ids where every name is one)
