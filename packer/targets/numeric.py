@@ -7,6 +7,7 @@ each name's ``target_stats`` (min, mean, max), and the report draws each name's 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -29,6 +30,7 @@ from packer.targets.base import (
     TargetFact,
     TargetRenderer,
     TargetValues,
+    cell_number,
     count_shares,
     groups_by_source,
     join_same_names,
@@ -86,6 +88,18 @@ def _mean(column: np.ndarray) -> float:
 _MEAN_SLICE = 1 << 20
 
 
+@functools.lru_cache(maxsize=64)
+def _missing_numbers(tokens: frozenset[str]) -> Mapping[float, str]:
+    """The ``missing:`` tokens that are finite numbers (:func:`~packer.targets.base.cell_number`),
+    by value: a cell of that value is missing however it is written (``-999``, ``-999.0``)."""
+    numbers: dict[float, str] = {}
+    for token in sorted(tokens):
+        number = cell_number(token)
+        if number is not None:
+            numbers.setdefault(number, token)
+    return numbers
+
+
 @register_target_kind
 class NumericTarget(Target):
     """Numbers per sample; ``names`` name the vector's positions, in the job's column order."""
@@ -105,15 +119,21 @@ class NumericTarget(Target):
     def text_of_cells(cls, cells: Mapping[str, str], *, where: str, separator: str | None,
                       value_map: Mapping[str, str | None], known: Sequence[str],
                       policy: CellPolicy = NO_POLICY) -> str | Refused:
-        """Every cell a finite number (``bad_target`` names the first that is not); a cell equal
-        to one of ``policy.missing`` is ``missing_label`` naming the column and the token."""
+        """Every cell a finite number (``bad_target`` names the first that is not); a cell that is
+        one of ``policy.missing`` is ``missing_label`` naming the column and the token: a token
+        that is a number (``-999``, as YAML's ``missing: [-999]`` gives it) matches every cell of
+        that value, as cells are read (``-999.0``, ``-9.99e2``), any other token (``NA``, ``""``)
+        the cell that is its text."""
         values = []
+        missing_numbers = _missing_numbers(policy.missing)
         for column, cell in cells.items():
-            if cell in policy.missing:
-                return Refused("missing_label", f"{where}, column {column!r}: {cell!r} is one of the source's "
+            value = float(cell) if DECIMAL.fullmatch(cell) else math.nan  # not float(): it reads 1_5 as 15
+            token = cell if cell in policy.missing else missing_numbers.get(value)
+            if token is not None:
+                said = repr(cell) if token == cell else f"{cell!r} (the number {token})"
+                return Refused("missing_label", f"{where}, column {column!r}: {said} is one of the source's "
                                                 "missing-value tokens ('missing:'); the sample has no value here: "
                                                 "fill it in, or leave the sample out")
-            value = float(cell) if DECIMAL.fullmatch(cell) else math.nan  # not float(): it reads 1_5 as 15
             if not math.isfinite(value):
                 what = "empty" if not cell else f"{cell!r} is not a finite number (written as 12, -1.5 or 1e-3)"
                 return Refused("bad_target", f"{where}, column {column!r}: {what}; every sample needs a number here")
