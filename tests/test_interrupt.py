@@ -156,7 +156,13 @@ def shard_packed(build: Build) -> bool:
     return bool(list(build.out.glob("demo/.staging-*/*.tar")))
 
 
+def version_published(build: Build) -> bool:
+    """The version's manifest is in place, and the build is finishing (pointers, report, summary)."""
+    return bool(list(build.out.glob("demo/*/manifest.json")))
+
+
 MOMENTS: dict[str, Callable[[Build], bool]] = {
+    "version-published": version_published,
     "one-second-in": one_second_in,
     "workers-starting": worker_processes_starting,
     "pixel-pass-started": pixel_pass_started,
@@ -201,8 +207,10 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_same_command_resumes(
         assert noise not in output, f"dask's {noise!r} reached the terminal:\n{output}"
     lines = [line for line in output.splitlines() if line.strip()]
     assert lines and lines[-1] == INTERRUPTED, output
-    # at most: the header, the process bar, the near-copy bar, the near-copy summary, the one line
-    assert len(lines) <= 5 and all(PACKER_LINE.match(line) for line in lines), output
+    # at most: the header, the process bar, the near-copy bar, the near-copy summary, (once the version
+    # is published) the pack bar, the one line
+    assert len(lines) <= (6 if moment == "version-published" else 5), output
+    assert all(PACKER_LINE.match(line) for line in lines), output
     _, alive = psutil.wait_procs(build.workers, timeout=30)
     assert not alive, f"dask worker processes outlived the interrupted build: {alive}"
 
@@ -215,7 +223,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_same_command_resumes(
         pytest.fail(f"library versions differ from the committed demo manifest ({committed['libraries']} → "
                     f"{manifest['libraries']}); the bytes may legitimately change: re-run `make demo` and commit")
     assert dataset_hash(again) == committed["dataset_hash"], again
-    if moment == "chunk-cached":
+    if moment in ("chunk-cached", "version-published"):
         reused = re.search(r"packer: reused (\d+) of \d+ files from the build cache", again)
         assert reused and int(reused.group(1)) > 0, f"the chunks cached before Ctrl-C were decoded again:\n{again}"
 
@@ -292,3 +300,30 @@ def test_a_finished_build_silences_its_workers_loggers_before_closing_the_cluste
     assert client.status == "closed"
     ours = [name for who, name in calls if who == id(client)]
     assert ours[:2] == ["_quiet_worker", "close"], calls
+
+
+def test_a_build_stopped_once_its_version_is_published_leaves_the_cache_it_resumes_from(
+        job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's pointers to where the samples sit in the published version were written after
+    the manifest landed: a build stopped in between (SIGINT, kill -9) left a complete version and
+    no pointer, its spill already consumed by the pack pass, and the same command decoded every
+    file again. The pointers now go first."""
+    from packer.config import load_job
+    from packer.pipeline import build as build_module
+    from packer.pipeline.build import BuildOptions, build
+
+    publish = build_module._publish
+
+    def published_then_stopped(*args: Any, **kwargs: Any) -> Any:
+        publish(*args, **kwargs)
+        raise KeyboardInterrupt  # the moment after the manifest's rename
+
+    options = BuildOptions(scheduler="sync", quiet=True, html_report=False, out=tmp_path / "out",
+                           cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(build_module, "_publish", published_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        build(load_job(job), options)
+    monkeypatch.setattr(build_module, "_publish", publish)
+    again = build(load_job(job), options)
+    assert again.files_decoded == 0 and again.files_cached > 0, (again.files_decoded, again.files_cached)
+

@@ -663,12 +663,12 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     warned += dataset_warnings(body)  # printed under the build's summary
     write_warnings(staging, warned)
     version_dir = dataset_root / manifest["version"]
+    unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
+    if options.keep_cache:  # before the manifest lands: a build stopped once it is published still resumes from them
+        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
         write_warnings(version_dir, warned)
-    unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
-    if options.keep_cache:
-        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
     # back from the version folder, and would otherwise stack its own peak on top of them.
     used_chunks = {c.key for c in prepared.chunks} | {PAIRS_STEM, NEIGHBORS_STEM}  # the near-copy caches stay too

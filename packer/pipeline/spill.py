@@ -830,9 +830,12 @@ class SpillPuncher:
 
 def write_packed_pointers(cache_dir: Path, version_dir: Path, placed: Iterable[tuple[str, str, str, int]],
                           skip: Iterable[str] = ()) -> int:
-    """After a version is published: for each chunk whose samples are in it, write
+    """As a version is published (before its manifest is renamed in, so that a build stopped once
+    the version is there still leaves them): for each chunk whose samples are in it, write
     ``<key>.packed.json`` (the version folder and, per sample key, its shard file and position)
-    so that a later build reuses the chunk from those shards once its spill is gone.
+    so that a later build reuses the chunk from those shards once its spill is gone. A pointer
+    into a version that never got its manifest reads back nothing that checks, and its files are
+    decoded again.
     ``placed``: (chunk key, sample key, shard file, position) of every packed sample; ``skip``:
     chunks with samples that were not packed (their spill, or an older pointer, stays the
     source). A pointer that does not match its records is refused when it is loaded
