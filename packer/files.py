@@ -414,6 +414,29 @@ def folder_locks_work(folder: Path) -> bool:
     finally:
         os.close(fd)
 
+def folder_locked_now(folder: Path) -> bool:
+    """Whether another process holds :func:`folder_lock` on ``folder`` at this moment (a running
+    build of the dataset folder, or a gc of it). Takes a shared lock for a moment, never waits;
+    False where there is no such folder or the file system takes no directory locks."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, busy: str) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``folder`` (opened read-only) for the ``with`` block; the

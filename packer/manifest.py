@@ -35,7 +35,7 @@ import numpy as np
 
 from packer import __version__, storage
 from packer.errors import ConfigError, IntegrityError, PackerError
-from packer.files import atomic_output, canonical_json, parent_folder
+from packer.files import atomic_output, canonical_json, folder_locked_now, parent_folder
 from packer.schemas import load_schema
 from packer.storage import MANIFEST_FILE  # defined by storage, which reads version folders
 
@@ -207,6 +207,10 @@ def resolve_manifest_path(path: str | Path) -> Path:
     candidate = Path(path)
     folder = candidate if candidate.is_dir() else candidate.parent if candidate.name == MANIFEST_FILE else None
     if folder is not None and is_incomplete_version(folder):
+        if folder_locked_now(parent_folder(folder)):
+            raise ConfigError(f"{candidate}: a version a running `packer build` is publishing now (it holds the "
+                              f"dataset folder's lock and writes {MANIFEST_FILE} last), not a dataset yet; wait for "
+                              "the build to end, then open it")
         raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
                           f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
                           f"build` again to finish it, or remove it with `packer gc {parent_folder(folder)} --keep N` "

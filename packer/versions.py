@@ -30,7 +30,7 @@ from typing import Any
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
-from packer.files import TMP_SUFFIX, human_bytes, parent_folder
+from packer.files import TMP_SUFFIX, folder_locked_now, human_bytes, parent_folder
 from packer.manifest import MANIFEST_FILE, is_incomplete_version, read_manifest
 from packer.storage import is_url
 
@@ -310,7 +310,10 @@ def _other_kind(path: Path) -> str:
         return "staging"
     if name.startswith(TRASH_PREFIX):
         return "trash"
-    return "incomplete" if is_incomplete_version(path) else "other"
+    if not is_incomplete_version(path):
+        return "other"
+    # a running build holds the dataset folder's lock while it publishes (its manifest.json comes last)
+    return "publishing" if folder_locked_now(path.parent) else "incomplete"
 
 
 def list_versions(folder: str | Path) -> DatasetVersions:
@@ -393,6 +396,8 @@ _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next bui
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
                              "the same inputs replaces it; `packer gc` removes it",
+               "publishing": "BEING PUBLISHED: a running `packer build` of this dataset (it holds the folder's "
+                             "lock) is writing this version, its manifest.json last; wait for the build to end",
                "other": "not a version (no manifest.json): left alone",
                "link": "a symbolic link to {target}: not a folder a build of this dataset wrote, so not listed "
                        "as a version and none of its bytes counted here (`packer gc` leaves it alone)",

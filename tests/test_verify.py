@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from packer.commands.verify import verify_command
 from packer.config import load_job
+from packer.errors import ConfigError
 from packer.manifest import seal_manifest
 from packer.pipeline.build import BuildOptions, build
 from packer.verify import verify_dataset
@@ -329,6 +330,29 @@ def test_a_version_whose_build_stopped_while_publishing_exits_2_saying_so(versio
         assert "run the same `packer build` again to finish it" in result.output
         assert f"packer gc {version.parent} --keep N" in result.output
         assert "pass a manifest.json" not in result.output
+
+
+def test_a_version_a_running_build_is_publishing_is_named_so_not_called_killed(version: Path) -> None:
+    """While a live build publishes (shards and index in place, its manifest.json last), verify, the
+    loader and `packer ls` called the version one whose build stopped (killed, or a full disk) and
+    offered to build again or gc it, both of which the build's lock refuses. The dataset folder's
+    lock, held by the build, says it is being published."""
+    from packer.files import folder_lock
+    from packer.loader import ShardDataset
+    from packer.versions import format_versions, list_versions
+
+    (version / "manifest.json").unlink()
+    with folder_lock(version.parent, "busy"):  # the build's exclusive lock on its dataset folder
+        result = invoke(version)
+        assert result.exit_code == 2, result.output
+        assert f"{version}: a version a running `packer build` is publishing now" in result.output
+        assert "stopped while publishing" not in result.output and "packer gc" not in result.output
+        with pytest.raises(ConfigError, match="is publishing now .* wait for the build to end"):
+            ShardDataset(version, "train")
+        listed = format_versions(list_versions(version.parent))
+        assert "BEING PUBLISHED" in listed and "INCOMPLETE" not in listed, listed
+    listed = format_versions(list_versions(version.parent))  # the lock gone, with no manifest: a stopped build's
+    assert "INCOMPLETE" in listed and "BEING PUBLISHED" not in listed, listed
 
 
 def test_a_folder_that_is_not_a_version_exits_2_and_names_what_to_pass(version: Path, tmp_path: Path) -> None:
