@@ -106,7 +106,7 @@ def test_two_segments_of_one_segment_number_refuse_the_seg(tmp_path: Path, serie
     assert "'Ball Thing'" in err.message and "'Cube_A'" in err.message
 
 
-@pytest.mark.parametrize(("kind", "bits"), [("FRACTIONAL", 1), ("FRACTIONAL", 16), ("BINARY", 8)])
+@pytest.mark.parametrize(("kind", "bits"), [("FRACTIONAL", 1), ("FRACTIONAL", 16), ("BINARY", 16)])
 def test_a_bits_allocated_its_segmentation_type_does_not_allow_refuses_the_seg(
         tmp_path: Path, series: list[Dataset], kind: str, bits: int) -> None:
     """PS3.3 C.8.20.2: BINARY is 1 bit, FRACTIONAL 8, LABELMAP 8 or 16. A FRACTIONAL SEG that says
@@ -202,3 +202,32 @@ def test_number_of_frames_zero_is_quoted_as_zero(tmp_path: Path, series: list[Da
     assert err.reason == "annotation_frames"
     assert f"NumberOfFrames (0028,0008) is 0 but the Per-Frame Functional Groups Sequence (5200,9230) has {items}" \
         in err.message
+
+
+def test_a_binary_seg_of_a_byte_a_pixel_paints_and_bit_packed_frames_that_say_8_bits_are_short(
+        tmp_path: Path) -> None:
+    """pydicom's own set_pixel_data(..., bits_stored=1) writes a BINARY SEG's frames a byte a pixel
+    (Bits Allocated 8, Bits Stored 1), which packed right and was refused for a while as a bit depth
+    BINARY does not allow; its Pixel Data's length says bytes. Bit-packed frames that claim 8 bits
+    are an eighth of that length, and refused as short."""
+    g = Grid(rows=12, columns=14, spacing=(1.0, 0.8), n=6, step=2.0, origin=(-6.0, -5.0, 0.0))
+    src = ct_series(g, seed=7)
+    truth = np.zeros((g.n, g.rows, g.columns, 2), dtype=bool)
+    truth[1:4, 2:5, 2:6, 0] = True
+    truth[2:5, 7:10, 8:12, 1] = True
+    depth = [int(round((float(ds.ImagePositionPatient[2]) - g.origin[2]) / g.step)) for ds in src]
+    path = write_seg(tmp_path / "seg.dcm", src, truth[depth], ["Ball Thing", "Cube_A"])
+    ds = pydicom.dcmread(path)
+    n = int(ds.NumberOfFrames)
+    frames = np.unpackbits(np.frombuffer(ds.PixelData, np.uint8), bitorder="little")[: n * g.rows * g.columns]
+    packed = bytes(ds.PixelData)
+    ds.set_pixel_data(frames.reshape(n, g.rows, g.columns).astype(np.uint8), "MONOCHROME2", 1)
+    assert (ds.BitsAllocated, ds.BitsStored) == (8, 1)
+    ds.save_as(path)
+    labels, _ = paint(path, places(src))
+    assert (labels == expected_labels(truth)).all()
+    ds.PixelData = packed  # the bit-packed frames again, under Bits Allocated 8
+    ds.save_as(path)
+    err = _refusal(path, src)
+    assert err.reason == "annotation_frames" and "Pixel Data (7FE0,0010) holds" in err.message, err.message
+

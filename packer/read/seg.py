@@ -235,8 +235,10 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
         raise _unreadable(path, err) from err
 
 
-#: The Bits Allocated each Segmentation Type allows (PS3.3 C.8.20.2)
-_BITS_OF_TYPE = {"BINARY": (1,), "FRACTIONAL": (8,), "LABELMAP": (8, 16)}
+#: The Bits Allocated each Segmentation Type allows (PS3.3 C.8.20.2); and a BINARY SEG of a byte a
+#: pixel, as pydicom's ``set_pixel_data(..., bits_stored=1)`` writes it (Bits Allocated 8, Bits Stored
+#: 1): its Pixel Data's length says bytes (bit-packed frames would be an eighth of it, refused as short)
+_BITS_OF_TYPE = {"BINARY": (1, 8), "FRACTIONAL": (8,), "LABELMAP": (8, 16)}
 
 
 def _check_bits_allocated(path: str, ds: Dataset) -> None:
