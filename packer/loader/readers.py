@@ -528,6 +528,13 @@ def _label_name(label: object, label_map: Mapping[str, int], where: str) -> str:
                                   f"{int(label)}, so the integer {int(label)} names neither alone; name the one meant "
                                   "as a string")
             if not named:
+                padded = sorted(name for name in label_map if _is_zero_padded(name))
+                if padded:  # '01' is no spelling of an integer: the name itself picks it
+                    meant = [n for n in padded if int(n) == int(label)] or padded
+                    raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
+                                      f"{sorted(label_map)}, class ids among them written with leading zeros "
+                                      f"({', '.join(repr(n) for n in padded[:3])}), which no integer writes: pass "
+                                      f"the name as a string, e.g. labels=[{meant[0]!r}]")
                 raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
                                   f"{sorted(label_map)}, all class ids written as whole numbers (2 or 2.0), so "
                                   f"an integer names the class id '{int(label)}' here (written {int(label)} or "
@@ -555,7 +562,7 @@ def _class_ids(label_map: Mapping[str, int]) -> dict[int, list[str]] | None:
     ids: dict[int, list[str]] = {}
     for name in label_map:
         if _INTEGER_NAME.fullmatch(name):
-            if name.lstrip("-") != "0" and name.lstrip("-").startswith("0"):
+            if _is_zero_padded(name):
                 continue  # zero-padded: its zeros count, no integer spells it (str(7) is '7')
             number = int(name)
         elif DECIMAL.fullmatch(name) and math.isfinite(float(name)):
@@ -567,6 +574,12 @@ def _class_ids(label_map: Mapping[str, int]) -> dict[int, list[str]] | None:
             return None
         ids.setdefault(number, []).append(name)
     return ids
+
+
+def _is_zero_padded(name: str) -> bool:
+    """Whether ``name`` is an integer written with leading zeros (``007``, ``-01``; not ``0``)."""
+    digits = name.lstrip("-")
+    return bool(_INTEGER_NAME.fullmatch(name)) and digits != "0" and digits.startswith("0")
 
 
 #: A class id written as an integer (``labels=`` reads integers as such ids where every name is one)
