@@ -1754,6 +1754,10 @@ def _unread(err: OSError, path: Path, spec: str) -> str:
     ``spec`` resolved, and where its folder is missing too (a public dataset's recipe run before the
     data was downloaded or mounted: the list's folder, not the list, is what is missing)."""
     said = str(err.strerror or err) + ("" if Path(spec).is_absolute() else f"; {spec!r} is relative to the job file")
+    if spec.startswith("~"):
+        return said + "; a leading ~ is not expanded here: write the home folder out, or the path relative to the job"
+    if "://" in spec:
+        return said + "; a list is read from a local file, not a URL: copy it beside the job file and name that"
     if isinstance(err, FileNotFoundError) and not path.parent.exists():
         missing = path.parent
         while not missing.parent.exists() and missing.parent != missing:

@@ -649,6 +649,11 @@ def test_a_list_in_a_folder_that_is_not_there_says_the_folder_is_missing(tmp_pat
                                            rf"the folder {re.escape(str(tmp_path / 'data'))} does not exist either: "
                                            r"is the dataset downloaded or mounted there\?\); fix the path")):
         load_job(job_file(tmp_path, nested))
+    for spec, said in (("~/data/nih/train_val_list.txt", "a leading ~ is not expanded here"),
+                       ("https://example.org/nih/train_val_list.txt", "a list is read from a local file, not a URL")):
+        with pytest.raises(ConfigError, match=re.escape(said)) as raised:  # no made-up folder <job>/~ blamed
+            load_job(job_file(tmp_path, {"by": "list", "lists": {"train": spec}}))
+        assert "does not exist either" not in str(raised.value), raised.value
     absolute = {"by": "list", "lists": {"train": str(tmp_path / "missing.txt")}}  # its folder is there
     with pytest.raises(ConfigError, match=r"\(No such file or directory\); fix the path"):
         load_job(job_file(tmp_path, absolute))
