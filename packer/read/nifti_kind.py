@@ -18,7 +18,6 @@ left out as ``unsupported_format``, saying how to convert it to NIfTI (:meth:`Ni
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -558,8 +557,10 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
         return Issue.of(ref, stage="transform", reason="mask_empty",
                         message=f"{ref.path}: label map {path} is all background (0) and the source's mask.empty is "
                                 "bad; fix it, or set empty: keep to pack it")
-    note = (f"label map {os.path.basename(str(path))}: sform and qform differ by up to "
-            f"{header.forms_differ_mm:.3g} mm; the sform is used" if header.qform is not None else None)
+    # no file name: a sample's notes travel into its shard record, warnings and reports, where a label
+    # map's name (often the patient's, as its case folder's) is no more to be seen than the image's path
+    note = (f"its label map's sform and qform differ by up to {header.forms_differ_mm:.3g} mm; the sform is used"
+            if header.qform is not None else None)
     return np.ascontiguousarray(placed), note
 
 
