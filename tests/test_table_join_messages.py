@@ -68,6 +68,14 @@ def test_cells_starting_with_another_folder_name_than_the_root_say_so_not_set_pa
     assert "rename" in said and "ln -s" in said
     link = f"ln -s {tmp_path / 'data' / 'chexpert'} {tmp_path / 'data' / 'CheXpert-v1.0-small'}"
     assert link in said
+    # under phi: pseudonymize the folder is not named, and no placeholder passes for a folder name
+    from packer.pipeline.tables import _renamed_top_fix
+
+    source = load_job(_renamed_chexpert(tmp_path, path_base)).sources[0]
+    hidden = _renamed_top_fix(source, "CheXpert-v1.0-small", hide_paths=True)
+    assert "CheXpert-v1.0-small" not in hidden and "FIRST" not in hidden, hidden
+    assert "the cells start with a folder (its name, the first part of the path cells, hidden" in hidden, hidden
+    assert "<the cells' first folder>" in hidden, hidden
     assert ("set table.path_base to" in said) == (path_base is None)  # told to set it only where the job has none
 
 

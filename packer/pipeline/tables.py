@@ -1375,8 +1375,10 @@ def _renamed_top_fix(source: SourceConfig, first: str, *, hide_paths: bool = Fal
     root = os.fspath(source.root).rstrip("/").rstrip(os.sep)
     parent, name = os.path.split(root)
     base = os.fspath(table.path_base) if table.path_base is not None else parent
-    shown, as_named = ("the cells' first folder", "FIRST") if hide_paths else (repr(first), first)
-    said = (f"the cells start with the folder {shown}, which is not the root's folder name {name!r} (the "
+    # hidden (phi: pseudonymize): the advice names the folder by where to read it, never a made-up name
+    shown, as_named = (("(its name, the first part of the path cells, hidden under phi: pseudonymize)",
+                        "<the cells' first folder>") if hide_paths else (repr(first), first))
+    said = (f"the cells start with a folder {shown}, which is not the root's folder name {name!r} (the "
             "download unpacked or renamed under another name)")
     link = f"ln -s {root} {os.path.join(base, as_named)}"
     if table.path_base is None:
