@@ -133,9 +133,11 @@ class GcPlan:
 
 
 
-def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
+def plan_gc(folder: str | Path, *, keep: int, lock_held: bool = False) -> GcPlan:
     """The plan to keep the ``keep`` newest versions of the dataset folder ``folder``
-    (``<output>/<name>/``) and remove the others. Changes nothing.
+    (``<output>/<name>/``) and remove the others. Changes nothing. ``lock_held``: this process
+    holds the dataset folder's lock (:func:`run_gc`), so a version without its manifest is a
+    stopped build's, never one a running build is publishing (which is left alone otherwise).
 
     Raises ConfigError when ``keep`` is below 1 (gc never removes every version: delete the
     folder for that) or ``folder`` is not a local dataset folder (a URL, a version folder, an
@@ -168,7 +170,8 @@ def plan_gc(folder: str | Path, *, keep: int) -> GcPlan:
     kept = tuple(v for v in readable if v in kept_anyway or v.folder in pins)
     removed = tuple(v for v in readable if v not in kept)
     trash = tuple(o.folder for o in listing.others if o.kind == "trash")
-    incomplete = tuple(o.folder for o in listing.others if o.kind == "incomplete")
+    stopped = ("incomplete", "publishing") if lock_held else ("incomplete",)  # the lock taken looks like a build's
+    incomplete = tuple(o.folder for o in listing.others if o.kind in stopped)
     staging = tuple(o.folder for o in listing.others if o.kind == "staging")
     temporaries = tuple(o.folder for o in listing.others if o.kind == "temporary")
     guarded = not (staging or temporaries) or folder_locks_work(listing.root)
@@ -234,8 +237,8 @@ def run_gc(plan: GcPlan, *, on_removed: Callable[[str], None] | None = None) -> 
     shards and reads samples from the versions gc would remove); gc holds that lock while it
     plans and removes, so a build started meanwhile is refused rather than racing it.
     """
-    with _build_lock(plan.root):
-        current = plan_gc(plan.root, keep=plan.keep_newest)
+    with _build_lock(plan.root) as held:
+        current = plan_gc(plan.root, keep=plan.keep_newest, lock_held=held)
         _remove(current, on_removed)
         _remove_staging(current, on_removed)
         _remove_temporaries(current, on_removed)
