@@ -208,9 +208,12 @@ def resolve_manifest_path(path: str | Path) -> Path:
     folder = candidate if candidate.is_dir() else candidate.parent if candidate.name == MANIFEST_FILE else None
     if folder is not None and is_incomplete_version(folder):
         if folder_locked_now(parent_folder(folder)):
-            raise ConfigError(f"{candidate}: a version a running `packer build` is publishing now (it holds the "
-                              f"dataset folder's lock and writes {MANIFEST_FILE} last), not a dataset yet; wait for "
-                              "the build to end, then open it")
+            raise ConfigError(f"{candidate}: no {MANIFEST_FILE} yet, while a `packer build` (or gc) of this "
+                              f"dataset runs (it holds the dataset folder's lock): the version it is publishing "
+                              f"({MANIFEST_FILE} "
+                              "comes last), or an earlier build's leftover; wait for the build to end, then open it "
+                              "(still without a manifest, it is a stopped build's: build again, or `packer gc` "
+                              "removes it)")
         raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
                           f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
                           f"build` again to finish it, or remove it with `packer gc {parent_folder(folder)} --keep N` "

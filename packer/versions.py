@@ -396,8 +396,11 @@ _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next bui
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
                              "the same inputs replaces it; `packer gc` removes it",
-               "publishing": "BEING PUBLISHED: a running `packer build` of this dataset (it holds the folder's "
-                             "lock) is writing this version, its manifest.json last; wait for the build to end",
+               "publishing": "NO MANIFEST YET: a `packer build` (or gc) of this dataset is running (it holds the "
+                             "folder's "
+                             "lock), and this may be the version it is publishing (manifest.json comes last) or an "
+                             "earlier build's leftover; once the build has ended it is either complete or, still "
+                             "without manifest.json, INCOMPLETE (`packer gc` removes it)",
                "other": "not a version (no manifest.json): left alone",
                "link": "a symbolic link to {target}: not a folder a build of this dataset wrote, so not listed "
                        "as a version and none of its bytes counted here (`packer gc` leaves it alone)",

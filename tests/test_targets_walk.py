@@ -51,6 +51,7 @@ def test_an_integer_in_a_view_is_the_class_id_a_whole_decimal_name_writes(
     (5, {"cat": 0, "dog": 1}, "not all class ids written as whole numbers.*a label index here, 0 to 1"),
     (1, {"00": 0, "01": 1, "02": 2}, r"written with leading zeros \('00', '01', '02'\), which no integer writes: "
                                       r"pass the name as a string, e.g. labels=\['01'\]$"),
+    (5, {"00": 0, "01": 1, "02": 2}, r"pass the name as a string, one of those listed$"),  # no '05': none offered
     (2, {"2": 0, "2.0": 1}, r"labels '2' and '2\.0' are both class id 2.*name the one meant as a string"),
     ("2", {"1.0": 0, "2.0": 1}, "no label '2' "),  # a string is a name, read as written
 ])

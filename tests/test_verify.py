@@ -332,7 +332,7 @@ def test_a_version_whose_build_stopped_while_publishing_exits_2_saying_so(versio
         assert "pass a manifest.json" not in result.output
 
 
-def test_a_version_a_running_build_is_publishing_is_named_so_not_called_killed(version: Path) -> None:
+def test_a_version_without_manifest_while_a_build_runs_is_not_called_killed(version: Path) -> None:
     """While a live build publishes (shards and index in place, its manifest.json last), verify, the
     loader and `packer ls` called the version one whose build stopped (killed, or a full disk) and
     offered to build again or gc it, both of which the build's lock refuses. The dataset folder's
@@ -345,14 +345,15 @@ def test_a_version_a_running_build_is_publishing_is_named_so_not_called_killed(v
     with folder_lock(version.parent, "busy"):  # the build's exclusive lock on its dataset folder
         result = invoke(version)
         assert result.exit_code == 2, result.output
-        assert f"{version}: a version a running `packer build` is publishing now" in result.output
-        assert "stopped while publishing" not in result.output and "packer gc" not in result.output
-        with pytest.raises(ConfigError, match="is publishing now .* wait for the build to end"):
+        assert f"{version}: no manifest.json yet, while a `packer build` (or gc) of this dataset runs" in result.output
+        assert "killed, or a full disk" not in result.output
+        with pytest.raises(ConfigError, match="while a `packer build` \\(or gc\\) of this dataset runs .* wait for the build to "
+                                              "end"):
             ShardDataset(version, "train")
         listed = format_versions(list_versions(version.parent))
-        assert "BEING PUBLISHED" in listed and "INCOMPLETE" not in listed, listed
+        assert "NO MANIFEST YET" in listed and "INCOMPLETE:" not in listed, listed
     listed = format_versions(list_versions(version.parent))  # the lock gone, with no manifest: a stopped build's
-    assert "INCOMPLETE" in listed and "BEING PUBLISHED" not in listed, listed
+    assert "INCOMPLETE:" in listed and "NO MANIFEST YET" not in listed, listed
 
 
 def test_a_folder_that_is_not_a_version_exits_2_and_names_what_to_pass(version: Path, tmp_path: Path) -> None:

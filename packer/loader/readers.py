@@ -530,11 +530,12 @@ def _label_name(label: object, label_map: Mapping[str, int], where: str) -> str:
             if not named:
                 padded = sorted(name for name in label_map if _is_zero_padded(name))
                 if padded:  # '01' is no spelling of an integer: the name itself picks it
-                    meant = [n for n in padded if int(n) == int(label)] or padded
+                    meant = [n for n in padded if int(n) == int(label)]
+                    pick = f"e.g. labels=[{meant[0]!r}]" if meant else "one of those listed"
                     raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
                                       f"{sorted(label_map)}, class ids among them written with leading zeros "
                                       f"({', '.join(repr(n) for n in padded[:3])}), which no integer writes: pass "
-                                      f"the name as a string, e.g. labels=[{meant[0]!r}]")
+                                      f"the name as a string, {pick}")
                 raise ConfigError(f"{where}: no label {label!r} in this dataset's label_map; its labels are "
                                   f"{sorted(label_map)}, all class ids written as whole numbers (2 or 2.0), so "
                                   f"an integer names the class id '{int(label)}' here (written {int(label)} or "

@@ -664,9 +664,15 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     write_warnings(staging, warned)
     version_dir = dataset_root / manifest["version"]
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
+    pointer_error: OSError | None = None
     if options.keep_cache:  # before the manifest lands: a build stopped once it is published still resumes from them
-        write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
+        try:
+            write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
+        except OSError as err:  # the version does not depend on the cache: publish it, then say why the cache failed
+            pointer_error = err
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
+    if pointer_error is not None:
+        raise pointer_error
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
         write_warnings(version_dir, warned)
     # What the result needs, then the per-sample records go: the HTML report reads what it needs
