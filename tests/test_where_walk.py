@@ -202,3 +202,23 @@ def test_the_values_a_file_holds_are_shown_as_dicom_writes_them_joined_by_backsl
     scout_left_out = probe_dicom(make_ref(localizer), entity_keyword="PatientID", time_keywords=())
     assert isinstance(scout_left_out, Excluded) and scout_left_out.why == "not_requested", scout_left_out
     assert "(Image Type ORIGINAL\\PRIMARY\\LOCALIZER)" in scout_left_out.detail
+
+
+def test_a_time_written_unquoted_is_a_number_and_matches_the_header_by_value(tmp_path: Path) -> None:
+    """``StudyTime: 083000`` unquoted is the number 83000 in YAML 1.2, and a number compares with a
+    header's value as a number (083000 is 83000), so it matched the morning study; the DA/TM
+    form check held the number's digits, '83000', to the TM's form and refused the job."""
+    raw = tmp_path / "raw"
+    morning = save(ct_dataset(PatientID="P1", StudyTime="083000"), raw / "P1" / "ax.dcm")
+    noon = save(ct_dataset(PatientID="P2", StudyTime="120000"), raw / "P2" / "ax.dcm")
+    job = export_job(tmp_path, raw, where={"StudyTime": 83000})
+    text = job.read_text()
+    assert "StudyTime: 83000" in text
+    job.write_text(text.replace("StudyTime: 83000", "StudyTime: 083000"))  # as the user typed it
+    conditions = load_job(job).sources[0].header_where
+    outcomes = {}
+    for name, path in (("morning", morning), ("noon", noon)):
+        found = probe_dicom(make_ref(path), entity_keyword="PatientID", time_keywords=(), where=conditions)
+        assert not isinstance(found, Issue), found
+        outcomes[name] = found.why if isinstance(found, Excluded) else "packed"
+    assert outcomes == {"morning": "packed", "noon": "filtered"}

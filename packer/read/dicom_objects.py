@@ -211,12 +211,16 @@ def check_header_conditions(conditions: Sequence[Condition], where: str) -> tupl
         if valueless is not None:  # bytes (PixelData): their repr is no value a job could write
             raise ConfigError(f"{where}.{condition.key}: {valueless}, so there is nothing to compare; name an "
                               f"attribute with a value ({_VALUED})")
-        for value in condition.values if condition.op != "match" else ():  # a pattern finds part of a value
+        numbers = condition.numbers or (None,) * len(condition.values)
+        for value, number in zip(condition.values, numbers, strict=True) if condition.op != "match" else ():
+            # a pattern finds part of a value
             if "\\" in value and dictionary_VR(condition.key) not in _BACKSLASH_TEXT:
                 # quoted as written: repr would double each backslash
                 raise ConfigError(f"{where}.{condition.key}: '{value}' never matches: "
                                   f"{_one_value_at_a_time(condition, value)}")
-            form = value_form_problem(condition.key, value)
+            # a number the job wrote (StudyTime: 083000, YAML's 83000) compares by value, 083000 as 83000,
+            # not by its digits' form
+            form = value_form_problem(condition.key, value) if number is None else None
             if form is not None:
                 raise ConfigError(f"{where}.{condition.key}: {value!r} never matches: {form}, and a where: value "
                                   "is compared with the header's value as written; write it so, or find part of it "
