@@ -135,7 +135,7 @@ def _dated(raw: Path) -> dict[str, Path]:
     ({"StudyDate": ["20230504", "2024/01/10"]}, r"StudyDate: '2024/01/10' .*20240110"),
     ({"StudyDate": _date(2024, 1, 10)}, r"StudyDate: '2024-01-10' .*20240110"),  # unquoted YAML: a date
     ({"StudyDate": "Jan 10 2024"}, r"StudyDate: 'Jan 10 2024' .*DA.*YYYYMMDD"),
-    ({"StudyTime": "10:11:12"}, r"StudyTime: '10:11:12' .*TM.*101112"),
+    ({"StudyTime": "10:11"}, r"StudyTime: '10:11' .*TM.*1011"),  # ACR-NEMA's HH:MM:SS has seconds
     ({"AcquisitionDateTime": {"in": ["2024-01-10T10:11:12"]}}, r"AcquisitionDateTime: '2024-01-10T10:11:12' "
                                                                  r".*DT.*20240110101112"),
 ])
@@ -222,3 +222,17 @@ def test_a_time_written_unquoted_is_a_number_and_matches_the_header_by_value(tmp
         assert not isinstance(found, Issue), found
         outcomes[name] = found.why if isinstance(found, Excluded) else "packed"
     assert outcomes == {"morning": "packed", "noon": "filtered"}
+
+
+def test_a_date_or_time_in_acr_nema_spelling_matches_a_legacy_header_written_so(tmp_path: Path) -> None:
+    """PS3.5 Table 6.2-1 notes the ACR-NEMA 300 spellings a pre-3.0 archive holds, DA
+    ``YYYY.MM.DD`` and TM ``HH:MM:SS.frac``; a where: value written as such a header writes it
+    matched it, until the DA/TM form check refused it as a value no header holds."""
+    raw = tmp_path / "raw"
+    old = save(ct_dataset(PatientID="P1", StudyDate="1995.03.15", StudyTime="10:11:12"), raw / "P1" / "ax.dcm")
+    other = save(ct_dataset(PatientID="P2", StudyDate="1995.03.16", StudyTime="10:11:13.5"), raw / "P2" / "ax.dcm")
+    modern = save(ct_dataset(PatientID="P3", StudyDate="19950315", StudyTime="101112"), raw / "P3" / "ax.dcm")
+    for k, where in enumerate(({"StudyDate": "1995.03.15"}, {"StudyTime": {"in": ["10:11:12", "09:00:00.25"]}})):
+        outcomes = {path.parent.name: _outcome(tmp_path / str(k), raw, path, where) for path in (old, other, modern)}
+        # compared as written: the legacy spelling is not the DICOM one's day
+        assert outcomes == {"P1": "packed", "P2": "filtered", "P3": "filtered"}, where

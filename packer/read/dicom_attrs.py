@@ -1134,6 +1134,12 @@ _VALUE_FORMS = {
     "DT": (re.compile(r"\d{4}(?:\d{2}(?:\d{2}(?:\d{2}(?:\d{2}(?:\d{2}(?:\.\d{1,6})?)?)?)?)?)?(?:[+-]\d{4})?"),
            "YYYYMMDDHHMMSS.FFFFFF&ZZXX, the parts after YYYY optional"),
 }
+#: The ACR-NEMA 300 spellings PS3.5 Table 6.2-1 notes for backward compatibility, which a header
+#: written before DICOM 3.0 (an old archive, a pre-3.0 converter) holds: a value so written matches it
+_LEGACY_FORMS = {
+    "DA": (re.compile(r"\d{4}\.\d{2}\.\d{2}"), "YYYY.MM.DD"),
+    "TM": (re.compile(r"\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?"), "HH:MM:SS.frac"),
+}
 #: The separators an ISO or locale spelling puts between a date's or time's parts, which DICOM does not
 _SEPARATORS = {"DA": r"[-/. ]", "TM": r":", "DT": r"[-/:T ]"}
 
@@ -1142,16 +1148,19 @@ def value_form_problem(keyword: str, text: str) -> str | None:
     """Why ``text`` can be no value of ``keyword`` where its VR is a date or time (DA, TM, DT),
     None where it can be one or the VR is another: ``StudyDate is a DA, written YYYYMMDD (here
     20240110)`` for an ISO ``2024-01-10``, with the DICOM spelling where dropping the separators
-    gives one."""
+    gives one. A value in the ACR-NEMA spelling a pre-3.0 header holds (DA ``1995.03.15``, TM
+    ``10:11:12``, :data:`_LEGACY_FORMS`) can be one: it matches a header written so."""
     vr = dictionary_VR(keyword) if tag_for_keyword(keyword) is not None else ""
     if vr not in _VALUE_FORMS:
         return None
     form, written = _VALUE_FORMS[vr]
-    if form.fullmatch(text):
+    legacy, old = _LEGACY_FORMS.get(vr, (None, ""))
+    if form.fullmatch(text) or (legacy is not None and legacy.fullmatch(text)):
         return None
     spelled = re.sub(_SEPARATORS[vr], "", text)
     here = f" (here {spelled})" if form.fullmatch(spelled) else ""
-    return f"{keyword} is a {vr}, written {written} in every header{here}"
+    also = f", or {old} in a header written before DICOM 3.0 (ACR-NEMA)" if old else ""
+    return f"{keyword} is a {vr}, written {written}{here}{also}"
 
 
 #: What a DICOM source's ``time:`` may name where no keyword of the list dates a file (a time of day)
