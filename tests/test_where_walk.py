@@ -236,3 +236,44 @@ def test_a_date_or_time_in_acr_nema_spelling_matches_a_legacy_header_written_so(
         outcomes = {path.parent.name: _outcome(tmp_path / str(k), raw, path, where) for path in (old, other, modern)}
         # compared as written: the legacy spelling is not the DICOM one's day
         assert outcomes == {"P1": "packed", "P2": "filtered", "P3": "filtered"}, where
+
+
+def _scout_file(raw: Path) -> Path:
+    return save(ct_dataset(PatientID="P1", ImageType=["ORIGINAL", "PRIMARY", "LOCALIZER"]), raw / "scout.dcm")
+
+
+def _dose_file(raw: Path) -> Path:
+    return Path(shutil.copy(shipped("rtdose.dcm"), (raw.mkdir(parents=True, exist_ok=True) or raw) / "dose.dcm"))
+
+
+def _screenshot_file(raw: Path) -> Path:
+    screen = np.random.default_rng(6).integers(0, 255, (16, 16), dtype=np.uint8)
+    return save(image_dataset(screen, modality="OT", sop_class=SecondaryCaptureImageStorage, PatientID="P1",
+                              BurnedInAnnotation="NO"), raw / "shot.dcm")
+
+
+@pytest.mark.parametrize(("made", "where", "outcome"), [
+    # the pattern form of README's {Modality: [CT, RTDOSE]}: it spells out RTDOSE
+    (_dose_file, {"Modality": {"match": "^(CT|RTDOSE)$"}}, "packed"),
+    (_dose_file, {"SOPClassUID": {"match": "CT Image|RT\\ Dose"}}, "packed"),
+    (_dose_file, {"Modality": {"match": "^(CT|RT.*)$"}}, "not_requested"),  # RTIMAGE, RTPLAN too: no RTDOSE written
+    (_scout_file, {"ImageType": {"match": "AXIAL|LOCALIZER"}}, "packed"),
+    (_scout_file, {"ImageType": {"match": "ORIGINAL|localizer"}}, "packed"),
+    (_scout_file, {"ImageType": {"match": "AXIAL|PRIMARY"}}, "not_requested"),
+    # the SC class UID, escaped or not, is a prefix of the five SC classes' UIDs
+    (_screenshot_file, {"SOPClassUID": {"match": r"^1\.2\.840\.10008\.5\.1\.4\.1\.1\.7"}}, "packed"),
+    (_screenshot_file, {"SOPClassUID": {"match": "1.2.840.10008.5.1.4.1.1.7"}}, "packed"),
+    (_screenshot_file, {"SOPClassUID": {"match": "Secondary Capture|CT Image"}}, "packed"),
+    (_screenshot_file, {"SOPClassUID": {"match": r"^1\.2\.840\.10008\.5\.1\.4\.1\.1\."}}, "not_requested"),
+    # VL Endoscopic 1.2.840.10008.5.1.4.1.1.77.1.1 starts with the SC UID's text but is not it
+    (_screenshot_file, {"SOPClassUID": {"match": r"^1\.2\.840\.10008\.5\.1\.4\.1\.1\.77|^1\.2\.840\.10008\.5\.1"
+                                                 r"\.4\.1\.1\.[0-9]$"}}, "not_requested"),
+])
+def test_a_match_that_spells_out_the_kinds_own_value_asks_for_it_though_it_finds_ordinary_values_too(
+        tmp_path: Path, made: Any, where: dict[str, Any], outcome: str) -> None:
+    """A pattern that writes RTDOSE, LOCALIZER or the SC class UID out names the kind, as the list
+    it stands for does; before 85f7d0a such a file packed, and 85f7d0a left it not_requested
+    because the pattern also finds CT or AXIAL, though it passed the where: (not filtered)."""
+    raw = tmp_path / "raw"
+    path = made(raw)
+    assert _outcome(tmp_path, raw, path, where) == outcome

@@ -60,6 +60,8 @@ from packer.where import Condition, failed
 
 #: RT Dose Storage (PS3.4 B.5): a dose grid, Gy after Dose Grid Scaling, not HU.
 RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
+#: Secondary Capture Image Storage, whose UID begins each of its multi-frame classes' UIDs
+SECONDARY_CAPTURE_UID = "1.2.840.10008.5.1.4.1.1.7"
 #: Secondary Capture Image Storage and its multi-frame classes (PS3.4 B.5).
 SECONDARY_CAPTURE = frozenset({
     "1.2.840.10008.5.1.4.1.1.7",    # Secondary Capture Image Storage
@@ -362,20 +364,35 @@ def _broad(condition: Condition, others: tuple[str, ...]) -> bool:
     return condition.holds(others)
 
 
-def _asked(conditions: Iterable[Condition], ds: Dataset, kinds: Mapping[str, tuple[Sequence[str], tuple[str, ...]]]
-           ) -> bool:
+@functools.lru_cache(maxsize=256)
+def _spells(pattern: str, words: tuple[str, ...]) -> bool:
+    """Whether the text of ``pattern`` writes out one of ``words`` (any case; a backslash before
+    punctuation or a space dropped, so ``1\\.2\\.840`` is ``1.2.840``), not as part of a longer
+    number: ``^(CT|RTDOSE)$`` writes RTDOSE, ``...1\\.1\\.7`` the SC class UID, while
+    ``...1\\.1\\.77`` (VL Endoscopic) does not."""
+    text = re.sub(r"\\([^\w])", r"\1", pattern)
+    return any(re.search(rf"(?<!\d){re.escape(word)}(?!\d)", text, re.IGNORECASE) for word in words)
+
+
+def _asked(conditions: Iterable[Condition], ds: Dataset, kinds: Mapping[str, tuple[Sequence[str], tuple[str, ...]]],
+           spelled: tuple[str, ...] = ()) -> bool:
     """Whether a positive condition (not ``not``) that holds for ``ds`` names what it is: ``kinds``
     maps each key that may name it to the values that do (``LOCALIZER``, ``RTDOSE``, a SOP class's
     UID and name) and the values of the key that do not (``ORIGINAL``, ``CT``, other image classes).
-    A value or a list names it when one of its values is one that does; a ``match`` when it finds
-    one that does and none that does not: ``{ImageType: ORIGINAL}`` holds for a scout
-    (ORIGINAL\\PRIMARY\\LOCALIZER) but names no localizer, nor does ``{match: .}``, while
-    ``{match: localizer}`` does; ``{SOPClassUID: {match: Image Storage}}`` names every image class,
-    so no secondary capture, while ``{match: Secondary Capture}`` names the five SC classes only."""
+    A value or a list names it when one of its values is one that does; a ``match`` when its
+    pattern's text writes out one of ``spelled`` (the kind's own word: ``LOCALIZER``, ``RTDOSE``,
+    ``RT Dose``, ``Secondary Capture``, the SC class UID; :func:`_spells`), as ``{match:
+    '^(CT|RTDOSE)$'}`` stands for the list ``[CT, RTDOSE]``, or when it finds one that does and
+    none that does not: ``{ImageType: ORIGINAL}`` holds for a scout (ORIGINAL\\PRIMARY\\LOCALIZER)
+    but names no localizer, nor does ``{match: .}``, while ``{match: localizer}`` and ``{match:
+    ^LOCAL}`` do; ``{SOPClassUID: {match: Image Storage}}`` names every image class, so no
+    secondary capture, while ``{match: Secondary Capture}`` names the five SC classes only."""
     for c in conditions:
         if c.op == "not" or c.key not in kinds or not c.holds(header_values(ds, c.key)):
             continue
         naming, others = kinds[c.key]
+        if c.op == "match" and _spells(c.values[0], spelled):
+            return True
         if c.holds(naming) and (c.op == "in" or not _broad(c, others)):
             return True
     return False
@@ -446,21 +463,22 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
     if uid == RT_DOSE or modality == "RTDOSE":
         dose = {"Modality": (["RTDOSE"], OTHER_MODALITIES),
                 "SOPClassUID": ([RT_DOSE, sop_class_name(RT_DOSE)], _other_image_classes(frozenset({RT_DOSE})))}
-        if not _asked(conditions, ds, dose):
+        if not _asked(conditions, ds, dose, ("RTDOSE", "RT Dose", RT_DOSE)):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a dose grid (absorbed dose in Gy, not image intensities such as HU) is packed "
                                "only when asked; to pack it add to the source where: {Modality: RTDOSE} (or list "
                                "RTDOSE among the modalities)")
     elif uid in SECONDARY_CAPTURE:
         if not _asked(conditions, ds, {"SOPClassUID": (header_values(ds, "SOPClassUID"),
-                                                        _other_image_classes(SECONDARY_CAPTURE))}):
+                                                        _other_image_classes(SECONDARY_CAPTURE))},
+                      ("Secondary Capture", SECONDARY_CAPTURE_UID)):
             return ObjectClass(modality, name, "not_requested",
                                f"{what}: a secondary capture (a screenshot, often with burned-in text) is packed "
                                f"only when asked; to pack it add to the source where: {{SOPClassUID: {name}}} "
                                "(every SC class, multi-frame included: {SOPClassUID: {match: Secondary Capture}})")
     elif (auxiliary := _slide_auxiliary(ds)) is not None:
         own = [v for v in header_values(ds, "ImageType") if v.strip().upper() == auxiliary]
-        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
+        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}, (auxiliary,)):
             return ObjectClass(modality, name, "not_requested",
                                f"{what} is a slide's {auxiliary} image (Image Type "
                                f"{_shown(header_values(ds, 'ImageType'))}), not tissue at the scan's resolution; "
@@ -479,7 +497,7 @@ def classify(ds: Dataset, conditions: Sequence[Condition], *, slices: bool, pixe
                                "[CT, MR]}")
     elif slices and "LOCALIZER" in [v.strip().upper() for v in header_values(ds, "ImageType")]:
         own = [v for v in header_values(ds, "ImageType") if v.strip().upper() == "LOCALIZER"]
-        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}):
+        if not _asked(conditions, ds, {"ImageType": (own, PLAIN_IMAGE_TYPES)}, ("LOCALIZER",)):
             return ObjectClass(modality, name, "not_requested",
                                f"{what} is a localizer (Image Type {_shown(header_values(ds, 'ImageType'))}), a "
                                "scout, not a slice; to pack localizers add to the source where: "
