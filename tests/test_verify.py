@@ -347,8 +347,8 @@ def test_a_version_without_manifest_while_a_build_runs_is_not_called_killed(vers
         assert result.exit_code == 2, result.output
         assert f"{version}: no manifest.json yet, while a `packer build` (or gc) of this dataset runs" in result.output
         assert "killed, or a full disk" not in result.output
-        with pytest.raises(ConfigError, match="while a `packer build` \\(or gc\\) of this dataset runs .* wait for the build to "
-                                              "end"):
+        with pytest.raises(ConfigError, match=("while a `packer build` \\(or gc\\) of this dataset runs .* wait for "
+                                               "the build to end")):
             ShardDataset(version, "train")
         listed = format_versions(list_versions(version.parent))
         assert "NO MANIFEST YET" in listed and "INCOMPLETE:" not in listed, listed
