@@ -69,6 +69,7 @@ def test_ids_equal_but_for_case_spacing_or_leading_zeros_are_reported_by_pseudon
         assert all(e["splits"] and e["key"].startswith("raw-") for e in finding["entities"])
     warning = next(w["message"] for w in doc["warnings"] if "case, spacing or leading zeros" in w["message"])
     assert "entity_lookalikes" in warning
+    assert "pin each group to one split with split.pinned" in warning  # by: entity takes a pin
     text = result.output + json.dumps(doc)
     assert not any(raw in text for raw in ("MRN0042", "mrn0042", "MRN0099", "'45'", "0045"))
 
@@ -149,3 +150,27 @@ def test_the_report_lists_each_lookalike_group_with_its_entities_splits_and_samp
     crossing = sum(f["across_splits"] for f in findings)
     assert f"{len(findings)} lookalike groups" in text and f"{crossing} across splits" in text
     assert not any(re.search(rf"\b{raw}\b", text) for raw in ("MRN0042", "mrn0042", "MRN0099", "0045"))
+
+
+def test_the_lookalike_warning_offers_only_what_the_split_takes() -> None:
+    """A time split refuses a pin its dates contradict (a lookalike pair across its splits has
+    records in two periods) and a given split takes no pin at all: the warning offered
+    split.pinned there too, and following it failed with exit 2."""
+    from packer.pipeline.audit import LOOKALIKE_OTHER_FIX, lookalikes_warning
+
+    class Rule:
+        count = 1
+        findings = ({"across_splits": True,
+                     "entities": [{"entity_id": "MRN0042", "splits": ["train"], "path": "a.png"},
+                                  {"entity_id": "mrn42", "splits": ["test"], "path": "b.png"}]},)
+
+    class Report:
+        def rule(self, name: str) -> Rule:
+            return Rule()
+
+    said = {by: lookalikes_warning(Report(), "leakage.json", by) for by in ("entity", "time", "list", "column")}
+    assert "pin each group to one split with split.pinned" in said["entity"]
+    assert all("pin each group" not in said[by] for by in ("time", "list", "column")), said
+    assert "list every file of the group in one split's list" in said["list"]
+    assert set(LOOKALIKE_OTHER_FIX) == {"entity", "time", "list", "column"}
+

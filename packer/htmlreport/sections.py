@@ -560,7 +560,7 @@ def _lookalikes_table(audit: AuditFindings, limit: int) -> str:
             + (f"{listed}, {crossing:,} of them" if listed else f"{crossing:,}") + " across splits)</span></h3>"
             '<p class="muted">Entity ids that differ only in case, spacing or leading zeros: likely one patient '
             "exported by two systems, split as two entities. packer never merges them: make the ids agree at the "
-            "source, or pin each group to one split (split.pinned).</p>"
+            "source (under a split by entity, pinning each group to one split with split.pinned does too).</p>"
             + table(["group", "entity_id", "splits", "sample key", "splits of the group"], rows,
                     table_id="entity-lookalikes", cls="data compact", numeric=(0,)) + more)
 

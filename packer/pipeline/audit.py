@@ -332,10 +332,22 @@ def _entity_lookalikes(samples: _Samples, groups: Sequence[Sequence[str]]) -> Ru
     return RuleResult("entity_lookalikes", "report", len(findings), tuple(findings), recorded_clean=False)
 
 
-def lookalikes_warning(report: LeakageAudit, listed_in: str = "leakage.json") -> str | None:
+#: What else keeps a lookalike group in one split, by ``split.by`` (a time split refuses a pin its dates
+#: contradict, and a lookalike pair across its splits has records in two periods; a given split takes no pin)
+LOOKALIKE_OTHER_FIX = {
+    "entity": " (or pin each group to one split with split.pinned)",
+    "time": " (a pin cannot hold them together here: under a time split the two ids' records fall in two "
+            "periods, and a pin against the dates is refused)",
+    "list": " (or list every file of the group in one split's list)",
+    "column": " (or give every row of the group one split in the table's split column)",
+}
+
+
+def lookalikes_warning(report: LeakageAudit, listed_in: str = "leakage.json", split_by: str = "entity") -> str | None:
     """A warning naming the entity ids that differ only in case, spacing or leading zeros
     (pseudonyms and sample keys under PHI), or None when there are none. ``listed_in``: where the
-    findings are written (leakage.json, or packer validate's --json report)."""
+    findings are written (leakage.json, or packer validate's --json report); ``split_by``: the job's
+    ``split.by``, which decides what else it offers (:data:`LOOKALIKE_OTHER_FIX`)."""
     rule = report.rule("entity_lookalikes")
     if not rule.count:
         return None
@@ -346,7 +358,7 @@ def lookalikes_warning(report: LeakageAudit, listed_in: str = "leakage.json") ->
     return (f"{rule.count} group(s) of entity ids differ only in case, spacing or leading zeros, {len(crossing)} "
             f"of them across splits, e.g. {example}: likely one patient under two ids (two systems' exports), "
             "split as two entities, so the same patient can be in train and in test. Make the ids agree at the "
-            f"source (or pin each group to one split with split.pinned); every group is listed under "
+            f"source{LOOKALIKE_OTHER_FIX.get(split_by, '')}; every group is listed under "
             f"entity_lookalikes in {listed_in}")
 
 

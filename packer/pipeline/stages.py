@@ -297,7 +297,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                           ("accepted_leaks", accepted_leaks(audit, split_cfg, listed_in)),
                           ("label_conflicts", conflicts_warning(conflicts, split_cfg.label_conflict, listings)),
                           ("instance_uids", shared_instances_warning(shared_instances_of(samples), job.job_path)),
-                          ("entity_lookalikes", lookalikes_warning(audit, listed_in)),
+                          ("entity_lookalikes", lookalikes_warning(audit, listed_in, split_cfg.by)),
                           ("labels", case_twins_warning(job, samples.codes("label")[1], labels_by_source(samples))),
                           ("labels", uncertain_class_warning(job, samples.codes("label")[1])),
                           ("labels", id_like_class_warning(job, *samples.codes("label")))):
