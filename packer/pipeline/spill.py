@@ -206,7 +206,9 @@ class CachedChunk:
 #: 66: where: asks for localizers, slide thumbnails, secondary captures, RT Dose only by naming them; an
 #: annotation's damaged Frame of Reference UID unreadable; SEG refusals (undeclared or repeated segment
 #: numbers, Bits Allocated against Segmentation Type, excess Pixel Data, non-finite frame planes).
-CACHE_FORMAT = 66
+#: 67: a label map's sform/qform note names no file (PHI); where: matches that spell a kind ask for it,
+#: numbers and ACR-NEMA spellings of dates/times compare again; BINARY SEGs of a byte a pixel read.
+CACHE_FORMAT = 67
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
