@@ -399,40 +399,35 @@ def folder_locks_work(folder: Path) -> bool:
     file system refuses them (some network file systems), where a build runs unguarded and
     nothing can tell an interrupted build's leftovers from a running one's. Takes a shared lock
     for a moment, never waits."""
+    return _shared_lock(folder) != "unsupported"
+
+
+def folder_locked_now(folder: Path) -> bool:
+    """Whether another process holds :func:`folder_lock` on ``folder`` at this moment (a running
+    build of the dataset folder, or a gc of it). Takes a shared lock for a moment, never waits;
+    False where there is no such folder or the file system takes no directory locks."""
+    try:
+        return _shared_lock(folder) == "busy"
+    except OSError:  # no such folder (any more): nothing holds it
+        return False
+
+
+def _shared_lock(folder: Path) -> str:
+    """Try a shared ``flock`` on ``folder`` for a moment: ``busy`` (another holds an exclusive
+    one), ``free`` or ``unsupported`` (the file system takes no directory locks). Raises OSError
+    where ``folder`` cannot be opened."""
     import fcntl
 
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        return "busy"
     except OSError:
-        return False
+        return "unsupported"
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    finally:
-        os.close(fd)
-
-def folder_locked_now(folder: Path) -> bool:
-    """Whether another process holds :func:`folder_lock` on ``folder`` at this moment (a running
-    build of the dataset folder, or a gc of it). Takes a shared lock for a moment, never waits;
-    False where there is no such folder or the file system takes no directory locks."""
-    import fcntl
-
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
+        return "free"
     finally:
         os.close(fd)
 

@@ -680,10 +680,12 @@ def test_the_workers_must_see_the_output_folder_and_a_shard_missing_there_publis
 
 
 @contextlib.contextmanager
-def _tcp_server(greeting: bytes | None) -> Iterator[int]:
+def _tcp_server(greeting: bytes | None, *, reset: bool = False) -> Iterator[int]:
     """A TCP server on a free local port that writes ``greeting`` to each connection (None: says
-    nothing, as an HTTP server waits for a request) and holds it open; yields the port."""
+    nothing, as an HTTP server waits for a request) and holds it open, or with ``reset`` resets
+    each at once (a proxy's idle timeout); yields the port."""
     import socket
+    import struct
     import threading
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -695,6 +697,10 @@ def _tcp_server(greeting: bytes | None) -> Iterator[int]:
                 conn, _ = listener.accept()
             except OSError:
                 return
+            if reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # linger 0: a reset, not a clean close
+                continue
             held.append(conn)
             if greeting is not None:
                 conn.sendall(greeting)
@@ -731,33 +737,15 @@ def test_an_address_that_drops_the_connection_before_greeting_is_not_dask(monkey
     """A proxy or load balancer that resets an idle connection (and answers HTTP once spoken to)
     passed the greeting check as "no connection, leave it to dask"; dask's Client then read the
     HTTP reply as a frame count, and the build stopped as "ran out of memory" (exit 6)."""
-    import socket
-    import struct
-    import threading
-
     from packer.errors import ConfigError
     from packer.pipeline import cluster
     from packer.pipeline.cluster import _check_it_speaks_dask
 
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()  # linger 0: a reset, not a clean close
-
-    threading.Thread(target=serve, daemon=True).start()
-    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-    try:
+    with _tcp_server(None, reset=True) as port:
+        address = f"tcp://127.0.0.1:{port}"
         with pytest.raises(ConfigError, match=f"{address} does not speak dask: it dropped the connection before "
                                               "greeting it .*Connection ?[Rr]eset"):
             _check_it_speaks_dask(address, wait=2)
-    finally:
-        listener.close()
 
     # and where dask's Client itself meets such a reply: a ConfigError (exit 2) that says so, not exit 6
     import distributed
