@@ -268,6 +268,12 @@ def _screenshot_file(raw: Path) -> Path:
     # VL Endoscopic 1.2.840.10008.5.1.4.1.1.77.1.1 starts with the SC UID's text but is not it
     (_screenshot_file, {"SOPClassUID": {"match": r"^1\.2\.840\.10008\.5\.1\.4\.1\.1\.77|^1\.2\.840\.10008\.5\.1"
                                                  r"\.4\.1\.1\.[0-9]$"}}, "not_requested"),
+    # a pattern that writes the kind's word to keep it out (a negative lookahead) never asks for it
+    (_scout_file, {"ImageType": {"match": "^(?!LOCALIZER$)"}}, "not_requested"),
+    (_scout_file, {"ImageType": {"match": "^(?!.*LOCALIZER)"}}, "not_requested"),
+    (_screenshot_file, {"SOPClassUID": {"match": r"^(?!1\.2\.840\.10008\.5\.1\.4\.1\.1\.7)"}}, "not_requested"),
+    (_screenshot_file, {"SOPClassUID": {"match": "^(?!Secondary Capture)"}}, "not_requested"),
+    (_dose_file, {"Modality": {"match": "^(?!RTDOSE)"}}, "filtered"),  # its one Modality fails the where: itself
 ])
 def test_a_match_that_spells_out_the_kinds_own_value_asks_for_it_though_it_finds_ordinary_values_too(
         tmp_path: Path, made: Any, where: dict[str, Any], outcome: str) -> None:

@@ -381,7 +381,8 @@ def _asked(conditions: Iterable[Condition], ds: Dataset, kinds: Mapping[str, tup
     UID and name) and the values of the key that do not (``ORIGINAL``, ``CT``, other image classes).
     A value or a list names it when one of its values is one that does; a ``match`` when its
     pattern's text writes out one of ``spelled`` (the kind's own word: ``LOCALIZER``, ``RTDOSE``,
-    ``RT Dose``, ``Secondary Capture``, the SC class UID; :func:`_spells`), as ``{match:
+    ``RT Dose``, ``Secondary Capture``, the SC class UID; :func:`_spells`) and finds that word (a
+    negative lookahead, ``^(?!LOCALIZER$)``, writes it to keep it out), as ``{match:
     '^(CT|RTDOSE)$'}`` stands for the list ``[CT, RTDOSE]``, or when it finds one that does and
     none that does not: ``{ImageType: ORIGINAL}`` holds for a scout (ORIGINAL\\PRIMARY\\LOCALIZER)
     but names no localizer, nor does ``{match: .}``, while ``{match: localizer}`` and ``{match:
@@ -391,7 +392,8 @@ def _asked(conditions: Iterable[Condition], ds: Dataset, kinds: Mapping[str, tup
         if c.op == "not" or c.key not in kinds or not c.holds(header_values(ds, c.key)):
             continue
         naming, others = kinds[c.key]
-        if c.op == "match" and _spells(c.values[0], spelled):
+        # a pattern that writes the kind's word and finds it: '^(?!LOCALIZER$)' writes it to keep it out
+        if c.op == "match" and any(_spells(c.values[0], (word,)) and c.holds((word,)) for word in spelled):
             return True
         if c.holds(naming) and (c.op == "in" or not _broad(c, others)):
             return True
