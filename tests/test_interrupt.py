@@ -327,3 +327,23 @@ def test_a_build_stopped_once_its_version_is_published_leaves_the_cache_it_resum
     again = build(load_job(job), options)
     assert again.files_decoded == 0 and again.files_cached > 0, (again.files_decoded, again.files_cached)
 
+
+def test_a_cache_that_cannot_take_the_pointers_does_not_stop_the_version_being_published(
+        job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pointers go before the manifest; a full or read-only cache (packer's FileSystemError,
+    exit 6) raised there left every shard written and no manifest. The version is published, then
+    the cache's failure is raised."""
+    from packer.config import load_job
+    from packer.errors import FileSystemError
+    from packer.pipeline import build as build_module
+    from packer.pipeline.build import BuildOptions, build
+
+    def full(*args: Any, **kwargs: Any) -> int:
+        raise FileSystemError("cannot write the pointer: the file system is full")
+
+    monkeypatch.setattr(build_module, "write_packed_pointers", full)
+    with pytest.raises(FileSystemError, match="the file system is full"):
+        build(load_job(job), BuildOptions(scheduler="sync", quiet=True, html_report=False, out=tmp_path / "out",
+                                          cache_dir=tmp_path / "cache"))
+    assert len(list((tmp_path / "out" / "demo").glob("*/manifest.json"))) == 1
+

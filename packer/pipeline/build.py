@@ -664,12 +664,12 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     write_warnings(staging, warned)
     version_dir = dataset_root / manifest["version"]
     unpointed = {chunk_of(name) for name in prepared.partial_spills}  # chunks whose spill stays
-    pointer_error: OSError | None = None
+    pointer_error: OSError | PackerError | None = None
     if options.keep_cache:  # before the manifest lands: a build stopped once it is published still resumes from them
         try:
             write_packed_pointers(cache_dir, version_dir, _placed(samples, shards, written), skip=unpointed)
-        except OSError as err:  # the version does not depend on the cache: publish it, then say why the cache failed
-            pointer_error = err
+        except (OSError, FileSystemError, ConfigError) as err:  # a full, read-only or blocked cache (atomic_output's
+            pointer_error = err  # errors): the version does not depend on it; publish it, then say why it failed
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
     if pointer_error is not None:
         raise pointer_error
