@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pydicom
-from pydicom.datadict import get_entry
+from pydicom.datadict import get_entry, keyword_for_tag
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames, parse_basic_offsets, parse_fragments
@@ -510,8 +510,14 @@ def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP
                       "or re-export the file")
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
+        image = classify(ds, (), slices=False).why != "not_image"
+        cut = _cut_inside_value(ref, ds) if image else None
+        if cut is not None:
+            return _issue(ref, "read", "truncated",
+                          f"{sop}: {cut}, so its Image Pixel module ({', '.join(missing)}) and pixels are not in the "
+                          "file: it was cut short, copy it again from the source")
         why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
-               if classify(ds, (), slices=False).why == "not_image" else
+               if not image else
                "yet its SOP class is an image's (or unknown): the file is damaged or was exported without its "
                "pixels; export it again from the archive")
         return _issue(ref, "validate", "no_pixel_data",
@@ -648,6 +654,33 @@ def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: 
                              "stored Y Y Cb Cr), so its samples cannot be paired up; re-export the file as RGB or "
                              "YBR_FULL")
     return None
+
+
+def _cut_inside_value(ref: SampleRef, ds: Dataset) -> str | None:
+    """Where the file ends inside its last top-level element's value (a copy that stopped early:
+    pydicom keeps the partial value without an error), what is cut, naming the element and the
+    byte counts; ``None`` where the last element ends within the file (a header that ends cleanly)
+    or where that cannot be told (a deflated data set, whose offsets are not the file's; an
+    undefined length; a file that no longer reads). Only a file without an Image Pixel module
+    comes here, so the second header-only read (values over 256 bytes skipped, not read) costs
+    nothing on the files that pack."""
+    syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
+    if syntax == DeflatedExplicitVRLittleEndian:
+        return None
+    try:
+        size = os.stat(ref.path).st_size
+        raw = pydicom.dcmread(ref.path, stop_before_pixels=True, defer_size=256)
+    except (OSError, *_PARSE_ERRORS):
+        return None  # the first read got through; whatever fails now, the cut cannot be told from it
+    tags = list(raw.keys())
+    last = raw.get_item(tags[-1]) if tags else None
+    if not isinstance(last, RawDataElement) or last.length == 0xFFFFFFFF or last.value_tell + last.length <= size:
+        return None
+    kept = max(size - last.value_tell, 0)
+    name = keyword_for_tag(last.tag) or "a private or unknown element"
+    return (f"the file ends inside ({last.tag.group:04X},{last.tag.element:04X}) {name}, whose value declares "
+            f"{last.length:,} bytes from byte {last.value_tell:,} but holds {kept:,} of them (the file is "
+            f"{size:,} bytes)")
 
 
 def _lacks_pixel_element(ds: Dataset, stop: tuple[int, bytes]) -> bool:

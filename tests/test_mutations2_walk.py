@@ -1,0 +1,71 @@
+"""DICOM files damaged the way a mutation walk damages them: a copy cut short inside its header,
+a Bits Allocated that no longer matches the codestream. Each is a bad sample whose reason and
+message say what is wrong and what to do, not a misleading reason or a decoder's internal error."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pydicom
+import pytest
+from dicom_files import ct_dataset, save
+from pydicom.uid import ImplicitVRLittleEndian
+from test_dicom_read import issue_of, probe, read  # the DICOM reader's test helpers
+
+# ---------------------------------------------------------------- a copy cut short inside its header
+
+
+UID = "1.2.826.0.1.3680043.8.498.1234567890123456789012345678901234"  # 60 characters: no padding
+
+
+def value_at(data: bytes, group: int, element: int, vr: bytes) -> tuple[int, int]:
+    """Offset and length of an Explicit VR Little Endian short-form element's value in ``data``."""
+    at = data.find(struct.pack("<HH", group, element) + vr)
+    assert at > 0
+    return at + 8, struct.unpack_from("<H", data, at + 6)[0]
+
+
+def ct_file(tmp_path: Path) -> bytes:
+    ds = ct_dataset(SeriesInstanceUID=UID)
+    return save(ds, tmp_path / "whole.dcm").read_bytes()
+
+
+@pytest.mark.parametrize("where", ["first byte", "middle", "all but the last byte"])
+def test_file_cut_inside_a_header_value_is_truncated_not_no_pixel_data(tmp_path: Path, where: str) -> None:
+    data = ct_file(tmp_path)
+    start, length = value_at(data, 0x0020, 0x000E, b"UI")  # before the Image Pixel module (0028,xxxx)
+    kept = {"first byte": 1, "middle": length // 2, "all but the last byte": length - 1}[where]
+    path = tmp_path / "cut.dcm"
+    path.write_bytes(data[:start + kept])
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "truncated", "read")
+        assert "(0020,000E)" in found.message and "SeriesInstanceUID" in found.message
+        assert f"{length} bytes" in found.message and f"{kept} of them" in found.message
+        assert "copy it again" in found.message and "export it again" not in found.message
+
+
+def test_file_cut_inside_a_header_value_in_implicit_vr_is_truncated(tmp_path: Path) -> None:
+    ds = ct_dataset(SeriesInstanceUID=UID)
+    whole = tmp_path / "whole.dcm"
+    ds.file_meta.TransferSyntaxUID = ImplicitVRLittleEndian
+    save(ds, whole)
+    assert pydicom.dcmread(whole).file_meta.TransferSyntaxUID == ImplicitVRLittleEndian
+    data = whole.read_bytes()
+    at = data.find(struct.pack("<HHL", 0x0020, 0x000E, len(UID)))  # implicit VR: tag, 4-byte length
+    path = tmp_path / "cut.dcm"
+    path.write_bytes(data[:at + 8 + 10])
+    for result in (probe(path), read(path)):
+        assert "(0020,000E)" in issue_of(result, "truncated", "read").message
+
+
+def test_file_ending_cleanly_between_elements_without_pixels_stays_no_pixel_data(tmp_path: Path) -> None:
+    """Cut exactly after a whole element, nothing tells a cut from a header exported without its
+    pixels: the reason stays no_pixel_data."""
+    data = ct_file(tmp_path)
+    start, length = value_at(data, 0x0020, 0x000E, b"UI")
+    path = tmp_path / "header_only.dcm"
+    path.write_bytes(data[:start + length])
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "no_pixel_data", "validate")
+        assert "cut short" not in found.message
