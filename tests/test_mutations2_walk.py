@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from dicom_files import ct_dataset, save
+from dicom_files import ct_dataset, save, window
+from pydicom.data import get_testdata_file
 from pydicom.uid import ImplicitVRLittleEndian
 from test_dicom_read import issue_of, probe, read  # the DICOM reader's test helpers
+
+from packer.records import Issue
 
 # ---------------------------------------------------------------- a copy cut short inside its header
 
@@ -69,3 +72,43 @@ def test_file_ending_cleanly_between_elements_without_pixels_stays_no_pixel_data
     for result in (probe(path), read(path)):
         found = issue_of(result, "no_pixel_data", "validate")
         assert "cut short" not in found.message
+
+
+# ---------------------------------------------------------------- Bits Allocated wider than the JPEG decoder returns
+
+
+def with_bits_allocated(name: str, bits: int, tmp_path: Path) -> Path:
+    ds = pydicom.dcmread(get_testdata_file(name))
+    ds.BitsAllocated = bits
+    ds.BurnedInAnnotation = "NO"
+    return save(ds, tmp_path / f"{Path(name).stem}_ba{bits}.dcm")
+
+
+@pytest.mark.parametrize(("name", "precision", "bits"), [
+    ("SC_rgb_jpeg_dcmtk.dcm", 8, 16),   # JPEG Baseline (Process 1): 8-bit samples only
+    ("SC_rgb_jpeg_gdcm.dcm", 8, 16),    # JPEG Lossless SV1, an 8-bit codestream
+    ("JPGExtended.dcm", 12, 32),        # JPEG Extended, 12-bit: libjpeg returns 16-bit samples
+])
+def test_jpeg_codestream_narrower_than_bits_allocated_is_bad_shape_naming_both(
+        tmp_path: Path, name: str, precision: int, bits: int) -> None:
+    """pylibjpeg-libjpeg returns an ISO 10918 codestream's samples in 8 bits (precision up to 8)
+    or 16, and pydicom lays them out by Bits Allocated: a wider Bits Allocated failed in numpy
+    ("could not broadcast input array from shape (15000,) into shape (30000,)")."""
+    found = issue_of(read(with_bits_allocated(name, bits, tmp_path), window(2048.0, 4096.0)), "bad_shape", "validate")
+    assert f"{precision}-bit" in found.message and f"(0028,0100) Bits Allocated is {bits}" in found.message
+    assert "broadcast" not in found.message and "fix Bits Allocated" in found.message
+
+
+@pytest.mark.parametrize(("name", "bits"), [
+    ("JPGExtended.dcm", 16),                # 12-bit JPEG Extended in 16 bits: as written
+    ("SC_rgb_jpeg_dcmtk.dcm", 8),           # 8-bit JPEG Baseline as written
+    ("JPEGLSNearLossless_08.dcm", 16),      # 8-bit JPEG-LS: pydicom sizes the container by its precision
+    ("examples_jpeg2k.dcm", 16),            # 8-bit JPEG 2000: likewise
+    ("MR_small_jpeg_ls_lossless.dcm", 16),  # 16-bit JPEG-LS, 16-bit JPEG 2000, as written
+    ("MR_small_jp2klossless.dcm", 16),
+])
+def test_jpeg_codestreams_the_decoder_lays_out_in_bits_allocated_still_decode(
+        tmp_path: Path, name: str, bits: int) -> None:
+    result = read(with_bits_allocated(name, bits, tmp_path), window(2048.0, 4096.0))
+    assert not isinstance(result, Issue), result.message
+    assert result and result[0].image.size > 0

@@ -1332,6 +1332,11 @@ _NEWER_SYNTAXES = {
 #: RLE Lossless: the decodable syntax whose frames carry no end marker (JPEG, JPEG-LS and JPEG 2000
 #: codestreams end with FFD9), so nothing in its fragments says where one frame ends
 _RLE = "1.2.840.10008.1.2.5"
+#: The ISO 10918 (JPEG) syntaxes: pylibjpeg-libjpeg returns their samples in 8 bits (precision up
+#: to 8) or 16, and pydicom lays them out by Bits Allocated, where it sizes JPEG-LS and JPEG 2000
+#: samples by the codestream's precision (its pylibjpeg decoder's ``bits_allocated`` option)
+_JPEG_10918 = frozenset({"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
+                         "1.2.840.10008.1.2.4.70"})
 
 
 def _unsplittable_fragments(ds: Dataset, geometry: _Geometry) -> str | None:
@@ -1424,9 +1429,11 @@ def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | N
     say Rows × Columns (the decoder allocates what the codestream says, and pydicom reshapes a
     64×48 codestream under a 48×64 header without a word: rows scrambled) and a bit depth Bits
     Allocated holds (a 12-bit codestream under Bits Allocated 8 came back as each value's low
-    byte), and there must not be more frames than (0028,0008) says, nor fragments that cannot be
-    told apart into frames (:func:`_unsplittable_fragments`). Data too broken to split into frames
-    is left to the decoder, which reports it."""
+    byte) and, for JPEG (ISO 10918), one no narrower than the decoder's 8- or 16-bit samples (an
+    8-bit codestream under Bits Allocated 16 failed in numpy's broadcast), and there must not be
+    more frames than (0028,0008) says, nor fragments that cannot be told apart into frames
+    (:func:`_unsplittable_fragments`). Data too broken to split into frames is left to the
+    decoder, which reports it."""
     extended = None
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
         extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
@@ -1463,6 +1470,13 @@ def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | N
                               f"Bits Allocated is {geometry.bits_allocated}, which cannot hold them (the decoder "
                               "would keep the low bits of each); nothing was decoded, fix Bits Allocated and Bits "
                               "Stored or re-export the file")
+            container = 8 if header.precision <= 8 else 16
+            if geometry.transfer_syntax in _JPEG_10918 and geometry.bits_allocated > container:
+                return _issue(ref, "validate", "bad_shape",
+                              f"frame {index}'s codestream holds {header.precision}-bit values but (0028,0100) "
+                              f"Bits Allocated is {geometry.bits_allocated}: the JPEG decoder returns them in "
+                              f"{container} bits, which cannot be laid out as {geometry.bits_allocated}; nothing was "
+                              f"decoded, fix Bits Allocated (to {container}) and Bits Stored, or re-export the file")
     except _DECODE_ERRORS:
         return None
     return None
