@@ -667,13 +667,13 @@ def _cut_inside_value(ref: SampleRef, ds: Dataset) -> str | None:
     syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
     if syntax == DeflatedExplicitVRLittleEndian:
         return None
-    try:
+    try:  # the listing and the raw item read values too (a private element's, in its VR): inside the try
         size = os.stat(ref.path).st_size
         raw = pydicom.dcmread(ref.path, stop_before_pixels=True, defer_size=256)
+        tags = list(raw.keys())
+        last = raw.get_item(tags[-1]) if tags else None
     except (OSError, *_PARSE_ERRORS):
         return None  # the first read got through; whatever fails now, the cut cannot be told from it
-    tags = list(raw.keys())
-    last = raw.get_item(tags[-1]) if tags else None
     if not isinstance(last, RawDataElement) or last.length == 0xFFFFFFFF or last.value_tell + last.length <= size:
         return None
     kept = max(size - last.value_tell, 0)
