@@ -380,8 +380,9 @@ IMAGE_CONFIGS = (
 
 
 #: A header ``where:`` asking for every SOP class: the seeds include secondary captures and an RT
-#: Dose, which an image job packs only when asked (``packer.read.dicom_objects``)
-ASK_ALL = (Condition("SOPClassUID", "match", (".",)),)
+#: Dose, which an image job packs only when a condition names them (``packer.read.dicom_objects``:
+#: ``.`` alone finds every class and names none), so the pattern writes both out
+ASK_ALL = (Condition("SOPClassUID", "match", ("Secondary Capture|RT Dose|.",)),)
 
 
 def job_for(dicom: DicomTransformConfig, image: ImageTransformConfig) -> JobConfig:
