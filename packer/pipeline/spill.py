@@ -208,7 +208,9 @@ class CachedChunk:
 #: numbers, Bits Allocated against Segmentation Type, excess Pixel Data, non-finite frame planes).
 #: 67: a label map's sform/qform note names no file (PHI); where: matches that spell a kind ask for it,
 #: numbers and ACR-NEMA spellings of dates/times compare again; BINARY SEGs of a byte a pixel read.
-CACHE_FORMAT = 67
+#: 68: a DICOM cut inside a header value truncated (was no_pixel_data); a JPEG codestream narrower than
+#: Bits Allocated bad_shape (was decode_failed).
+CACHE_FORMAT = 68
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
