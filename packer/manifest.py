@@ -212,7 +212,7 @@ def resolve_manifest_path(path: str | Path) -> Path:
                               f"dataset runs (it holds the dataset folder's lock): the version it is publishing "
                               f"({MANIFEST_FILE} "
                               "comes last), or an earlier build's leftover; wait for the build to end, then open it "
-                              "(still without a manifest, it is a stopped build's: build again, or `packer gc` "
+                              "(still without a manifest then, it is a leftover: build again, or `packer gc` "
                               "removes it)")
         raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
                           f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
