@@ -74,6 +74,20 @@ def test_file_ending_cleanly_between_elements_without_pixels_stays_no_pixel_data
         assert "cut short" not in found.message
 
 
+@pytest.mark.parametrize("into", [1, 4, 7])
+def test_file_cut_inside_the_next_elements_header_is_truncated(tmp_path: Path, into: int) -> None:
+    """pydicom drops a trailing element header cut short (1 to 7 of its 8 bytes) without a word: the
+    cut copy read as a header exported without its pixels, as about a third of header cuts did."""
+    data = ct_file(tmp_path)
+    start, length = value_at(data, 0x0020, 0x000E, b"UI")
+    path = tmp_path / "cut.dcm"
+    path.write_bytes(data[:start + length + into])
+    for result in (probe(path), read(path)):
+        found = issue_of(result, "truncated", "read")
+        assert f"ends {into} byte(s) into the header of the element after (0020,000E)" in found.message, found
+        assert "copy it again" in found.message
+
+
 # ---------------------------------------------------------------- Bits Allocated wider than the JPEG decoder returns
 
 

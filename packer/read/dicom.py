@@ -658,8 +658,9 @@ def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: 
 
 def _cut_inside_value(ref: SampleRef, ds: Dataset) -> str | None:
     """Where the file ends inside its last top-level element's value (a copy that stopped early:
-    pydicom keeps the partial value without an error), what is cut, naming the element and the
-    byte counts; ``None`` where the last element ends within the file (a header that ends cleanly)
+    pydicom keeps the partial value without an error), or inside the header of the element after it
+    (1 to 11 bytes past its end, which pydicom drops), what is cut, naming the element and the
+    byte counts; ``None`` where the last element ends the file (a header that ends cleanly)
     or where that cannot be told (a deflated data set, whose offsets are not the file's; an
     undefined length; a file that no longer reads). Only a file without an Image Pixel module
     comes here, so the second header-only read (values over 256 bytes skipped, not read) costs
@@ -674,13 +675,24 @@ def _cut_inside_value(ref: SampleRef, ds: Dataset) -> str | None:
         last = raw.get_item(tags[-1]) if tags else None
     except (OSError, *_PARSE_ERRORS):
         return None  # the first read got through; whatever fails now, the cut cannot be told from it
-    if not isinstance(last, RawDataElement) or last.length == 0xFFFFFFFF or last.value_tell + last.length <= size:
+    if not isinstance(last, RawDataElement) or last.length == 0xFFFFFFFF:
+        return None
+    end = last.value_tell + last.length
+    name = keyword_for_tag(last.tag) or "a private or unknown element"
+    if end < size < end + _ELEMENT_HEAD_MAX:  # pydicom drops a next element's header cut short without a word
+        return (f"the file ends {size - end} byte(s) into the header of the element after "
+                f"({last.tag.group:04X},{last.tag.element:04X}) {name} (a data element's tag, VR and length take "
+                f"8 or 12 bytes; the file is {size:,} bytes)")
+    if end <= size:
         return None
     kept = max(size - last.value_tell, 0)
-    name = keyword_for_tag(last.tag) or "a private or unknown element"
     return (f"the file ends inside ({last.tag.group:04X},{last.tag.element:04X}) {name}, whose value declares "
             f"{last.length:,} bytes from byte {last.value_tell:,} but holds {kept:,} of them (the file is "
             f"{size:,} bytes)")
+
+
+#: The longest data element header (explicit VR with a 4-byte length: tag 4, VR 2, reserved 2, length 4)
+_ELEMENT_HEAD_MAX = 12
 
 
 def _lacks_pixel_element(ds: Dataset, stop: tuple[int, bytes]) -> bool:
