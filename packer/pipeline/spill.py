@@ -209,8 +209,8 @@ class CachedChunk:
 #: 67: a label map's sform/qform note names no file (PHI); where: matches that spell a kind ask for it,
 #: numbers and ACR-NEMA spellings of dates/times compare again; BINARY SEGs of a byte a pixel read.
 #: 68: a DICOM cut inside a header value truncated (was no_pixel_data); a JPEG codestream narrower than
-#: Bits Allocated bad_shape (was decode_failed).
-CACHE_FORMAT = 68
+#: Bits Allocated bad_shape (was decode_failed). 69: a DICOM cut inside an element's header truncated too.
+CACHE_FORMAT = 69
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
