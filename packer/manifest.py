@@ -235,8 +235,10 @@ def resolve_manifest_path(path: str | Path) -> Path:
         return candidate
     # <dataset>/<version> or <dataset>/<version>/manifest.json, with a version that is not there
     dataset = candidate.parent.parent if candidate.name == MANIFEST_FILE else candidate.parent
-    if dataset.is_dir() and (any(re.fullmatch(r"[0-9a-f]{12}", name) for name in _versions_newest_last(dataset))
-                             or _version_links(dataset)):
+    # a version is named as a build names it (12 hex digits), a link to one too where it is all there is (a
+    # folder of other names holding manifests, a test run's basetemp say, is no dataset folder)
+    if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in (
+            *_versions_newest_last(dataset), *(link.split(" -> ", 1)[0] for link in _version_links(dataset)))):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
 

@@ -219,13 +219,20 @@ def test_a_path_that_is_plainly_not_a_version_is_a_usage_error_that_says_what_to
     elsewhere.mkdir()
     kept = elsewhere / version.name
     version.rename(kept)
-    (dataset / version.name).symlink_to(kept)
+    link = dataset / "375dba187d89"  # linked in under its version's name, as a build names it
+    link.symlink_to(kept)
     for given in (dataset, dataset / "fedcba987654"):
-        with pytest.raises(ConfigError, match=(f"it holds no version of its own but the link\\(s\\) {version.name} -> "
-                                               f"{kept}; pass one of them, e.g. {version}$")):
+        with pytest.raises(ConfigError, match=(f"it holds no version of its own but the link\\(s\\) {link.name} -> "
+                                               f"{kept}; pass one of them, e.g. {link}$")):
             read_manifest(given)
-    (dataset / version.name).unlink()
+    link.unlink()
     kept.rename(version)
+    # links of other names to folders with manifests (a test run's basetemp, pytest's '...current' links) make
+    # no dataset folder: a missing path beside them gets the plain message, not a list of them
+    (dataset / "runcurrent").symlink_to(version)
+    with pytest.raises(ConfigError, match="fedcba987654: no such file or folder; pass a version folder"):
+        read_manifest(dataset / "fedcba987654")
+    (dataset / "runcurrent").unlink()
     shard = next(version.glob("*.tar"))
     with pytest.raises(ConfigError, match=f"not a manifest .*; pass its version folder {version}$"):
         read_manifest(shard)
