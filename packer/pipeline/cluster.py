@@ -935,19 +935,23 @@ def _check_it_speaks_dask(scheduler: str, *, wait: float = HANDSHAKE_WAIT_S) -> 
         return
     if scheme != "tcp":
         return
+    reset: OSError | None = None
+    first: bytes | None
     try:
         conn = socket.create_connection((host, int(port)), timeout=wait)
+    except (ConnectionResetError, ConnectionAbortedError) as err:  # accepted, then reset before connect returned
+        conn, first, reset = None, b"", err
     except OSError:
         return  # dask's Client says it cannot connect, after its own timeout
-    with conn:
-        conn.settimeout(wait)
-        reset: OSError | None = None
-        try:
-            first = conn.recv(16)
-        except TimeoutError:
-            first = None
-        except OSError as err:  # reset before any greeting (a proxy's idle timeout): a scheduler greets at once
-            first, reset = b"", err
+    if conn is not None:
+        with conn:
+            conn.settimeout(wait)
+            try:
+                first = conn.recv(16)
+            except TimeoutError:
+                first = None
+            except OSError as err:  # reset before any greeting (a proxy's idle timeout): a scheduler greets at once
+                first, reset = b"", err
     if first is not None and len(first) >= 8 and int.from_bytes(first[:8], "little") < _MAX_FRAMES:
         _check_it_is_the_scheduler(scheduler, address, wait)
         return
