@@ -210,10 +210,9 @@ def resolve_manifest_path(path: str | Path) -> Path:
         if folder_locked_now(parent_folder(folder)):
             raise ConfigError(f"{candidate}: no {MANIFEST_FILE} yet, while a `packer build` (or gc) of this "
                               f"dataset runs (it holds the dataset folder's lock): the version it is publishing "
-                              f"({MANIFEST_FILE} "
-                              "comes last), or an earlier build's leftover; wait for the build to end, then open it "
-                              "(still without a manifest then, it is a leftover: build again, or `packer gc` "
-                              "removes it)")
+                              f"({MANIFEST_FILE} comes last), or an earlier build's leftover; wait for the build to "
+                              "end, then open it (still without a manifest then, it is a leftover: build again, or "
+                              "`packer gc` removes it)")
         raise ConfigError(f"{candidate}: a version whose build stopped while publishing it (it holds {INDEX_FILE} "
                           f"but no {MANIFEST_FILE}: killed, or a full disk), not a dataset; run the same `packer "
                           f"build` again to finish it, or remove it with `packer gc {parent_folder(folder)} --keep N` "
@@ -238,7 +237,7 @@ def resolve_manifest_path(path: str | Path) -> Path:
     # a version is named as a build names it (12 hex digits), a link to one too where it is all there is (a
     # folder of other names holding manifests, a test run's basetemp say, is no dataset folder)
     if dataset.is_dir() and any(re.fullmatch(r"[0-9a-f]{12}", name) for name in (
-            *_versions_newest_last(dataset), *(link.split(" -> ", 1)[0] for link in _version_links(dataset)))):
+            *_versions_newest_last(dataset), *_version_links(dataset))):
         raise ConfigError(f"{candidate}: no such file or folder; {dataset} is {_not_a_version(dataset)}")
     raise ConfigError(f"{candidate}: no such file or folder; {_PASS_A_VERSION}")
 
@@ -306,13 +305,10 @@ def _versions_and_failures(folder: Path) -> list[tuple[str, bool]]:
     return [(name, failed) for _, name, failed in sorted(found)]
 
 
-def _version_links(folder: Path) -> list[str]:
-    """``name -> target`` of each link in ``folder`` to a version folder (a pinned name), by name."""
-    links = []
-    for entry in sorted(folder.iterdir()):
-        if entry.is_symlink() and (entry / MANIFEST_FILE).is_file():
-            links.append(f"{entry.name} -> {os.readlink(entry)}")
-    return links
+def _version_links(folder: Path) -> dict[str, str]:
+    """Each link in ``folder`` to a version folder (a pinned name), by name: its target as written."""
+    return {entry.name: os.readlink(entry) for entry in sorted(folder.iterdir())
+            if entry.is_symlink() and (entry / MANIFEST_FILE).is_file()}
 
 
 def _not_a_version(folder: Path) -> str:
@@ -320,10 +316,11 @@ def _not_a_version(folder: Path) -> str:
     listed = _versions_and_failures(folder)
     versions = [name for name, _ in listed]
     usable = [name for name, failed in listed if not failed]  # a loader refuses a failed build's version
+    links = _version_links(folder)
+    shown = ", ".join(f"{name} -> {target}" for name, target in links.items())
     if versions:
-        links = _version_links(folder)
         held = (f"a dataset folder, not a version: it holds the version(s) {', '.join(versions)} (oldest first)"
-                + (f" and the link(s) {', '.join(links)}" if links else "") + "; ")
+                + (f" and the link(s) {shown}" if links else "") + "; ")
         if usable and usable[-1] == versions[-1]:
             return f"{held}pass one of them, e.g. the newest, {folder / versions[-1]}"
         if usable:
@@ -332,11 +329,9 @@ def _not_a_version(folder: Path) -> str:
         return (f"{held}pass one of them; each is a failed build's version (exit 3: bad samples over "
                 "max_bad_fraction), kept for its report and refused by the loaders: fix the inputs or the job and "
                 "build again for a version to train on")
-    links = _version_links(folder)
     if links:  # versions kept elsewhere (another disk, another team's) and linked in: open them by their links
-        first = links[0].split(" -> ", 1)[0]
-        return (f"a dataset folder, not a version: it holds no version of its own but the link(s) {', '.join(links)}; "
-                f"pass one of them, e.g. {folder / first}")
+        return (f"a dataset folder, not a version: it holds no version of its own but the link(s) {shown}; "
+                f"pass one of them, e.g. {folder / next(iter(links))}")
     copies = sorted(entry.name for entry in folder.iterdir() if entry.is_file() and entry.suffix == ".json")
     if copies:
         return (f"no {MANIFEST_FILE} here; it holds {', '.join(copies[:5])}{' …' if len(copies) > 5 else ''}: "

@@ -312,7 +312,7 @@ def _other_kind(path: Path) -> str:
         return "trash"
     if not is_incomplete_version(path):
         return "other"
-    # a running build holds the dataset folder's lock while it publishes (its manifest.json comes last)
+    # a build holds the dataset folder's lock from start to end (gc while it runs): this may be its version
     return "publishing" if folder_locked_now(path.parent) else "incomplete"
 
 
@@ -397,10 +397,9 @@ _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next bui
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "
                              "the same inputs replaces it; `packer gc` removes it",
                "publishing": "NO MANIFEST YET: a `packer build` (or gc) of this dataset is running (it holds the "
-                             "folder's "
-                             "lock), and this may be the version it is publishing (manifest.json comes last) or an "
-                             "earlier build's leftover; once the build has ended it is either complete or, still "
-                             "without manifest.json, INCOMPLETE (`packer gc` removes it)",
+                             "folder's lock), and this may be the version it is publishing (manifest.json comes "
+                             "last) or an earlier build's leftover; once the build has ended it is either complete "
+                             "or, still without manifest.json, INCOMPLETE (`packer gc` removes it)",
                "other": "not a version (no manifest.json): left alone",
                "link": "a symbolic link to {target}: not a folder a build of this dataset wrote, so not listed "
                        "as a version and none of its bytes counted here (`packer gc` leaves it alone)",
