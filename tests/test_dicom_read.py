@@ -1215,8 +1215,10 @@ def test_decode_step_returns_native_byte_order() -> None:
     assert not pixel_array(ds).dtype.isnative  # pydicom itself keeps big-endian order
     geometry = reader._check_image(ref, ds)
     assert not isinstance(geometry, Issue)
-    decoded = reader._decode(ref, ds, geometry)
-    assert isinstance(decoded, np.ndarray) and decoded.dtype.isnative and decoded.shape == (1, 64, 64, 1)
+    result = reader._decode(ref, ds, geometry)
+    assert not isinstance(result, Issue) and result.note is None
+    decoded = result.pixels
+    assert decoded.dtype.isnative and decoded.shape == (1, 64, 64, 1)
     little = pixel_array(pydicom.dcmread(shipped("MR_small.dcm")))
     np.testing.assert_array_equal(decoded[0, :, :, 0], little)
 

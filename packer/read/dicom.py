@@ -1128,16 +1128,17 @@ def _read(ref: SampleRef, cfg: DicomTransformConfig, limits: LimitsConfig, allow
     problem = _check_safety(ref, ds, geometry, limits, allow_burned_in)
     if problem is not None:
         return problem
-    pixels = _decode(ref, ds, geometry)
-    if isinstance(pixels, Issue):
-        return pixels
+    decoded = _decode(ref, ds, geometry)
+    if isinstance(decoded, Issue):
+        return decoded
+    pixels = decoded.pixels
     color_bits = _palette_bits(ds) if geometry.photometric == PALETTE else geometry.bits_stored
     metadata = _base_metadata(ds, geometry)
     notes = [undecodable_note(ds, entity_keyword) if entity_keyword else None,
              _dark_palette_note(ds) if geometry.photometric == PALETTE else None,
              _wide_palette_note(ds) if geometry.photometric == PALETTE else None,
              _signed_colour_note(ds, geometry), _codestream_planar_note(ds, geometry),
-             _excess_padding_note(ds, geometry)]
+             _excess_padding_note(ds, geometry), decoded.note]
     if any(note is not None for note in notes):
         metadata["warnings"] = [note for note in notes if note is not None]
     try:
@@ -1494,7 +1495,7 @@ def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | N
     return None
 
 
-def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Issue:
+def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issue:
     """Decode all frames with the pinned plugin → (frames, rows, columns, samples), native order."""
     keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
     encapsulated = geometry.transfer_syntax not in _NATIVE
@@ -1545,6 +1546,7 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     plugin = _DECODERS[geometry.transfer_syntax]
     # colour samples flagged signed are read as the unsigned values they are (_signed_colour_note)
     unsigned: dict[str, Any] = {"pixel_representation": 0} if _overrules_signed(ds, geometry) else {}
+    note: str | None = None
     try:
         # Encapsulated: decode only the frames the header declares (and _check_frames sized), not
         # whatever else the fragments hold: pydicom's default would decode excess frames too.
@@ -1553,8 +1555,14 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
         # but pydicom re-reads the output as colour-by-plane where the header says 1 (the RLE and
         # JPEG-LS decoders set the layout they return themselves, over this option).
         if encapsulated:
-            arr = _stored_bits_only(pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False,
-                                                planar_configuration=0, **unsigned), geometry.bits_stored)
+            decoded = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False, planar_configuration=0,
+                                  **unsigned)
+            clipped = (_lossy_overshoot(decoded, geometry.bits_stored)
+                       if geometry.transfer_syntax in _LOSSY_CAPABLE else 0)
+            arr = (_clipped_to_stored_range(decoded, geometry.bits_stored) if clipped else
+                   _stored_bits_only(decoded, geometry.bits_stored))
+            note = _overshoot_note(clipped, _stored_range(decoded.dtype, geometry.bits_stored), geometry) \
+                if clipped else None
         else:
             arr = pixel_array(ds, decoding_plugin=plugin, **unsigned)
         if geometry.photometric == PALETTE:
@@ -1594,7 +1602,7 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> np.ndarray | Is
     arr = arr.reshape(geometry.frames, geometry.rows, geometry.columns, samples)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return arr
+    return _Decoded(arr, note)
 
 
 def _overrules_signed(ds: Dataset, geometry: _Geometry) -> bool:
@@ -1625,11 +1633,80 @@ def _signed_colour_note(ds: Dataset, geometry: _Geometry) -> str | None:
             "(e.g. dcmodify -m \"(0028,0103)=0\")")
 
 
+@dataclass(frozen=True)
+class _Decoded:
+    """A file's decoded stored values (frames × rows × columns × samples) and the warning its
+    decoding earned (:func:`_overshoot_note`), None where it earned none."""
+
+    pixels: np.ndarray
+    note: str | None
+
+
+#: The decodable syntaxes whose codestreams may be lossy (PS3.5 8.2: JPEG Baseline/Extended's DCT,
+#: JPEG-LS near-lossless, irreversible JPEG 2000 and HTJ2K): their decoders reconstruct values
+#: approximately, and a codestream whose precision exceeds Bits Stored (Bits Allocated's 16, as
+#: encoders write it) can come back a few levels outside Bits Stored's range at saturated pixels.
+#: The lossless-only syntaxes are not here: what they decode is what was written, bit for bit.
+_LOSSY_CAPABLE = frozenset({
+    "1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.81", "1.2.840.10008.1.2.4.91",
+    "1.2.840.10008.1.2.4.203"})
+
+
+def _stored_range(dtype: np.dtype, bits_stored: int) -> tuple[int, int]:
+    """The lowest and highest value ``bits_stored`` bits hold, two's complement where ``dtype`` is signed."""
+    if dtype.kind == "i":
+        return -(1 << (bits_stored - 1)), (1 << (bits_stored - 1)) - 1
+    return 0, (1 << bits_stored) - 1
+
+
+def _lossy_overshoot(arr: np.ndarray, bits_stored: int) -> int:
+    """How many of a lossy-capable codestream's decoded values lie outside Bits Stored's range
+    where all of them lie so near it that they are the coder's reconstruction error at saturated
+    pixels (4095 → 4098 for 12 bits unsigned, -2048 → -2052 signed); 0 where none lies outside, or
+    where any lies further out: those are bits above High Bit, no pixel data, which
+    :func:`_stored_bits_only` drops.
+
+    The margin, an eighth of the range (512 levels for 12 bits): a garbage bit above High Bit
+    moves a value by at least the whole range (4096 for bit 12), and sets it on almost every pixel;
+    a lossy coder's overshoot is its error at an edge against the range's end, a few levels for
+    near-lossless JPEG-LS (NEAR at most) and for JPEG 2000 at diagnostic rates, under a tenth of the
+    edge's height even for ringing at high compression."""
+    width = arr.dtype.itemsize * 8
+    if arr.dtype.kind not in "iu" or not 0 < bits_stored < width or arr.size == 0:
+        return 0
+    low, high = _stored_range(arr.dtype, bits_stored)
+    least, most = int(arr.min()), int(arr.max())
+    if low <= least and most <= high:
+        return 0
+    margin = (1 << bits_stored) // 8
+    if least < low - margin or most > high + margin:
+        return 0
+    return int(np.count_nonzero((arr < low) | (arr > high)))
+
+
+def _clipped_to_stored_range(arr: np.ndarray, bits_stored: int) -> np.ndarray:
+    """``arr`` clipped to Bits Stored's range (a lossy codestream's overshoot, :func:`_lossy_overshoot`)."""
+    low, high = _stored_range(arr.dtype, bits_stored)
+    return np.clip(arr, low, high).astype(arr.dtype, copy=False)
+
+
+def _overshoot_note(clipped: int, stored_range: tuple[int, int], geometry: _Geometry) -> str:
+    """The warning for a lossy codestream's values clipped to Bits Stored's range (:func:`_lossy_overshoot`)."""
+    low, high = stored_range
+    return (f"{clipped} decoded value(s) lay just outside {low}..{high}, the range of (0028,0101) Bits Stored "
+            f"{geometry.bits_stored}: transfer syntax {geometry.transfer_syntax} "
+            f"({UID(geometry.transfer_syntax).name}) allows lossy coding, whose reconstruction overshoots "
+            "saturated pixels by a few levels; they were "
+            f"clipped to the range, not cut to their low {geometry.bits_stored} bits (which would turn the "
+            "brightest pixels dark, or the darkest bright): nothing to fix in the file")
+
+
 def _stored_bits_only(arr: np.ndarray, bits_stored: int) -> np.ndarray:
     """``arr`` with only its low ``bits_stored`` bits, sign-extended where it is signed: what
     pydicom gives for native and RLE data (PS3.5 8.1.1: the bits above High Bit are no pixel
     data), and what a JPEG 2000 or JPEG-LS codestream that carries those bits too (its precision
-    Bits Allocated, not Bits Stored) decodes to without it. Unchanged, not copied, where every
+    Bits Allocated, not Bits Stored) decodes to without it (a lossy codestream's few values just
+    past the range are clipped instead: :func:`_lossy_overshoot`). Unchanged, not copied, where every
     value lies in Bits Stored's range already (the usual case)."""
     width = arr.dtype.itemsize * 8
     if arr.dtype.kind not in "iu" or not 0 < bits_stored < width or arr.size == 0:
