@@ -15,6 +15,7 @@ from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGLSLossless, JPEGLSNearLo
 
 from packer.config import DicomTransformConfig
 from packer.read.dicom import read_dicom
+from packer.records import Issue
 
 
 def _image(signed: bool) -> np.ndarray:
@@ -104,3 +105,38 @@ def test_a_lossless_only_syntax_reads_values_past_bits_stored_as_its_stored_bits
     hu, metadata = _hu(_file(tmp_path, syntax, raw, img))
     np.testing.assert_array_equal(hu, (img & 0x0FFF).astype(np.float64) - 1024)
     assert not [note for note in metadata.get("warnings", []) if "clipped" in note]
+
+
+def _jpip_file(tmp_path: Path, syntax: str, url: str | None) -> Path:
+    """A JPIP Referenced CT header: no (7FE0,0010) Pixel Data, its pixels on the JPIP server
+    that (0028,7FE0) Pixel Data Provider URL names (PS3.5 A.6)."""
+    ds = ct_dataset(np.zeros((64, 64), np.uint16))
+    ds.BitsStored, ds.HighBit = 12, 11
+    ds.file_meta.TransferSyntaxUID = syntax
+    del ds.PixelData
+    if url is not None:
+        ds.PixelDataProviderURL = url
+    return save(ds, tmp_path / f"{syntax}.dcm")
+
+
+@pytest.mark.parametrize("syntax", ["1.2.840.10008.1.2.4.94", "1.2.840.10008.1.2.4.95", "1.2.840.10008.1.2.4.204",
+                                    "1.2.840.10008.1.2.4.205"])
+def test_a_jpip_referenced_file_is_told_to_fetch_its_pixels_from_the_server_not_to_transcode(
+        tmp_path: Path, syntax: str) -> None:
+    """A JPIP Referenced (Deflate; HTJ2K) file holds no pixels to transcode: dcmconv or gdcmconv
+    cannot help. The message names the server's URL and says to retrieve the instances from the
+    PACS in a transfer syntax that carries the pixels."""
+    url = "http://pacs.example.org/jpip?target=" + "7" * 300
+    out = read_dicom(make_ref(_jpip_file(tmp_path, syntax, url)), DicomTransformConfig(windows=(), output="float16"))
+    assert isinstance(out, Issue) and out.reason == "unsupported_transfer_syntax", out
+    assert "dcmconv" not in out.message and "gdcmconv" not in out.message
+    assert "JPIP" in out.message and "(0028,7FE0) Pixel Data Provider URL" in out.message
+    assert "'http://pacs.example.org/jpip?target=777" in out.message and "7" * 300 not in out.message
+    assert "Explicit VR Little Endian" in out.message and "retrieve" in out.message
+
+
+def test_a_jpip_referenced_file_without_its_url_says_it_has_none(tmp_path: Path) -> None:
+    out = read_dicom(make_ref(_jpip_file(tmp_path, "1.2.840.10008.1.2.4.94", None)),
+                     DicomTransformConfig(windows=(), output="float16"))
+    assert isinstance(out, Issue) and out.reason == "unsupported_transfer_syntax", out
+    assert "dcmconv" not in out.message and "no (0028,7FE0) Pixel Data Provider URL" in out.message

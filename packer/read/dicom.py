@@ -558,6 +558,8 @@ def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP
         named = _NEWER_SYNTAXES.get(syntax, UID(syntax).name)
         what = (f"{syntax} ({named})" if named != syntax else
                 f"{syntax} (one pydicom {pydicom.__version__} does not know: newer than it, or made up)")
+        if syntax in _JPIP_REFERENCED:
+            return _issue(ref, "read", "unsupported_transfer_syntax", _jpip_message(ds, what))
         if any(word in named for word in ("MPEG", "HEVC", "H.264", "H.265")):
             # a video stream: no DICOM transcoder (dcmconv, gdcmconv) decodes it to frames
             return _issue(ref, "read", "unsupported_transfer_syntax",
@@ -606,6 +608,30 @@ def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP
     if problem is not None:
         return _issue(ref, "validate", *problem)
     return _Geometry(rows, columns, frames, samples, bits_allocated, bits_stored, photometric, syntax)
+
+
+#: The JPIP Referenced syntaxes (JPIP Referenced, and Deflate; JPIP HTJ2K Referenced, and Deflate): the
+#: file holds no Pixel Data, only (0028,7FE0) Pixel Data Provider URL, the JPIP server that has the
+#: pixels (PS3.5 A.6 and A.7, and their HTJ2K counterparts)
+_JPIP_REFERENCED = frozenset({"1.2.840.10008.1.2.4.94", "1.2.840.10008.1.2.4.95", "1.2.840.10008.1.2.4.204",
+                              "1.2.840.10008.1.2.4.205"})
+#: The most of a Pixel Data Provider URL a message quotes
+_URL_QUOTED = 100
+
+
+def _jpip_message(ds: Dataset, what: str) -> str:
+    """The message for a JPIP Referenced file (:data:`_JPIP_REFERENCED`, ``what`` its syntax named):
+    its pixels are on the server its Pixel Data Provider URL names, not in the file, so there is
+    nothing a transcoder (dcmconv, gdcmconv) could convert; the instances must be retrieved again in
+    a syntax that carries them."""
+    url = str(ds.get("PixelDataProviderURL", "") or "").strip()
+    where = (f"on the JPIP server its (0028,7FE0) Pixel Data Provider URL names "
+             f"({url if len(url) <= _URL_QUOTED else url[:_URL_QUOTED - 3] + '...'!r})" if url else
+             "on a JPIP server, though the file names none: it has no (0028,7FE0) Pixel Data Provider URL")
+    return (f"transfer syntax {what} keeps the pixels out of the file, {where}; there is nothing "
+            "in it to decode or transcode: retrieve the instances from the PACS again in a transfer syntax "
+            "that carries the pixels (C-MOVE/C-GET or WADO asking for Explicit VR Little Endian, "
+            "1.2.840.10008.1.2.1), not a JPIP one")
 
 
 #: (0019,100A) Siemens Number of Images in Mosaic (private, SIEMENS MR HEADER / CSA HEADER block 10)
