@@ -210,7 +210,8 @@ class CachedChunk:
 #: numbers and ACR-NEMA spellings of dates/times compare again; BINARY SEGs of a byte a pixel read.
 #: 68: a DICOM cut inside a header value truncated (was no_pixel_data); a JPEG codestream narrower than
 #: Bits Allocated bad_shape (was decode_failed). 69: a DICOM cut inside an element's header truncated too.
-CACHE_FORMAT = 69
+#: 70: a lossy codestream's overshoot just past Bits Stored clipped (was masked to the stored bits).
+CACHE_FORMAT = 70
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
