@@ -3,7 +3,9 @@ Deflate, LZW or PackBits strip or tile decode to the bytes its rows need?
 
 libtiff (under OpenCV) pads a strip whose stream is cut short (a StripByteCounts smaller than
 the stream) or damaged with zero rows and returns the page, so packer would pack zero rows as
-if they were data: black rows of an image, background rows of a mask. Both decoders ask
+if they were data: black rows of an image, background rows of a mask. A Deflate stream damaged
+in place can still give every row, wrong: libtiff stops once it has the rows and never reaches
+the stream's Adler-32 checksum, so packer inflates each Deflate strip to its end. Both decoders ask
 :func:`strip_problem` first: the image reader
 (:func:`packer.read.image_structure.check_strip_data`) and the mask decoder
 (:mod:`packer.transform.mask`), which may not import a reader. Pure functions of the file's
@@ -49,13 +51,39 @@ def _data_chunks(tags: Tags) -> list[tuple[int, int, int]]:
     return list(zip(offsets, counts, per, strict=False))
 
 
-def _inflated(raw: bytes, wanted: int) -> tuple[int, str]:
-    """Bytes a Deflate stream gives, up to ``wanted`` (a bomb stops there), and what is wrong
-    with it ("" where nothing is)."""
+#: How far past the bytes its rows need a Deflate strip is inflated to reach its stream's end
+#: (and its Adler-32 checksum): a writer that pads its last strip to RowsPerStrip rows stores a
+#: little more. A stream still going here is left unchecked past it, as libtiff leaves it unread:
+#: a zip bomb is never inflated further.
+DEFLATE_SLACK = 64 * 1024
+
+
+def _rows_before_error(raw: bytes, wanted: int) -> int:
+    """``wanted`` where a broken zlib stream gives that many bytes before it breaks, else 0."""
     try:
-        return len(zlib.decompressobj().decompress(raw, wanted)), ""
+        return wanted if len(zlib.decompressobj().decompress(raw, wanted)) >= wanted else 0
+    except zlib.error:
+        return 0
+
+
+def _inflated(raw: bytes, wanted: int) -> tuple[int, str]:
+    """Bytes a zlib (TIFF Deflate) stream gives, up to ``wanted`` plus :data:`DEFLATE_SLACK`,
+    and what is wrong with it ("" where nothing is). The stream is inflated to its end, where
+    zlib checks its Adler-32: a damaged stream can still give every byte the rows need, with
+    wrong values, and only its checksum (or a later block) tells. One that gives the rows' bytes
+    but stops without its end (the data cut inside its last block or checksum) is wrong too;
+    one that gives fewer is judged by its length (the caller's message). A stream that breaks
+    counts the rows' bytes where it gives them all first (libtiff decodes such a strip whole,
+    wrong), else 0."""
+    inflater, got, limit = zlib.decompressobj(), 0, wanted + DEFLATE_SLACK
+    try:
+        got = len(inflater.decompress(raw, limit))
     except zlib.error as err:
-        return 0, f"is not a valid Deflate stream ({err})"
+        return _rows_before_error(raw, wanted), f"is not a valid Deflate stream ({err})"
+    if inflater.eof or got < wanted or inflater.unconsumed_tail or got >= limit:  # ended; short; past the slack
+        return got, ""
+    return got, ("ends before its stream does (its last block or Adler-32 checksum is missing, so its data "
+                 "cannot be told whole)")
 
 
 #: code k of a run between Clears is read with this many bits (k = 0, 1, ...): TIFF LZW widens
@@ -176,7 +204,8 @@ def strip_problem(data: bytes, tags: Tags, compressions: frozenset[int], *, wher
             continue
         problem = problem or f"decodes to {got} bytes where its rows need {wanted}"
         chunk = "tile" if _TIFF_TILE_WIDTH in tags and _TIFF_TILE_LENGTH in tags else "strip"
+        libtiff = ("would decode the rows it gives without a word" if got >= wanted else
+                   "would fill the missing rows with zeros")
         return (f"{_CODEC_NAMES[compression]} {chunk} {number}{where} ({count} bytes at byte {offset}) {problem}: "
-                f"its data or its {chunk.capitalize()}ByteCounts is damaged (libtiff would fill the missing rows "
-                "with zeros)")
+                f"its data or its {chunk.capitalize()}ByteCounts is damaged (libtiff {libtiff})")
     return None
