@@ -20,7 +20,7 @@ import tifffile
 from packer.config import ImageTransformConfig, LimitsConfig
 from packer.read.image import read_image
 from packer.records import Issue, SampleRef
-from packer.transform.mask import MaskError, decode_mask
+from packer.transform.mask import MaskError, decode_mask, decode_mask_pages
 from packer.transform.tiff_strips import DEFLATE_SLACK, strip_problem
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -160,3 +160,89 @@ def test_a_deflate_strip_that_inflates_to_more_than_its_rows_is_judged_as_libtif
         assert problem is not None and "is not a valid Deflate stream" in problem and "incorrect data check" in problem
     else:
         assert problem is None
+
+
+# --- a mask saved with a thumbnail -------------------------------------------------------------
+
+
+def _with_thumbnails(path: Path, pages: list[np.ndarray], *, after: int = 1, palette: bool = False) -> None:
+    """``pages`` as a Deflate TIFF with a quarter-size reduced-resolution IFD (NewSubfileType 1:
+    a thumbnail) after the first ``after`` pages, as a viewer or a slide scanner saves one."""
+    extra = {"photometric": "palette", "colormap": np.tile(np.arange(256, dtype=np.uint16) * 257, (3, 1))} \
+        if palette else {"photometric": "minisblack"}
+    with tifffile.TiffWriter(path) as writer:
+        for number, page in enumerate(pages):
+            if number == after:
+                writer.write(pages[0][::4, ::4].copy(), subfiletype=1, compression="zlib", **extra)
+            writer.write(page, compression="zlib", **extra)
+        if after >= len(pages):
+            writer.write(pages[0][::4, ::4].copy(), subfiletype=1, compression="zlib", **extra)
+
+
+@pytest.mark.parametrize(("count", "after"), [(1, 1), (2, 1), (3, 2)], ids=["one-page", "two-pages", "three-pages"])
+@pytest.mark.parametrize("palette", [False, True], ids=["grey", "palette"])
+def test_a_tiff_mask_s_thumbnail_ifd_is_skipped_as_an_image_s_is(tmp_path: Path, count: int, after: int,
+                                                                   palette: bool) -> None:
+    """A mask saved with a thumbnail (a reduced-resolution IFD) beside an image that has one too
+    was refused mask_size, "pages have different sizes (40×60, 10×15)": its thumbnail counted as
+    a page. The image reader skips reduced-resolution IFDs; the mask decoder now does the same,
+    so the mask has one page per full page of the image, each its own page's ids."""
+    rng = np.random.default_rng(count)
+    pages = [rng.integers(0, 3, (40, 60), dtype=np.uint8) for _ in range(count)]
+    path = tmp_path / "m.tif"
+    _with_thumbnails(path, pages, after=after, palette=palette)
+    assert len(tifffile.TiffFile(path).pages) == count + 1  # the thumbnail is an IFD of the main chain
+    decoded = decode_mask(path.read_bytes(), "m.tif")
+    assert np.array_equal(decoded, pages[0] if count == 1 else np.stack(pages))
+    assert [page.tolist() for page in decode_mask_pages(path.read_bytes(), "m.tif")] == [p.tolist() for p in pages]
+
+
+def test_a_tiff_mask_whose_pages_differ_in_size_skips_its_thumbnail_page_by_page(tmp_path: Path) -> None:
+    """For an image whose full pages differ in size, each mask page is checked against its own
+    page: the thumbnail between them is not one of them."""
+    pages = [np.full((40, 60), 1, np.uint8), np.full((20, 30), 2, np.uint8)]
+    path = tmp_path / "m.tif"
+    _with_thumbnails(path, pages)
+    assert [page.tolist() for page in decode_mask_pages(path.read_bytes(), "m.tif")] == [p.tolist() for p in pages]
+
+
+def test_a_tiff_mask_of_reduced_resolution_ifds_only_keeps_them_all(tmp_path: Path) -> None:
+    """Where every IFD is flagged reduced-resolution there is no full image they could stand for:
+    the image reader reads them all as pages, and so does the mask decoder."""
+    pages = [np.full((8, 12), 1, np.uint8), np.full((8, 12), 2, np.uint8)]
+    path = tmp_path / "m.tif"
+    with tifffile.TiffWriter(path) as writer:
+        for page in pages:
+            writer.write(page, photometric="minisblack", subfiletype=1)
+    assert np.array_equal(decode_mask(path.read_bytes(), "m.tif"), np.stack(pages))
+
+
+def test_the_image_and_its_mask_count_the_same_pages(tmp_path: Path) -> None:
+    """The rule is one: the image reader's samples are the full pages (each keyed by its IFD),
+    and the mask's pages are as many, in the same order."""
+    rng = np.random.default_rng(9)
+    images = [rng.integers(1, 255, (40, 60), dtype=np.uint8) for _ in range(2)]
+    masks = [rng.integers(0, 3, (40, 60), dtype=np.uint8) for _ in range(2)]
+    _with_thumbnails(tmp_path / "a.tif", images)
+    _with_thumbnails(tmp_path / "a_m.tif", masks)
+    packed = _read(tmp_path / "a.tif")
+    assert not isinstance(packed, Issue), packed
+    assert [image[0].tolist() for image in packed] == [image.tolist() for image in images]
+    assert np.array_equal(decode_mask((tmp_path / "a_m.tif").read_bytes(), "a_m.tif"), np.stack(masks))
+
+
+def test_a_mask_whose_decoder_gives_another_count_than_its_ifds_is_unreadable_not_shifted() -> None:
+    """Where some IFD is a thumbnail, the decoder's images are matched to the IFDs one to one to
+    leave it out; where the counts differ no image can be matched to its IFD: mask_unreadable,
+    never a page silently shifted."""
+    from packer.transform.mask import _full_pages
+
+    page, thumbnail = np.zeros((4, 6), np.uint8), np.zeros((1, 2), np.uint8)
+    chain = [{256: (6,)}, {254: (1,), 256: (2,)}]
+    assert [p.shape for p in _full_pages([page, thumbnail], chain, "m.tif")] == [(4, 6)]
+    assert [p.shape for p in _full_pages([page, page], [{}, {}], "m.tif")] == [(4, 6), (4, 6)]
+    with pytest.raises(MaskError) as caught:
+        _full_pages([page, thumbnail, page], chain, "m.tif")
+    assert caught.value.reason == "mask_unreadable"
+    assert caught.value.message.startswith("m.tif: the TIFF mask holds reduced-resolution IFDs"), caught.value.message
+    assert "decoded 3 images from its 2 IFDs" in caught.value.message

@@ -81,7 +81,7 @@ from packer.transform.image import (
     oriented_size,
     transform_image,
 )
-from packer.transform.tiff_strips import TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO
+from packer.transform.tiff_strips import TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO, page_indices
 
 # OpenCV refuses larger images itself (modules/imgcodecs/src/loadsave.cpp validateInputImageSize),
 # with limits it reads from these environment variables once, when the library loads. Its C++
@@ -625,8 +625,9 @@ def _check_opencv_reads_samples(decoded: list[Ifd]) -> None:
 
 def _tiff_pages(chain: list[Ifd]) -> list[Ifd]:
     """The IFDs that are pages: all but reduced-resolution ones, or all when every IFD is flagged
-    reduced (there is then no full-resolution image they could stand for)."""
-    return [ifd for ifd in chain if not ifd.reduced] or chain
+    reduced (:func:`~packer.transform.tiff_strips.page_indices`, the rule a TIFF mask's pages
+    are chosen by too)."""
+    return [chain[index] for index in page_indices([ifd.tags for ifd in chain])]
 
 
 def _chain_headers(chain: list[Ifd], limits: LimitsConfig) -> list[ImageHeader]:

@@ -19,7 +19,7 @@ import numpy as np
 from packer.config import LimitsConfig
 from packer.read.limits import limit_problem
 from packer.transform.image import opencv_misreads_planar_tiff
-from packer.transform.tiff_strips import strip_problem
+from packer.transform.tiff_strips import is_reduced, strip_problem
 
 FORMATS = ("png", "jpeg", "tiff", "bmp")
 
@@ -338,7 +338,7 @@ class Ifd:
     @property
     def reduced(self) -> bool:
         """NewSubfileType (254) bit 0: a reduced-resolution version of another image in the file."""
-        return bool(self.tags.get(_TIFF_SUBFILE, (0,))[0] & 1)
+        return is_reduced(self.tags)
 
 
 def tiff_chain(read: Reader, size: int, limits: LimitsConfig) -> list[Ifd]:

@@ -29,7 +29,15 @@ from packer.config import ImageTransformConfig
 from packer.transform.dicom import spacing_size
 from packer.transform.image import OPENCV_SCALED_TIFF_BITS, opencv_misreads_planar_tiff, orient_image, tile_origins
 from packer.transform.resize import POLICIES, resize_image, resize_plan
-from packer.transform.tiff_strips import STRIP_TAGS, TIFF_CHECKED_ALWAYS, TIFF_CHECKED_ON_ZERO, Tags, strip_problem
+from packer.transform.tiff_strips import (
+    STRIP_TAGS,
+    TIFF_CHECKED_ALWAYS,
+    TIFF_CHECKED_ON_ZERO,
+    TIFF_NEW_SUBFILE_TYPE,
+    Tags,
+    page_indices,
+    strip_problem,
+)
 
 #: Reason codes of :class:`MaskError`: the file cannot be decoded as a mask, its values are not
 #: (declared) class ids, or its shape is not its image's.
@@ -377,7 +385,8 @@ def _palette_indices(data: bytes, name: str) -> np.ndarray:
 
 
 def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
-    """Every page of a TIFF mask, H×W each (each of its own size), in stored order."""
+    """Every page of a TIFF mask, H×W each (each of its own size), in stored order; reduced-resolution
+    IFDs (thumbnails, pyramid levels) are no pages (:func:`_full_pages`)."""
     try:
         unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
         # a lossy page (JPEG inside the TIFF) decodes, with ids nobody drew: refused as a .jpg mask is
@@ -396,12 +405,13 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
                 "separate planes (PlanarConfiguration 2), which OpenCV (packer's decoder) reads as if they were "
                 "interleaved, giving wrong ids; save the mask as a single-channel (grey) TIFF or PNG, or as .npy"))
         if photometric == 3:  # palette: the stored indices are the ids (OpenCV expands them to colours)
-            return _palette_tiff_indices(unoriented, name)
-        ok, pages = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
+            return _full_pages(_palette_tiff_indices(unoriented, name), chain, name)
+        ok, decoded = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
-    if not ok or not pages:
+    if not ok or not decoded:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask; re-export it")
+    pages = _full_pages(list(decoded), chain, name)
     if bits > 8 and any(page.dtype.itemsize == 1 for page in pages):
         # libtiff's RGBA interface, which OpenCV falls back on for layouts it does not read itself (a
         # grey+alpha page), gives 8 bits: ids 300 and 2 would pack as 1 and 0
@@ -422,6 +432,24 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
     return planes
 
 
+def _full_pages(decoded: list[np.ndarray], chain: list[Tags], name: str) -> list[np.ndarray]:
+    """The pages of ``decoded`` (one image per IFD of ``chain``, as OpenCV and Pillow give them):
+    its reduced-resolution IFDs (thumbnails, pyramid levels) left out by the rule the image
+    reader chooses an image's pages by (:func:`~packer.transform.tiff_strips.page_indices`), so
+    a mask saved as its image was, a thumbnail beside each, has a page for each of the image's.
+    Raises MaskError ``mask_unreadable`` where some IFD is reduced but the decoder gave another
+    number of images than the chain has IFDs: which image is which page cannot be told."""
+    keep = page_indices(chain)
+    if len(keep) == len(chain):
+        return decoded
+    if len(decoded) != len(chain):
+        raise MaskError("mask_unreadable", (
+            f"{name}: the TIFF mask holds reduced-resolution IFDs (thumbnails or pyramid levels, which are no pages) "
+            f"but OpenCV decoded {len(decoded)} images from its {len(chain)} IFDs, so its pages cannot be told from "
+            "them; save the mask without thumbnails (one IFD a page), or as PNG or .npy"))
+    return [decoded[index] for index in keep]
+
+
 def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None, list[Tags]]:
     """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), the first
     IFD's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
@@ -429,7 +457,8 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
     and (page, bits, samples) of the first IFD that stores more than one sample of more than 8
     bits as separate planes (PlanarConfiguration 2), which OpenCV 5 decodes as if they were
     interleaved (None where none does), and each IFD's :data:`~packer.transform.tiff_strips.STRIP_TAGS`
-    (what :func:`~packer.transform.tiff_strips.strip_problem` checks its strips with).
+    (what :func:`~packer.transform.tiff_strips.strip_problem` checks its strips with) and its
+    NewSubfileType (which IFDs are pages: :func:`_full_pages`).
 
     OpenCV 5 applies a TIFF's Orientation while decoding, even with IMREAD_UNCHANGED or
     IMREAD_IGNORE_ORIENTATION; rewriting the tag is the one way to get the stored grid whatever
@@ -458,7 +487,7 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
         strips: Tags = {}
         for at in range(first, end, entry_size):
             tag, kind = struct.unpack_from(order + "HH", out, at)
-            if tag in STRIP_TAGS and kind in _TIFF_INTEGERS:
+            if (tag in STRIP_TAGS or tag == TIFF_NEW_SUBFILE_TYPE) and kind in _TIFF_INTEGERS:
                 strips[tag] = _values(out, order, at, kind, offset_fmt, offset_size)
             if tag in layout and kind == 3:
                 layout[tag] = _first_short(out, order, at, offset_fmt, offset_size)

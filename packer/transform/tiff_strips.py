@@ -9,12 +9,14 @@ the stream's Adler-32 checksum, so packer inflates each Deflate strip to its end
 :func:`strip_problem` first: the image reader
 (:func:`packer.read.image_structure.check_strip_data`) and the mask decoder
 (:mod:`packer.transform.mask`), which may not import a reader. Pure functions of the file's
-bytes and one IFD's integer tags.
+bytes and one IFD's integer tags. Which IFDs of a chain are pages (:func:`page_indices`) is
+here too, for the same two decoders: a thumbnail is no page of an image, nor of its mask.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,6 +29,26 @@ _TIFF_COMPRESSION, _TIFF_PLANAR = 259, 284
 #: and byte counts of its strips (273, 279) or tiles (324, 325).
 STRIP_TAGS = frozenset({_TIFF_WIDTH, _TIFF_LENGTH, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ROWS_PER_STRIP,
                         _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH, _TIFF_COMPRESSION, _TIFF_PLANAR, 273, 279, 324, 325})
+
+
+#: NewSubfileType: bit 0 flags a reduced-resolution version of another image in the file
+TIFF_NEW_SUBFILE_TYPE = 254
+
+
+def is_reduced(tags: Tags) -> bool:
+    """The IFD whose integer ``tags`` are given is a reduced-resolution image (NewSubfileType
+    bit 0): a thumbnail or a pyramid level of another image in the file, not a page."""
+    return bool(tags.get(TIFF_NEW_SUBFILE_TYPE, (0,))[0] & 1)
+
+
+def page_indices(chain: Sequence[Tags]) -> list[int]:
+    """The indices of the IFDs of ``chain`` (each IFD's integer tags, in order) that are pages:
+    all but the reduced-resolution ones (:func:`is_reduced`), or all where every IFD is flagged
+    reduced (there is then no full-resolution image they could stand for). The image reader's
+    pages and a TIFF mask's are chosen by this one rule, so a mask saved as its image was (a
+    thumbnail beside each) has a page for each of the image's."""
+    full = [index for index, tags in enumerate(chain) if not is_reduced(tags)]
+    return full or list(range(len(chain)))
 
 
 def _data_chunks(tags: Tags) -> list[tuple[int, int, int]]:
