@@ -211,7 +211,8 @@ class CachedChunk:
 #: 68: a DICOM cut inside a header value truncated (was no_pixel_data); a JPEG codestream narrower than
 #: Bits Allocated bad_shape (was decode_failed). 69: a DICOM cut inside an element's header truncated too.
 #: 70: a lossy codestream's overshoot just past Bits Stored clipped (was masked to the stored bits).
-CACHE_FORMAT = 70
+#: 71: TIFF Deflate strips checked to their stream's end and Adler-32; TIFF masks skip thumbnail IFDs.
+CACHE_FORMAT = 71
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
