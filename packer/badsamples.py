@@ -70,7 +70,8 @@ def failed_build(manifest: Mapping[str, Any]) -> str | None:
 
 
 def summarize_issues(issues: Iterable[Issue], *, inputs: int, max_fraction: float) -> dict[str, Any]:
-    """Counts by reason and stage, and the bad fraction of the discovered inputs."""
+    """Counts by reason and stage, and the bad fraction of the discovered inputs. It names no
+    report file: packer validate writes none, and a build adds its own (``report``: :data:`REPORT_FILE`)."""
     issues = list(issues)
     return {
         "total": len(issues),
@@ -78,5 +79,4 @@ def summarize_issues(issues: Iterable[Issue], *, inputs: int, max_fraction: floa
         "max_fraction": max_fraction,
         "by_reason": dict(sorted(Counter(i.reason for i in issues).items())),
         "by_stage": dict(sorted(Counter(i.stage for i in issues).items())),
-        "report": REPORT_FILE,
     }

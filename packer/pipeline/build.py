@@ -648,7 +648,8 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
                                                                       for note in chunk.notes])) else {}),
                    **({"non_finite_filled": n} if (n := non_finite_filled([note for chunk in prepared.chunks
                                                                           for note in chunk.notes])) else {})},
-        "bad_samples": summarize_issues(issues, inputs=prepared.considered, max_fraction=job.max_bad_fraction),
+        "bad_samples": {**summarize_issues(issues, inputs=prepared.considered, max_fraction=job.max_bad_fraction),
+                        "report": REPORT_FILE},
         "audit": prepared.audit.to_json(listed=False),
         "index": index_entry,
         "splits_table": splits_entry,
