@@ -11,9 +11,14 @@ from typing import Any
 import cv2
 import jsonschema
 import numpy as np
+import pytest
+import yaml
 from click.testing import CliRunner
 
 from packer.cli import main
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.files import parse_byte_size
 from packer.schemas import load_schema, schema_registry
 from tests.helpers import write_job
 
@@ -104,3 +109,51 @@ def test_a_builds_manifest_still_names_its_bad_sample_report_which_it_wrote(tmp_
         assert in_manifest == _documented(validate_schema, validate_schema["properties"]["audit"]["properties"][key])
         assert in_manifest["description"]
 
+
+
+SIZES = ["1", "1B", "0.5", "0.5B", "0.9B", "1.5B", "0B", "0", "000", "0.0001KB", "0.001KB", "0.0009KB", "0.5KB",
+         "0.000001MB", "0.0000009MB", "0.000000001GB", "0.0000000009GB", "0.000000000001TB", "0.0000000000009TB",
+         "0.001KiB", "0.0009KiB", "0.0009765625KiB", "0.000001MiB", "0.000000001GiB", "0.000000000001TiB",
+         "0.0000000000001TiB", "256MiB", "1 GB", "2.01KB", "00.5MB", "10", "0.00KB"]
+
+
+def _schema_accepts_size(size: str) -> bool:
+    return not list(jsonschema.Draft202012Validator(load_schema("job")["$defs"]["byte_size"]).iter_errors(size))
+
+
+def _code_accepts_size(size: str) -> bool:
+    try:
+        return parse_byte_size(size) >= 1
+    except ConfigError:
+        return False
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_byte_size_the_job_schema_accepts_is_one_packer_accepts(size: str) -> None:
+    """byte_size said "at least 1" but its pattern took '0.5', '0.5B', '0.9B' and '0.0001KB',
+    which packer refuses as less than one byte: a CI check of job files against the schema
+    passed a job that packer build then refused."""
+    assert _schema_accepts_size(size) <= _code_accepts_size(size), f"{size!r}: the schema accepts, packer refuses"
+    if not size.endswith("iB"):  # decimal units and bytes: the pattern is exactly the code's rule
+        assert _schema_accepts_size(size) == _code_accepts_size(size), size
+
+
+def test_a_binary_size_under_a_thousandth_of_its_unit_is_refused_on_load_naming_the_field(tmp_path: Path) -> None:
+    """'0.0009765625KiB' is exactly one byte, but the schema's pattern (readable: a non-zero digit
+    within the first 3 decimals per step of the unit) refuses a binary size under 0.001 of its unit;
+    the job is checked against the schema on load, so packer refuses it too, and says where."""
+    job = _dated_job(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["pack"]["max_bytes"] = "0.0009765625KiB"
+    job.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="pack.max_bytes"):
+        load_job(job)
+    doc["pack"]["max_bytes"] = "0.001KiB"
+    job.write_text(yaml.safe_dump(doc))
+    assert load_job(job).pack.max_bytes == 1  # 1.024 bytes, rounded
+
+
+def test_a_byte_sizes_rounding_is_documented_where_the_schema_describes_it() -> None:
+    description = load_schema("job")["$defs"]["byte_size"]["description"]
+    assert parse_byte_size("1.5B") == 2 and "1.5B is 2 bytes" in description
+    assert parse_byte_size("2.01KB") == 2010
