@@ -5,6 +5,7 @@ the code accepts."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,30 @@ def test_a_byte_sizes_rounding_is_documented_where_the_schema_describes_it() -> 
     description = load_schema("job")["$defs"]["byte_size"]["description"]
     assert parse_byte_size("1.5B") == 2 and "1.5B is 2 bytes" in description
     assert parse_byte_size("2.01KB") == 2010
+
+
+@pytest.mark.parametrize("name", ["bad_sample", "excluded"])
+def test_a_records_path_description_says_a_name_that_is_not_utf8_is_written_escaped(name: str) -> None:
+    """A Latin-1 name's bad-sample record holds 'caf\\xe9.png' (a backslash, x, e, 9), no path on
+    disk, while the schema, the record's documented source of truth, called it the raw file's path."""
+    description = load_schema(name)["properties"]["path"]["description"]
+    assert "not valid UTF-8" in description and "caf\\xe9.png" in description
+    assert "packer locate" in description
+
+
+def test_a_latin1_names_record_holds_the_escaped_text_the_schema_describes(tmp_path: Path) -> None:
+    raw = tmp_path / "raw" / "a"
+    raw.mkdir(parents=True)
+    for i in range(3):
+        cv2.imwrite(str(raw / f"{i}.png"), _photo(i))
+    open(os.path.join(os.fsencode(raw), b"caf\xe9.png"), "wb").close()  # empty: a bad sample
+    doc = {"name": "esc", "sources": [{"kind": "image", "root": str(raw.parent), "label": "folder"}],
+           "split": {"by": "entity"}, "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"},
+           "output": str(tmp_path / "out"), "phi": {"mode": "keep"}, "validate": {"max_bad_fraction": 1}}
+    _, report = _validate_json(write_job(tmp_path, doc))
+    (record,) = report["bad_samples"]["records"]
+    assert record["path"] == str(raw / "caf\\xe9.png")  # the byte 0xE9 as the four characters \xe9
+    assert not os.path.exists(os.fsencode(record["path"]))
+    located = CliRunner().invoke(main, ["locate", str(tmp_path / "job.yaml"), record["sample_id"], "-z"])
+    assert located.exit_code == 0, located.output
+    assert located.stdout_bytes.rstrip(b"\0").split(b"\t")[-1] == os.path.join(os.fsencode(raw), b"caf\xe9.png")
