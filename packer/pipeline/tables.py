@@ -530,7 +530,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
                                       f"{shown}); {_read_as(delimiter)}; a value holding the separator "
                                       f"needs quotes{quoted}, so its cells land under the right columns")
                 cells = {k: (v or "") for k, v in record.items() if k is not None}
-                _check_swallowed(path, n, cells, columns, delimiter)
+                _check_swallowed(path, n, cells, columns, delimiter,
+                                 _open_cell(record) if lines.ended else None)
                 if lines.ended:  # a quote still open at the end of the file (the csv module reads it without a word)
                     _check_unclosed_at_end(path, n, record, cells, columns, file_columns)
                 short = [k for k, v in record.items() if v is None and k is not None and k.strip()]
@@ -616,25 +617,55 @@ def unclosed_at_end(path: Path | str, head: TableHead, n: int, record: Mapping[s
                                columns, ())
 
 
-def _line_breaks(cells: Mapping[str, str]) -> int:
-    """How many lines a record spans past its first: its quoted cells' line breaks (a cell whose
-    quote runs to the end of the file holds the last line's break too)."""
-    return sum(v.count("\n") - v.endswith("\n") for v in cells.values())
+def _line_breaks(cells: Mapping[str, str], open_cell: str | None = None) -> int:
+    """How many lines a record spans past its first: its quoted cells' line breaks, less one
+    where ``open_cell`` (the cell whose quote runs to the end of the file) holds the last line's
+    break. A closed quote after a line break (CBIS-DDSM's ``"a.dcm\n"``) ends on the next line."""
+    breaks = sum(v.count("\n") for v in cells.values())
+    return breaks - (open_cell is not None and cells.get(open_cell, "").endswith("\n"))
 
 
-def _opening_line(n: int, cells: Mapping[str, str]) -> int:
-    """The line a record that ends on line ``n`` starts on."""
-    return n - _line_breaks(cells)
+def _opening_line(n: int, cells: Mapping[str, str], open_cell: str | None = None) -> int:
+    """The line a record that ends on line ``n`` starts on (``open_cell``: :func:`_line_breaks`)."""
+    return n - _line_breaks(cells, open_cell)
 
 
-def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column: str, why: str) -> ConfigError:
+def _open_cell(record: Mapping[str | None, Any]) -> str:
+    """The column of a record the csv reader ended at the end of the file inside a quoted cell:
+    the last cell it read."""
+    return [k for k, v in record.items() if k is not None and v is not None][-1]
+
+
+def _swallowed_error(path: Path | str, n: int, cells: Mapping[str, str], column: str, why: str,
+                     open_cell: str | None = None) -> ConfigError:
     """The error for a quote opened in ``column`` that swallowed the rows below: it names the
     lines, never the swallowed text, which is a row of the table and may hold a patient's id."""
-    start = _opening_line(n, cells)
+    start = _opening_line(n, cells, open_cell)
     return ConfigError(
         f"{path}: the {column!r} cell of the row on line {start} opens a quote (\") that does not close on its "
         f"line: the cell runs to line {n} and {why} (lines {start + 1}-{n}); close the quote on line {start}, "
         "or remove the stray quote (a quote inside a quoted cell is written twice: \"\")")
+
+
+def _path_break_error(path: Path | str, n: int, cells: Mapping[str, str], column: str) -> ConfigError:
+    """The error for a file path cell, ending on line ``n``, whose quote closed with a line break
+    inside the path (:func:`_breaks_path`): it names where the quote opens and closes and the
+    lines it took in whole, never their text."""
+    start = _opening_line(n, cells)
+    taken = ("" if n - start < 2 else f" and takes in the line between (line {start + 1})" if n - start == 2
+             else f" and takes in the lines between (lines {start + 1}-{n - 1})")
+    return ConfigError(
+        f"{path}: the {column!r} cell of the row on line {start} holds a line break inside its file path: its quote "
+        f"opens on line {start} and closes on line {n}{taken}; a table's file path takes no line break: rename a "
+        f"file whose name holds one, or, where the quote was left open by mistake, close it on line {start} (a "
+        "quote inside a quoted cell is written twice: \"\")")
+
+
+def _breaks_path(cell: str) -> bool:
+    """Whether a cell that names a file holds a line break inside its path. Every file column's
+    cell is read without the spaces and line breaks around it (a path, a mask, a template's
+    cells): CBIS-DDSM quotes its path cells with a line break before the closing quote."""
+    return "\n" in cell.strip()
 
 
 #: A cell that names a file: no space, a dot and a 2-5 character extension (``img/a.png``,
@@ -649,10 +680,10 @@ def _check_unclosed_at_end(path: Path | str, n: int, record: Mapping[str | None,
     (and the lines below it, where any). It was read without a word when the quote opened on the
     last line: ``"Doe^John,2022-01-01`` made the entity ``Doe^John,2022-01-01`` and the row had no
     time. ``n``: the line the record ends on."""
-    column = [k for k, v in record.items() if k is not None and v is not None][-1]  # the open cell is the last read
-    start = _opening_line(n, cells)
+    column = _open_cell(record)
+    start = _opening_line(n, cells, column)
     if start < n and column in file_columns:
-        raise _swallowed_error(path, n, cells, column, _FILE_PATH_BREAK)
+        raise _swallowed_error(path, n, cells, column, _FILE_PATH_BREAK, column)
     given = sum(1 for k, v in record.items() if k is not None and v is not None)
     swallowed = ("" if start == n else f" and the line below it (line {n})" if start + 1 == n
                  else f" and the lines below it (lines {start + 1}-{n})")
@@ -678,15 +709,16 @@ def _looks_like_row(line: str, columns: Sequence[str], delimiter: str) -> bool:
 
 
 def _check_swallowed(path: Path | str, n: int, cells: Mapping[str, str], columns: Sequence[str],
-                     delimiter: str) -> None:
+                     delimiter: str, open_cell: str | None) -> None:
     """Raise ConfigError where an unclosed quote swallowed the rows below it into one cell: a cell
     of several lines one of which reads as a row of the table (:func:`_looks_like_row`; a quoted
-    note of several lines holds text, not rows, however many commas its sentences have)."""
+    note of several lines holds text, not rows, however many commas its sentences have).
+    ``open_cell``: the cell still open at the end of the file, if any (:func:`_line_breaks`)."""
     if len(columns) < 2:
         return
     for column, value in cells.items():
         if "\n" in value and any(_looks_like_row(line, columns, delimiter) for line in value.splitlines()[1:]):
-            raise _swallowed_error(path, n, cells, column, "holds the rows in between as its text")
+            raise _swallowed_error(path, n, cells, column, "holds the rows in between as its text", open_cell)
 
 
 def _file_columns(table: TableConfig) -> list[str]:
@@ -695,15 +727,16 @@ def _file_columns(table: TableConfig) -> list[str]:
 
 
 def _check_path_cells(table: TableConfig, rows: Sequence[tuple[int, Record]]) -> None:
-    """Raise ConfigError for a file path cell of several lines: a table's path almost never holds
-    a line break (Linux allows one in a name; packer's tables do not take such names), so a quote
-    opened in it (or before it) swallowed the rows below."""
+    """Raise ConfigError for a file path cell with a line break inside its path
+    (:func:`_breaks_path`): a table's path almost never holds one (Linux allows one in a name;
+    packer's tables do not take such names), and where it does a quote was likely left open
+    there. A line break around the path is padding, dropped as spaces are."""
     names = _file_columns(table)
     for start, record in rows:  # rows are numbered by their first line; the error wants the last
         n = start + _line_breaks(record)
         for column in names:
-            if "\n" in record.get(column, ""):
-                raise _swallowed_error(table.file, n, record, column, _FILE_PATH_BREAK)
+            if _breaks_path(record.get(column, "")):
+                raise _path_break_error(table.file, n, record, column)
 
 
 #: The delimiters :func:`_delimiter` chooses from (where no ``sep=`` line names one), and what messages call each.

@@ -1,0 +1,95 @@
+"""Public datasets as they ship, walked through discovery and the build: CBIS-DDSM's path cells
+that end in a line break, KiTS21's aggregated label maps beside each case's image, and a table
+whose every labelled file is bad beside as many files it leaves out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.discover import discover
+
+# -- CBIS-DDSM: a quoted path cell with a line break before its closing quote ---------------------
+
+
+def _png(path: Path, seed: int, mask: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mask:
+        image = np.zeros((16, 16), np.uint8)
+        image[4:8, 4:8] = 255
+    else:
+        image = np.random.default_rng(seed).integers(0, 255, (16, 16), dtype=np.uint8)
+    cv2.imwrite(str(path), image)
+
+
+def _image_job(tmp_path: Path, source: dict[str, Any]) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "image", "root": "data", **source}],
+           "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"}, "output": "build"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _cbis_table(tmp_path: Path, path_cell: str) -> Path:
+    """A CBIS-DDSM-like table of 4 rows (path,label,mask,patient): the mask cells of rows 1 and 3
+    end in a quoted line break, as CBIS-DDSM's do; row 2's path cell is ``path_cell``. Lines: 1
+    the header, 2 row 0, 3-4 row 1, 5 (and on) row 2."""
+    data = tmp_path / "data"
+    rows = ["path,label,mask,patient"]
+    for i in range(4):
+        _png(data / f"img/{i}.png", i)
+        _png(data / f"roi/{i}.png", i, mask=True)
+        mask = f'"roi/{i}.png\n"' if i % 2 else f"roi/{i}.png"
+        path = path_cell if i == 2 else f"img/{i}.png"
+        rows.append(f"{path},{'ab'[i % 2]},{mask},P{i}")
+    (data / "t.csv").write_text("\n".join(rows) + "\n")
+    return _image_job(tmp_path, {"table": {"file": "data/t.csv"}, "entity": "patient",
+                                 "mask": {"column": "mask", "classes": [0, 255]}})
+
+
+@pytest.mark.parametrize("cell", ['"img/2.png\n"', '"\nimg/2.png"', '" img/2.png\r\n"'])
+def test_a_path_cell_whose_line_break_pads_the_path_is_read_as_a_mask_cell_is(tmp_path: Path, cell: str) -> None:
+    """CBIS-DDSM quotes some path cells with a line break before the closing quote. A mask
+    cell so written was read (its spaces and line breaks stripped); the same cell in the path
+    column stopped the build, saying its quote "does not close on its line" and naming the
+    swallowed lines as "lines 7-6". A line break around the path is padding, in every column
+    that names a file."""
+    job = _cbis_table(tmp_path, cell)
+    found = discover(load_job(job))
+    refs = {ref.relpath: ref for ref in found.refs}
+    assert sorted(refs) == [f"img/{i}.png" for i in range(4)], [i.message for i in found.issues]
+    assert refs["img/2.png"].label == "a" and not found.issues
+    # the row is numbered by the line it opens on (5), as an editor shows it
+    (tmp_path / "data" / "img" / "2.png").unlink()
+    (issue,) = [i for i in discover(load_job(job)).issues if i.reason == "missing_file"]
+    assert "t.csv row 5 lists 'img/2.png'" in issue.message, issue.message
+
+
+@pytest.mark.parametrize(("cell", "closes", "taken"), [
+    ('"img/2\n.png"', 6, ""),
+    ('"img/2.png\nimg/9.png\nimg/8.png"', 7, " and takes in the line between (line 6)"),
+    ('"img/2.png\nimg/9.png\nimg/8.png\nimg/7.png"', 8, " and takes in the lines between (lines 6-7)"),
+])
+def test_a_path_cell_with_a_line_break_inside_the_path_is_refused_naming_where_its_quote_opens_and_closes(
+        tmp_path: Path, cell: str, closes: int, taken: str) -> None:
+    """A line break inside a path is no file name packer takes (or a stray quote that closed
+    further down). The table is refused naming the line the quote opens on (5, not where the
+    row ends) and the one it closes on, with no backwards range and no rows swallowed where
+    the quote closes on the next line."""
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(_cbis_table(tmp_path, cell)))
+    message = str(raised.value)
+    assert (f"t.csv: the 'path' cell of the row on line 5 holds a line break inside its file path: its quote opens "
+            f"on line 5 and closes on line {closes}{taken}; a table's file path takes no line break: rename a file "
+            "whose name holds one, or, where the quote was left open by mistake, close it on line 5") in message, \
+        message
+    assert "img/9" not in message  # the lines' text is a row of the table, and may hold a patient's id
