@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import nibabel as nib
 import numpy as np
 import pytest
 import yaml
 
 from packer.config import load_job
 from packer.errors import ConfigError
-from packer.pipeline.discover import discover
+from packer.pipeline.discover import MaskPartners, discover, mask_named
 
 # -- CBIS-DDSM: a quoted path cell with a line break before its closing quote ---------------------
 
@@ -93,3 +94,72 @@ def test_a_path_cell_with_a_line_break_inside_the_path_is_refused_naming_where_i
             "whose name holds one, or, where the quote was left open by mistake, close it on line 5") in message, \
         message
     assert "img/9" not in message  # the lines' text is a row of the table, and may hold a patient's id
+
+
+# -- KiTS21: aggregated label maps beside each case's imaging.nii.gz ----------------------------
+
+#: KiTS21's affine: 0.8 mm in-plane, 3 mm slices, axes in the order its files keep them
+_KITS_AFFINE = np.array([[0, 0, -0.8, 0], [0, -0.8, 0, 0], [-3.0, 0, 0, 0], [0, 0, 0, 1.0]])
+
+
+def _volume(path: Path, seed: int, labels: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if labels:
+        data = np.zeros((4, 10, 10), np.uint8)
+        data[1:3, 2:5, 2:5] = 1
+        data[2, 3, 3] = 2
+    else:
+        data = np.random.default_rng(seed).integers(-1000, 1000, (4, 10, 10)).astype(np.int16)
+    nib.save(nib.Nifti1Image(data, _KITS_AFFINE), path)
+
+
+def _nifti_job(tmp_path: Path, root: Path) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "nifti", "root": str(root), "entity": {"component": 0},
+                                     "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 2},
+           "transform": {"nifti": {"windows": [{"center": 40, "width": 400}], "sample": "slice", "axis": "axial",
+                                   "size": [10, 10]}},
+           "pack": {"format": "webdataset"}, "output": "build"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_kits21_aggregated_label_maps_beside_the_case_image_are_left_out(tmp_path: Path) -> None:
+    """KiTS21 ships case_XXXXX/{imaging, aggregated_AND_seg, aggregated_MAJ_seg, aggregated_OR_seg}
+    .nii.gz: no image is named 'aggregated_AND' and the case's image is not named after its folder,
+    so the three label maps of every case were packed as CT images (a model fed its answers). A
+    name ending in a segmentation word (seg, segm, segmentation, labelmap) beside an image that is
+    no label map is a label map whatever its prefix."""
+    root = tmp_path / "kits21" / "data"
+    for case in range(3):
+        folder = root / f"case_{case:05d}"
+        _volume(folder / "imaging.nii.gz", case)
+        for kind in ("AND", "MAJ", "OR"):
+            _volume(folder / f"aggregated_{kind}_seg.nii.gz", case, labels=True)
+        _volume(folder / "segmentations" / "kidney_instance-1_annotation-1.nii.gz", case, labels=True)
+    found = discover(load_job(_nifti_job(tmp_path, root)))
+    assert sorted(ref.relpath for ref in found.refs) == [f"case_{case:05d}/imaging.nii.gz" for case in range(3)]
+    whys = sorted((Path(e.path).name, e.why, e.detail.split(":")[0]) for e in found.excluded)
+    assert whys == sorted([(f"aggregated_{kind}_seg.nii.gz", "label_map", "name ending '_seg'")
+                           for kind in ("AND", "MAJ", "OR")] * 3
+                          + [("kidney_instance-1_annotation-1.nii.gz", "label_map", "folder 'segmentations'")] * 3)
+
+
+@pytest.mark.parametrize(("files", "kept"), [
+    # a segmentation word inside a name, not ending it, says nothing: images of a segment, a corrected T1
+    (["scans/segment_01.nii.gz", "scans/segment_02.nii.gz", "scans/t1_seg_corrected.nii.gz"], None),
+    # mask, label and gt are words of photos too: a face-mask set's with_mask_2.jpg, a parcel's
+    # shipping_label.jpg beside other photos keep the rule that their prefix must name an image
+    (["faces/0001.jpg", "faces/with_mask_2.jpg"], None),
+    (["photos/IMG_0001.jpg", "photos/shipping_label.jpg", "photos/road_gt.jpg"], None),
+    # a folder of label maps alone: no image beside them, so they are what the user chose to pack
+    (["maps/aggregated_AND_seg.nii.gz", "maps/aggregated_OR_seg.nii.gz"], None),
+    # beside an image that is no label map, a name ending in a segmentation word is a label map
+    (["case_7/imaging.nii.gz", "case_7/aggregated_MAJ_seg.nii.gz", "case_7/liver_Segm.nii.gz",
+      "case_7/rater2_segmentation_1.nii.gz", "case_7/consensus-labelmap.nii.gz"], ["case_7/imaging.nii.gz"]),
+])
+def test_a_segmentation_word_ending_a_name_beside_an_image_marks_a_label_map_and_nothing_else_does(
+        files: list[str], kept: list[str] | None) -> None:
+    partners = MaskPartners.of(files)
+    assert [rel for rel in files if mask_named(rel, partners) is None] == (files if kept is None else kept)

@@ -757,6 +757,10 @@ _IMAGE_FOLDER = re.compile(r"(?:^|[_\-. ])(?:images?|imgs?|inputs?|originals?)(?
 MASK_NAME = re.compile(r"(?:^|[_\-. ])(mask|masks|seg|segm|segmentation|label|labels|labelmap|gt)(?:[_\-. ]?\d+)?$",
                        re.IGNORECASE)
 _WORD_BREAKS = ("_", "-", ".", " ")
+#: The words of :data:`MASK_NAME` that name nothing but a segmentation: a name ending in one beside
+#: an image is a label map whatever its prefix (KiTS21's ``aggregated_MAJ_seg`` beside
+#: ``imaging``). ``mask``, ``label`` and ``gt`` end photos' names too (``with_mask_12.jpg``).
+_SEGMENTATION_WORDS = frozenset({"seg", "segm", "segmentation", "labelmap"})
 #: A BIDS name (extension removed) of a label map: entities (``sub-01_ses-1_desc-brain``, the
 #: first ``sub-<label>``) and the file's type after the last ``_`` (its BIDS suffix): ``mask`` (a
 #: brain mask), ``dseg`` (a discrete segmentation) or ``probseg`` (a probabilistic one). Its rest
@@ -850,7 +854,9 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     masks folder whose file has no image of its own name (``masks/p0_mask.nii.gz`` beside
     ``images/p0.nii.gz``) is still named by its file's name. ``benign (1)_mask.png``
     beside ``benign (1).png``, ``BraTS20_Training_001_seg.nii.gz`` beside ``..._t1.nii.gz``,
-    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A BIDS name whose
+    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder, and a name ending
+    in a word that names nothing but a segmentation beside an image in its folder, whatever its
+    prefix (KiTS21's ``aggregated_MAJ_seg.nii.gz`` beside ``imaging.nii.gz``). A BIDS name whose
     suffix is ``mask``, ``dseg`` or ``probseg`` (:data:`_BIDS_LABEL_MAP`) is one beside an image of
     its subject (``sub-01_desc-brain_mask.nii.gz`` beside ``sub-01_T1w.nii.gz``). A face-mask
     set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
@@ -867,18 +873,21 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     if found is None:
         return None
     why = f"name ending {stem[found.start():]!r}"
-    return why if partners is None or _has_partner(head, stem[:found.start()], partners) else None
+    if partners is None or _has_partner(head, stem[:found.start()], found.group(1).lower(), partners):
+        return why
+    return None
 
 
-def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
-    """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask word belongs
-    to: one whose name, extension removed, is ``prefix`` or starts with it and a word break
-    (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty prefix
-    (``segmentation.nii.gz``), any file of the same folder not named as a mask; and in a case
-    folder, whose images are named after it, the case's images whatever the prefix: BraTS 2020's
-    ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is that case's label map though no image is
-    named ``W39_1998.09.19``."""
-    if not prefix:
+def _has_partner(head: str, prefix: str, word: str, partners: MaskPartners) -> bool:
+    """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask ``word``
+    belongs to: one whose name, extension removed, is ``prefix`` or starts with it and a word
+    break (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty
+    prefix (``segmentation.nii.gz``), or a word that names nothing but a segmentation
+    (:data:`_SEGMENTATION_WORDS`: KiTS21's ``aggregated_AND_seg.nii.gz``), any file of the same
+    folder not named as a mask; and in a case folder, whose images are named after it, the case's
+    images whatever the prefix: BraTS 2020's ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is
+    that case's label map though no image is named ``W39_1998.09.19``."""
+    if not prefix or (word in _SEGMENTATION_WORDS and head in partners.folders):
         return head in partners.folders
     return _named_by_image(prefix, partners) or head in partners.cases
 
