@@ -5,6 +5,7 @@ whose every labelled file is bad beside as many files it leaves out.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from packer.badsamples import read_bad_samples
+from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.discover import MaskPartners, discover, mask_named
@@ -22,6 +26,7 @@ from packer.pipeline.discover import MaskPartners, discover, mask_named
 
 
 def _png(path: Path, seed: int, mask: bool = False) -> None:
+    """A 16x16 image (a mask: a square of 255 on 0), in the format of ``path``'s extension."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if mask:
         image = np.zeros((16, 16), np.uint8)
@@ -163,3 +168,67 @@ def test_a_segmentation_word_ending_a_name_beside_an_image_marks_a_label_map_and
         files: list[str], kept: list[str] | None) -> None:
     partners = MaskPartners.of(files)
     assert [rel for rel in files if mask_named(rel, partners) is None] == (files if kept is None else kept)
+
+
+# -- every labelled file bad beside files left out: the bad files' reasons come first -------------
+
+
+def _cbis_mass_job(tmp_path: Path, cases: int, crops: int) -> Path:
+    """A CBIS-DDSM-like root: ``cases`` full images, each in the table with a ROI mask saved as
+    JPEG (lossy: mask_unreadable), and ``crops`` cropped images the table does not name
+    (``files: table`` leaves them out as not_in_table)."""
+    data = tmp_path / "data"
+    rows = ["patient_id,pathology,image file path,ROI mask file path"]
+    for i in range(cases):
+        _png(data / f"full/P_{i:05d}_LEFT_CC.png", i)
+        _png(data / f"roi/P_{i:05d}_LEFT_CC_1.jpg", i, mask=True)  # written as JPEG, by its extension
+        rows.append(f"P_{i:05d},{'MALIGNANT' if i % 2 else 'BENIGN'},full/P_{i:05d}_LEFT_CC.png,"
+                    f"roi/P_{i:05d}_LEFT_CC_1.jpg")
+    for i in range(crops):
+        _png(data / f"crop/P_{i:05d}_LEFT_CC_1.png", 100 + i)
+    (data / "mass.csv").write_text("\n".join(rows) + "\n")
+    return _image_job(tmp_path, {"table": {"file": "data/mass.csv", "path": "image file path", "files": "table"},
+                                 "entity": "patient_id", "label": {"column": "pathology"},
+                                 "mask": {"column": "ROI mask file path", "classes": [0, 255]}})
+
+
+def test_every_labelled_file_bad_beside_as_many_left_out_is_a_bad_fraction_with_its_bad_sample_list(
+        tmp_path: Path) -> None:
+    """Every labelled image of a CBIS-DDSM-like table was bad (its mask a JPEG) beside as many
+    crops the table leaves out: the build stopped with a config error (exit 2) that blamed the
+    left-out crops and wrote no bad-sample list, though README keeps that error for bad files
+    fewer than those left out (an export's broken file or two). It is a bad fraction (exit 3)
+    with bad_samples.jsonl, in packer build and packer validate alike."""
+    job = _cbis_mass_job(tmp_path, cases=4, crops=4)
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work")}
+    validated = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "--json",
+                                          str(tmp_path / "v.json")], env=env)
+    built = CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report"], env=env)
+    assert validated.exit_code == 3 and built.exit_code == 3, (validated.output, built.output)
+    assert "4 of 4 input files are bad (and 4 left out on purpose, which do not count)" in built.stderr, built.stderr
+    assert "bad samples: 4 (100.0%, over limit 5.0%): mask_unreadable 4" in validated.output, validated.output
+    assert "JPEG is lossy" in validated.output and "left out on purpose: 4 (not_in_table 4)" in validated.output
+    assert "no sample to pack" not in validated.output + built.output
+    (listed,) = (tmp_path / "build").rglob("bad_samples.jsonl")
+    assert {record["reason"] for record in read_bad_samples(listed)} == {"mask_unreadable"}
+    assert json.loads((tmp_path / "v.json").read_text())["bad_samples"]["by_reason"] == {"mask_unreadable": 4}
+
+
+def test_bad_files_fewer_than_those_left_out_are_a_config_error_that_says_why_they_are_bad(tmp_path: Path) -> None:
+    """Where the bad files are fewer than those left out, packing nothing is the config error,
+    but it named the first file left out only, and no bad-sample list is written: the user never
+    learnt that the masks were JPEG. It counts the bad files' reasons, commonest first, and quotes
+    the first bad file's message, in packer build and packer validate alike."""
+    job = _cbis_mass_job(tmp_path, cases=2, crops=4)
+    env = {"PACKER_WORK_DIR": str(tmp_path / "work")}
+    for command in (["validate", str(job), "--scheduler", "sync"],
+                    ["build", str(job), "--scheduler", "sync", "--no-report"]):
+        run = CliRunner().invoke(main, command, env=env)
+        assert run.exit_code == 2, run.output
+        message = run.stderr
+        assert ("no sample to pack: 4 of the job's 6 files are left out on purpose (not_in_table 4) and the other 2 "
+                "are bad (mask_unreadable 2)") in message, message
+        first_bad = tmp_path / "data" / "full" / "P_00000_LEFT_CC.png"
+        assert f"The first bad file, {first_bad}: mask_unreadable: " in message, message
+        assert "JPEG" in message, message
+    assert not list((tmp_path / "build").rglob("bad_samples.jsonl"))

@@ -234,7 +234,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                   f"{listings.excluded}", file=sys.stderr, flush=True)
         excluded.extend(probed_out)
         # a broken file or two beside them does not make the left-out files' cause a bad fraction
-        if not len(samples) and excluded and len(excluded) >= len(issues):
+        if not len(samples) and excluded and len(issues) < len(excluded):
             raise _nothing_to_pack(job, excluded, issues, show_paths=not phi.active)
         source_codes, source_names = samples.codes("source")
         empty = empty_sources_warning(job, {source_names[c] for c in np.unique(source_codes).tolist()}, issues,
@@ -327,7 +327,9 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
     fewer than those left out: an empty dataset is no result, and its empty splits would otherwise
     be warned of as a matter of ratios and seeds, or its few bad files be 100% of a bad fraction.
     The first file left out is named by its path, or by its sample id where paths are
-    pseudonymized; the bad ones are counted by reason only. Where every file left out is no image
+    pseudonymized; the bad ones are counted by reason, commonest first, and the first of them
+    named with its message (:func:`_first_bad`): no bad-sample list is written when the job stops
+    here, and a bad file can be why nothing packs (a table's masks all JPEG). Where every file left out is no image
     (SR, KO, PR, a PDF: ``not_image``), no ``where:`` can help: the error counts what the sources
     hold, by modality (or SOP class), and points at the images instead."""
     first = sort_excluded(list(excluded))[0]
@@ -340,7 +342,7 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
                   "header's free text or a table cell may hold a name)")
     why = describe_counts(Counter(e.why for e in excluded))
     if issues:
-        bad = describe_counts(Counter(i.reason for i in issues))
+        bad = _commonest(Counter(i.reason for i in issues))
         which = (f"{len(excluded)} of the job's {len(excluded) + len(issues)} files are left out on purpose ({why}) "
                  f"and the other {len(issues)} {'is' if len(issues) == 1 else 'are'} bad ({bad}); the first left out")
     else:
@@ -359,8 +361,36 @@ def _nothing_to_pack(job: JobConfig, excluded: Sequence[Excluded], issues: Seque
         return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. {holds} ({kinds}), "
                            f"which no filter can pack: {fix}point the source's root at the folder of the images (or "
                            "export the images themselves from the archive), or remove the source")
-    return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}. Change what leaves "
-                       "them out (the source's where:, its table's files:), or remove the source")
+    bad_said = "" if not issues else f" {_first_bad(issues, show_paths=show_paths)}."
+    fix = "; fix the bad files" if issues else ""
+    return ConfigError(f"{job.job_path}: no sample to pack: {which}, {named}: {detail}.{bad_said} Change what leaves "
+                       f"them out (the source's where:, its table's files:){fix}, or remove the source")
+
+
+#: How many of the bad files' reasons the no-sample error names (commonest first)
+_NAMED_REASONS = 3
+
+
+def _commonest(counts: Counter[str]) -> str:
+    """``mask_unreadable 6, unreadable 1``: the commonest reasons first (ties by name), the rest
+    counted together."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    said = ", ".join(f"{k} {v}" for k, v in ranked[:_NAMED_REASONS])
+    rest = sum(v for _, v in ranked[_NAMED_REASONS:])
+    return said + (f", {rest} of {len(ranked) - _NAMED_REASONS} other reason(s)" if rest else "")
+
+
+def _first_bad(issues: Sequence[Issue], *, show_paths: bool) -> str:
+    """The first bad file (by path) of a job stopped before its bad-sample list is written, with
+    its reason and message, which says why it is bad and the fix (a JPEG mask: save it as PNG).
+    Where paths are pseudonymized, its sample id and reason only: a message may quote a header
+    or a path that names a patient."""
+    first = min(issues, key=lambda i: (i.path, i.sample_id))
+    if not show_paths:
+        return (f"The first bad file, sample {first.sample_id}: {first.reason} (its message is not shown under phi: "
+                "pseudonymize, as it may quote a header or a path)")
+    said = first.message.removeprefix(f"{first.path}: ").rstrip(".")
+    return f"The first bad file, {first.path}: {first.reason}: {said}"
 
 
 def _held_kind(excluded: Excluded) -> str:
