@@ -157,6 +157,8 @@ def test_kits21_aggregated_label_maps_beside_the_case_image_are_left_out(tmp_pat
     # mask, label and gt are words of photos too: a face-mask set's with_mask_2.jpg, a parcel's
     # shipping_label.jpg beside other photos keep the rule that their prefix must name an image
     (["faces/0001.jpg", "faces/with_mask_2.jpg"], None),
+    # dcm2niix's %p_%s names: a segmented k-space cine or LGE's protocol then its series number
+    (["P01/SAX_cine_seg_5.nii.gz", "P01/LGE_PSIR_seg_12.nii.gz", "P01/T1_MOLLI_8.nii.gz"], None),
     (["photos/IMG_0001.jpg", "photos/shipping_label.jpg", "photos/road_gt.jpg"], None),
     # a folder of label maps alone: no image beside them, so they are what the user chose to pack
     (["maps/aggregated_AND_seg.nii.gz", "maps/aggregated_OR_seg.nii.gz"], None),

@@ -873,21 +873,24 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     if found is None:
         return None
     why = f"name ending {stem[found.start():]!r}"
-    if partners is None or _has_partner(head, stem[:found.start()], found.group(1).lower(), partners):
+    bare = not stem[-1].isdigit()
+    if partners is None or _has_partner(head, stem[:found.start()], found.group(1).lower(), bare, partners):
         return why
     return None
 
 
-def _has_partner(head: str, prefix: str, word: str, partners: MaskPartners) -> bool:
+def _has_partner(head: str, prefix: str, word: str, bare: bool, partners: MaskPartners) -> bool:
     """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask ``word``
-    belongs to: one whose name, extension removed, is ``prefix`` or starts with it and a word
-    break (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty
-    prefix (``segmentation.nii.gz``), or a word that names nothing but a segmentation
-    (:data:`_SEGMENTATION_WORDS`: KiTS21's ``aggregated_AND_seg.nii.gz``), any file of the same
-    folder not named as a mask; and in a case folder, whose images are named after it, the case's
+    (``bare``: with no number after it) belongs to: one whose name, extension removed, is
+    ``prefix`` or starts with it and a word break (anywhere in the source: ISIC keeps its masks in
+    a folder of their own); for an empty prefix (``segmentation.nii.gz``), or a word that names
+    nothing but a segmentation (:data:`_SEGMENTATION_WORDS`: KiTS21's ``aggregated_AND_seg.nii.gz``;
+    ``seg`` only bare, as a numbered one is also dcm2niix's protocol-and-series name of a
+    segmented k-space acquisition, ``SAX_cine_seg_5``), any file of the same folder not named as a
+    mask; and in a case folder, whose images are named after it, the case's
     images whatever the prefix: BraTS 2020's ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is
     that case's label map though no image is named ``W39_1998.09.19``."""
-    if not prefix or (word in _SEGMENTATION_WORDS and head in partners.folders):
+    if not prefix or ((bare or word != "seg") and word in _SEGMENTATION_WORDS and head in partners.folders):
         return head in partners.folders
     return _named_by_image(prefix, partners) or head in partners.cases
 
