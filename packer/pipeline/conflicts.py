@@ -33,6 +33,8 @@ import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -53,23 +55,46 @@ NAMED = 5
 def mask_dice(a: np.ndarray, b: np.ndarray, *, pad: int | None = None) -> float:
     """How far two masks of one image agree: the mean over the class ids either holds (background
     0 and ``pad``, the id ``fit`` pads with, left out) of Dice, 2·|A∩B| / (|A| + |B|), in [0, 1].
-    1.0 where neither holds a class; 0.0 where their shapes differ (no pixel can be compared)."""
+    1.0 where neither holds a class; 0.0 where their shapes differ (no pixel can be compared).
+    :func:`exact_mask_dice` as the nearest float."""
+    return float(exact_mask_dice(a, b, pad=pad))
+
+
+def exact_mask_dice(a: np.ndarray, b: np.ndarray, *, pad: int | None = None) -> Fraction:
+    """:func:`mask_dice` as the exact fraction it is (each class's Dice is a ratio of pixel
+    counts): in float64 the mean of 1, 1 and 0.4 is 0.7999999999999999, below a ``mask_dice`` of
+    0.8 it equals, so the threshold is compared with this (:func:`dice_below`)."""
     if a.shape != b.shape:
-        return 0.0
+        return Fraction(0)
     ids = np.union1d(np.unique(a), np.unique(b))
     ids = ids[(ids != 0) & (ids != pad)] if pad is not None else ids[ids != 0]
     if ids.size == 0:
-        return 1.0
-    scores = []
+        return Fraction(1)
+    total = Fraction(0)
     for cls in ids.tolist():
         in_a, in_b = a == cls, b == cls
-        scores.append(2.0 * np.count_nonzero(in_a & in_b) / (np.count_nonzero(in_a) + np.count_nonzero(in_b)))
-    return float(np.mean(scores))
+        total += Fraction(2 * int(np.count_nonzero(in_a & in_b)),
+                          int(np.count_nonzero(in_a)) + int(np.count_nonzero(in_b)))
+    return total / int(ids.size)
+
+
+def dice_below(dice: Fraction, threshold: float) -> bool:
+    """Whether an exact mean Dice (:func:`exact_mask_dice`) is below ``threshold``, the job's
+    ``mask_dice`` taken as the decimal it writes (0.8 is 4/5, not the float nearest it), as
+    :meth:`packer.targets.numeric.NumericTarget.conflicts` takes ``label_tolerance``: a Dice equal to
+    the threshold is no conflict."""
+    return dice < Fraction(Decimal(repr(float(threshold))))
 
 
 def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: float,
                  pad: int | None = None) -> float:
-    """:func:`mask_dice` of ``a`` and ``b``, two masks (…×H×W: a slice's 1×H×W, a volume's
+    """:func:`exact_aligned_dice` as the nearest float."""
+    return float(exact_aligned_dice(a, b, zoom=zoom, dy=dy, dx=dx, pad=pad))
+
+
+def exact_aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: float,
+                       pad: int | None = None) -> Fraction:
+    """:func:`exact_mask_dice` of ``a`` and ``b``, two masks (…×H×W: a slice's 1×H×W, a volume's
     D×H×W) of near copies whose thumbnails (:data:`~packer.pipeline.nearcopy.THUMB` square) the
     verification aligned: ``b``'s thumbnail magnified by ``zoom`` about its centre and moved by
     (``dy``, ``dx``) thumbnail pixels lines up with ``a``'s
@@ -80,7 +105,7 @@ def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: fl
     land on it), are left out. 1.0
     where no pixel overlaps (nothing to compare); 0.0 where the leading shapes differ."""
     if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or not a.size or not b.size:
-        return mask_dice(a, b, pad=pad)
+        return exact_mask_dice(a, b, pad=pad)
     centre = (THUMB - 1) / 2.0
 
     def mapped(length_a: int, length_b: int, shift: float) -> np.ndarray:
@@ -92,13 +117,13 @@ def aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, dx: fl
     keep_rows = (rows >= 0) & (rows < b.shape[-2])
     keep_columns = (columns >= 0) & (columns < b.shape[-1])
     if not keep_rows.any() or not keep_columns.any():
-        return 1.0
+        return Fraction(1)
     carried = b[..., rows[keep_rows], :][..., columns[keep_columns]]
     own = a[..., keep_rows, :][..., keep_columns]
     if pad:  # a pixel either side pads (resize: fit's border, an id of its own) shows nothing there: not compared
         shown = (own != pad) & (carried != pad)
         own, carried = own[shown], carried[shown]
-    return mask_dice(own, carried, pad=pad)
+    return exact_mask_dice(own, carried, pad=pad)
 
 
 class SpilledMasks:
@@ -108,10 +133,10 @@ class SpilledMasks:
     def __init__(self, cache_dir: Path, pads: Mapping[str, int]) -> None:
         self.cache_dir, self.pads = cache_dir, dict(pads)
 
-    def near_dice(self, table: SampleTable, links: Sequence[tuple[int, int, float, float, float]]) -> float:
-        """The lowest :func:`aligned_dice` over near-copy ``links`` (rows i, j of ``table`` and
-        the alignment of j to i: zoom, dy, dx); 1.0 for none."""
-        lowest = 1.0
+    def near_dice(self, table: SampleTable, links: Sequence[tuple[int, int, float, float, float]]) -> Fraction:
+        """The lowest :func:`exact_aligned_dice` over near-copy ``links`` (rows i, j of ``table``
+        and the alignment of j to i: zoom, dy, dx); 1 for none."""
+        lowest = Fraction(1)
         with SpillReader(self.cache_dir) as reader:
             masks: dict[int, np.ndarray] = {}
 
@@ -122,12 +147,12 @@ class SpilledMasks:
                 return masks[row]
 
             for i, j, zoom, dy, dx in links:
-                lowest = min(lowest, aligned_dice(mask(i), mask(j), zoom=zoom, dy=dy, dx=dx,
-                                                  pad=self.pads.get(table[i].ref.source)))
+                lowest = min(lowest, exact_aligned_dice(mask(i), mask(j), zoom=zoom, dy=dy, dx=dx,
+                                                        pad=self.pads.get(table[i].ref.source)))
         return lowest
 
-    def lowest_dice(self, table: SampleTable, rows: Sequence[int]) -> float:
-        """The lowest :func:`mask_dice` between the masks of ``rows`` (distinct masks only)."""
+    def lowest_dice(self, table: SampleTable, rows: Sequence[int]) -> Fraction:
+        """The lowest :func:`exact_mask_dice` between the masks of ``rows`` (distinct masks only)."""
         distinct: dict[bytes, tuple[np.ndarray, str]] = {}
         with SpillReader(self.cache_dir) as reader:
             for row in rows:
@@ -135,8 +160,8 @@ class SpilledMasks:
                 _, _, npy = reader.read_bytes(sample)
                 if npy not in distinct:
                     distinct[npy] = (np.load(io.BytesIO(npy), allow_pickle=False), sample.ref.source)
-        return min((mask_dice(a, b, pad=self.pads.get(source)) for (a, source), (b, _)
-                    in itertools.combinations(distinct.values(), 2)), default=1.0)
+        return min((exact_mask_dice(a, b, pad=self.pads.get(source)) for (a, source), (b, _)
+                    in itertools.combinations(distinct.values(), 2)), default=Fraction(1))
 
 
 @dataclass(frozen=True)
@@ -207,7 +232,7 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
     for root, rows in sorted(members.items()):
         texts = list(dict.fromkeys(samples.value("label", row) for row in rows))
         differ = any(conflicts(a, b, tolerance=cfg.label_tolerance) for a, b in itertools.combinations(texts, 2))
-        dice = None
+        dice: Fraction | None = None
         if masks is not None and mask_bytes is not None:
             for group in (exact_of[row] for row in rows if row in exact_of):
                 masked = [row for row in group if mask_bytes[row] > 0]
@@ -217,10 +242,10 @@ def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfi
             if near_of.get(root):
                 low = masks.near_dice(samples, near_of[root])
                 dice = low if dice is None else min(dice, low)
-        apart = dice is not None and dice < cfg.mask_dice
+        apart = dice is not None and dice_below(dice, cfg.mask_dice)
         if differ or apart:
             found.append(LabelConflict(members=tuple(rows), linked_by="+".join(sorted(linked[root])),
-                                       targets=differ, dice=dice, masks=apart))
+                                       targets=differ, dice=None if dice is None else float(dice), masks=apart))
     return LabelConflicts(groups=tuple(found), masks_compared=(masks is not None) if has_masks else None)
 
 
