@@ -3,11 +3,12 @@
 A *duplicate group* closes exact duplicates (the same packed pixels, :func:`~packer.pipeline.dedup.exact_groups`)
 and verified near copies (:mod:`packer.pipeline.nearcopy`) with union-find: the duplicate links
 the split groups by, without the entity links (two images of one patient may well differ in
-label). A group conflicts when two of its members' targets do, as the target kind says
-(:meth:`~packer.targets.Target.conflicts`: different classes, different multi-label vectors,
-numbers further apart than ``label_tolerance``), or when two copies' masks agree less than
-``mask_dice`` (:func:`mask_dice`, :func:`aligned_dice`). No model is needed: the groups and the
-targets are known before the split.
+label), among the samples that are part of the dataset: a file a given split names in none of its
+lists (a ``not_in_split`` bad sample) takes no part. A group conflicts when two of its members'
+targets do, as the target kind says (:meth:`~packer.targets.Target.conflicts`: different
+classes, different multi-label vectors, numbers further apart than ``label_tolerance``), or when
+two copies' masks agree less than ``mask_dice`` (:func:`mask_dice`, :func:`aligned_dice`). No
+model is needed: the groups and the targets are known before the split.
 
 Exact copies' masks lie on one grid and are compared pixel for pixel. A near copy may be
 shifted, zoomed or cropped: its mask is first carried onto the other's grid through the
@@ -196,15 +197,24 @@ class LabelConflicts:
 
 
 def find_label_conflicts(samples: SampleTable, links: NearLinks, cfg: SplitConfig, conflicts: Compare, *,
-                         masks: SpilledMasks | None, has_masks: bool = False) -> LabelConflicts:
+                         masks: SpilledMasks | None, has_masks: bool = False,
+                         outside: frozenset[int] = frozenset()) -> LabelConflicts:
     """The duplicate groups of ``samples`` (exact copies and the verified near ``links``) whose
     members disagree: two targets that ``conflicts`` (the target kind's
     :meth:`~packer.targets.Target.conflicts`, with ``cfg.label_tolerance``) says differ, or two
     exact copies' masks, or a near copy's aligned onto its source's (:func:`aligned_dice`), whose
     Dice is below ``cfg.mask_dice`` (read with ``masks``; None: masks are not compared).
-    ``has_masks``: the job's samples carry masks. Groups are ordered by their first row, so the
-    result depends only on the samples."""
-    exact = exact_groups_of(samples)
+    ``has_masks``: the job's samples carry masks. ``outside``: rows that are not part of the
+    dataset (a given split names none of them: ``not_in_split`` bad samples), in no group and
+    linking none, as if they had not been found: such a file conflicts with nothing, so it neither
+    drops a sample of the dataset nor is left out as a ``label_conflict`` itself. Groups are
+    ordered by their first row, so the result depends only on the samples."""
+    skip = None
+    if outside:
+        skip = np.zeros(len(samples), dtype=bool)
+        skip[np.fromiter(outside, dtype=np.int64, count=len(outside))] = True
+        links = links.without(skip)
+    exact = exact_groups_of(samples, skip)
     if not exact and not len(links):
         return LabelConflicts(masks_compared=(masks is not None) if has_masks else None)
     edges = itertools.chain(((g[k], g[k + 1]) for g in exact for k in range(len(g) - 1)),

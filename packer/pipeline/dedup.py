@@ -86,16 +86,20 @@ def exact_groups(digests: Sequence[str], stored: Sequence[str] | None = None,
 _PREFIX = 16
 
 
-def exact_groups_of(samples: SampleTable) -> list[list[int]]:
+def exact_groups_of(samples: SampleTable, skip: np.ndarray | None = None) -> list[list[int]]:
     """:func:`exact_groups` of a table's ``sha256``, ``stored_digest`` and ``blank`` fields, the
     same groups in the same order, without a Python object per record: the digests are grouped by
     their first 64 bits in numpy (one sort of n integers) and only rows sharing those are compared
-    as text. At 10M records the lists :func:`exact_groups` takes held ~2 GB."""
+    as text. At 10M records the lists :func:`exact_groups` takes held ~2 GB. ``skip`` (a bool per
+    row): rows in no group, as blank ones are, and joining none (a row that is not part of the
+    dataset: :func:`packer.pipeline.conflicts.find_label_conflicts`)."""
     blank = samples.array("blank").astype(bool)
+    if skip is not None:
+        blank = blank | skip
     groups = equal_text_rows(samples, "sha256", blank, skip_empty=False)
     joining = equal_text_rows(samples, "stored_digest", blank, skip_empty=True)
     if groups is None or joining is None:  # digests of another form (validate --quick's placeholders)
-        return exact_groups(samples.column("sha256"), samples.column("stored_digest"), samples.column("blank"))
+        return exact_groups(samples.column("sha256"), samples.column("stored_digest"), blank.tolist())
     if not joining:
         return groups
     return joined_groups([*groups, *joining])

@@ -1020,6 +1020,16 @@ class NearLinks:
         none = np.zeros(0, dtype=np.int64)
         return cls(none, none, np.zeros(0, dtype=np.float32), EvidenceArrays.of([]))
 
+    def without(self, rows: np.ndarray) -> NearLinks:
+        """These links less those from or to a row where ``rows`` (a bool per sample) is True."""
+        if not len(self) or not rows.any():
+            return self
+        keep = np.flatnonzero(~(rows[self.i] | rows[self.j]))
+        if len(keep) == len(self):
+            return self
+        return NearLinks(self.i[keep], self.j[keep], self.similarity[keep], self.evidence.take(keep),
+                         candidates=self.candidates, rival=None if self.rival is None else self.rival[keep])
+
     def describe(self, k: int) -> dict[str, float | list[int]]:
         """Link ``k``'s evidence as JSON numbers: the candidate similarity, the verification
         (score, structure, detail, intensity at zoom and shift) and the rival test (the best

@@ -56,7 +56,7 @@ from packer.pipeline.nearcopy import (
 )
 from packer.pipeline.neighborcache import NeighborCache, sample_identities, search_candidates
 from packer.pipeline.sampletable import SampleTable, as_table
-from packer.pipeline.splitlists import split_from_column, split_from_lists
+from packer.pipeline.splitlists import GivenSplit, split_from_column, split_from_lists
 from packer.progress import Progress, stage_progress
 from packer.records import Excluded, Issue, SpilledSample
 from packer.targets import ClassTarget
@@ -862,6 +862,29 @@ def _place_groups(groups: Sequence[SplitGroup], group_split: Mapping[int, str], 
         fold[rows] = np.repeat(folds, sizes)
 
 
+def given_split(table: SampleTable, cfg: SplitConfig, pseudonym: Callable[[str], str] | None = None,
+                bad: Mapping[str, str] | None = None, listings: Listings = BUILD_LISTINGS) -> GivenSplit:
+    """The split a given split (``by: list`` or ``by: column``, ``cfg.given``) gives each row of
+    ``table``, before any carve (:mod:`packer.pipeline.splitlists`); ``pseudonym``, ``bad`` and
+    ``listings`` as :func:`assign_splits` takes them."""
+    return (split_from_lists(table, cfg, pseudonym, bad, listings=listings) if cfg.by == "list"
+            else split_from_column(table, cfg, hide_paths=pseudonym is not None))
+
+
+def not_in_split_rows(samples: Sequence[SpilledSample], cfg: SplitConfig,
+                      pseudonym: Callable[[str], str] | None = None, bad: Mapping[str, str] | None = None,
+                      listings: Listings = BUILD_LISTINGS) -> frozenset[int]:
+    """The rows of ``samples`` that a given split names in none of its lists (or whose split cell
+    is empty): ``not_in_split`` bad samples, not part of the dataset, so that they take no part in
+    what is decided about the dataset's samples before the split (label conflicts:
+    :func:`packer.pipeline.conflicts.find_label_conflicts`). Empty for a split that is not given.
+    Raises ConfigError as :func:`assign_splits` does for wrong lists or a wrong column."""
+    if not cfg.given:
+        return frozenset()
+    split = given_split(as_table(samples), cfg, pseudonym, bad, listings).split
+    return frozenset(row for row, name in enumerate(split) if name is None)
+
+
 def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGroup],
                   pseudonym: Callable[[str], str] | None, leave_out: frozenset[int] = frozenset(),
                   bad: Mapping[str, str] | None = None, listings: Listings = BUILD_LISTINGS) -> Assignment:
@@ -869,8 +892,7 @@ def _assign_given(table: SampleTable, cfg: SplitConfig, groups: Sequence[SplitGr
     reports them), then each ``carve``, then folds by group. Samples without a split are
     ``not_in_split`` issues in ``dropped``; the rows in ``leave_out`` get no split and no issue.
     ``bad``: the bad and left-out files' names, which a list may name (:func:`split_from_lists`)."""
-    given = (split_from_lists(table, cfg, pseudonym, bad, listings=listings) if cfg.by == "list"
-             else split_from_column(table, cfg, hide_paths=pseudonym is not None))
+    given = given_split(table, cfg, pseudonym, bad, listings)
     unlisted = given.unlisted
     if leave_out:
         left_files = {table[row].ref.sample_id for row in leave_out}

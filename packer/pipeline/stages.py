@@ -72,7 +72,15 @@ from packer.pipeline.plan import PlannedShard, plan_shards
 from packer.pipeline.reuse import EarlierShards
 from packer.pipeline.sampletable import SampleTable
 from packer.pipeline.spill import SpillConsumer, cache_elsewhere
-from packer.pipeline.split import Assignment, RunVerify, assign_splits, balance_warning, near_links, split_codes
+from packer.pipeline.split import (
+    Assignment,
+    RunVerify,
+    assign_splits,
+    balance_warning,
+    near_links,
+    not_in_split_rows,
+    split_codes,
+)
 from packer.pipeline.splitlists import name_of
 from packer.progress import Progress
 from packer.read.dicom_masks import annotation_notes_warning, note_count, possible_annotations_warning
@@ -281,7 +289,10 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                       f"{lists.reused if lists else 0} of {len(samples)} samples' neighbour lists reused, "
                       f"{len(links)} links ({near_seconds:.1f}s){'; ' + ignored if ignored else ''}", flush=True)
     kind = target_class(job.sources[0].target.kind)
-    conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None)
+    # a file a given split does not name is a not_in_split bad sample, not part of the dataset: no conflict of it
+    outside = not_in_split_rows(samples, split_cfg, pseudonym=phi.entity if phi.active else None,
+                                bad=_listed_bad(job, split_cfg, issues, excluded, phi), listings=listings)
+    conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None, outside)
     if conflicts.dropped:
         excluded.extend(conflict_exclusions(samples, conflicts, held.files))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
@@ -430,14 +441,15 @@ def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], exclu
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
-                     cache_dir: Path | None) -> LabelConflicts:
+                     cache_dir: Path | None, outside: frozenset[int] = frozenset()) -> LabelConflicts:
     """The duplicate groups whose targets (or masks, exact copies' and near copies' aligned,
     read back from the build cache ``cache_dir``; None: not compared) disagree; under ``label_conflict: drop_group``,
-    with every member to be left out of the split."""
+    with every member to be left out of the split. ``outside``: rows that are not part of the dataset
+    (:func:`~packer.pipeline.split.not_in_split_rows`), in no group."""
     masked = {s.name: s.mask.pad for s in job.sources if s.mask is not None}
     found = find_label_conflicts(samples, links, cfg, target_class(job.sources[0].target.kind).conflicts,
                                  masks=SpilledMasks(cache_dir, masked) if masked and cache_dir is not None else None,
-                                 has_masks=bool(masked))
+                                 has_masks=bool(masked), outside=outside)
     return replace(found, dropped=found.rows) if cfg.label_conflict == "drop_group" else found
 
 
