@@ -123,7 +123,7 @@ class VoiTransform:
         # the LUT's LUT Explanation is free text typed at a console ("ZQX JANE DOE SQRT"): it selects the
         # window (windows: [{file: sqrt}]) and never reaches a sample, as the Window Center & Width
         # Explanation does not
-        if self.lut is not None:  # LUT Data narrower than its descriptor says are read in the range they use
+        if self.lut is not None:  # LUT Data narrower or wider than its descriptor says: read in the range they use
             used = voi_lut_bits(self.lut.bits, self.lut.array()[:self.lut.entries or 65536])
             if used != self.lut.bits:
                 out["lut_bits"] = {"declared": self.lut.bits, "used": used}

@@ -145,12 +145,19 @@ def voi_lut_bits(declared: int, lut_data: np.ndarray) -> int:
     largest entry needs (at least 8). Some devices (notably Agfa CRs) declare 16 bits for LUT
     Data of 12; divided by 65535 such an image comes out nearly black (nearly white once a
     MONOCHROME1 image is inverted). dcm4che (#413), Horos, Cornerstone and dicom-rs read the
-    range from the data the same way; a LUT that uses its declared range is read as declared."""
+    range from the data the same way; a LUT that uses its declared range is read as declared.
+
+    Conversely, LUT Data past the declared range (16-bit entries up to 65520 under a descriptor of
+    12 bits, a known writer bug) are read over the smallest range that holds them (16 bits at
+    most, the most a LUT Data word holds), not clipped: divided by 4095 such an image came out
+    nearly all white. The palette's entries above 255 under 8-bit descriptors are read the same way."""
     data = np.asarray(lut_data)
-    if declared <= 8 or data.size == 0:
+    if data.size == 0:
         return declared
     largest = int(data.max())
-    if largest < 0 or largest >= 1 << (declared - 1):
+    if largest > (1 << declared) - 1:
+        return min(16, largest.bit_length())
+    if declared <= 8 or largest < 0 or largest >= 1 << (declared - 1):
         return declared
     return max(8, largest.bit_length())
 

@@ -1,0 +1,97 @@
+"""VOI LUTs as writers get them wrong: LUT Data wider than the descriptor's bits, a first mapped
+value whose sign the input (or the file's explicit VR) decides, and windows that float16 does not apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dicom_files import config, image_dataset, lut_item, make_ref, save, window
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+
+from packer.read.dicom import read_dicom
+from packer.records import Sample
+from packer.transform.window import voi_lut_bits
+
+CR = "1.2.840.10008.5.1.4.1.1.1"
+DX = "1.2.840.10008.5.1.4.1.1.1.1"
+EVERY_12_BIT_VALUE = np.arange(4096, dtype=np.uint16).reshape(64, 64)
+
+
+def read(path: Path, *windows: Any, **kwargs: Any) -> list[Sample]:
+    result = read_dicom(make_ref(path), config(*windows, **kwargs))
+    assert isinstance(result, list), f"{result.reason}: {result.message}"
+    return result
+
+
+def radiograph(sop_class: str = CR, modality: str = "CR", **attrs: Any) -> Dataset:
+    return image_dataset(EVERY_12_BIT_VALUE, modality=modality, sop_class=sop_class, bits_stored=12, **attrs)
+
+
+def voi_item(descriptor: tuple[int, int, int], data: np.ndarray, descriptor_vr: str | None = None) -> Dataset:
+    """A VOI LUT item whose LUT Data is OW; the descriptor in ``descriptor_vr`` (US or SS) when given."""
+    item = Dataset()
+    if descriptor_vr is None:
+        item.LUTDescriptor = list(descriptor)
+    else:
+        item.add_new(0x00283002, descriptor_vr, list(descriptor))
+    item.add_new(0x00283006, "OW", np.asarray(data, dtype="<u2").tobytes())
+    return item
+
+
+def expected_levels(modality: np.ndarray, first: int, lut: np.ndarray, bits: int) -> np.ndarray:
+    """PS3.3 C.11.2.1.1 written out: LUT[clip(x - first)] over 0..2^bits - 1, as 8-bit levels."""
+    entry = lut[np.clip(modality.astype(np.int64) - first, 0, lut.size - 1)].astype(np.float64)
+    return np.rint(entry / (2 ** bits - 1) * 255).astype(np.int64)
+
+
+# ---------------------------------------------------------------- LUT Data wider than the descriptor's bits
+
+
+def test_voi_lut_entries_above_the_declared_bits_are_read_over_the_bits_they_use_and_the_sample_says_so(
+        tmp_path: Path) -> None:
+    """A descriptor [4096, 0, 12] over 16-bit entries (0..65520, a known writer bug) packed 94% of
+    the pixels white (entries / 4095, clipped). They are read over 0..65535, the smallest range
+    that holds them, and the window record says what was declared and what was used."""
+    lut = (np.arange(4096) * 16).astype(np.uint16)
+    ds = radiograph()
+    ds.VOILUTSequence = DicomSequence([voi_item((4096, 0, 12), lut)])
+    sample = read(save(ds, tmp_path / "wide.dcm"))[0]
+    np.testing.assert_array_equal(sample.image[0].astype(np.int64),
+                                  expected_levels(EVERY_12_BIT_VALUE, 0, lut, 16))
+    assert int((sample.image == 255).sum()) == 8  # entries 65408.. round to 255, not the 3840 past 4095
+    assert sample.metadata["windows"][0]["lut_bits"] == {"declared": 12, "used": 16}
+
+
+def test_voi_lut_entries_above_an_8_bit_descriptor_are_read_over_the_bits_they_use(tmp_path: Path) -> None:
+    """Entries up to 1023 under an 8-bit descriptor, one 16-bit word each (not two bytes a word):
+    read over 10 bits, not clipped at 255."""
+    lut = (np.arange(4096) // 4).astype(np.uint16)
+    ds = radiograph()
+    ds.VOILUTSequence = DicomSequence([voi_item((4096, 0, 8), lut)])
+    sample = read(save(ds, tmp_path / "wide8.dcm"))[0]
+    np.testing.assert_array_equal(sample.image[0].astype(np.int64),
+                                  expected_levels(EVERY_12_BIT_VALUE, 0, lut, 10))
+    assert sample.metadata["windows"][0]["lut_bits"] == {"declared": 8, "used": 10}
+
+
+@pytest.mark.parametrize(("declared", "largest", "used"),
+                         [(12, 4095, 12), (12, 4096, 13), (12, 65535, 16), (8, 255, 8), (8, 256, 9), (16, 65535, 16),
+                          (16, 4095, 12), (10, 100, 8), (10, 600, 10)])
+def test_voi_lut_bits_widen_to_hold_the_largest_entry_and_narrow_only_below_half_the_range(
+        declared: int, largest: int, used: int) -> None:
+    assert voi_lut_bits(declared, np.array([0, largest])) == used
+
+
+def test_a_modality_lut_passes_entries_above_its_declared_bits_through_as_modality_values(tmp_path: Path) -> None:
+    """A Modality LUT's entries are modality values, never divided by its range: one of 12 declared
+    bits holding 16-bit entries gives those entries, unclipped, to the window after it."""
+    table = (np.arange(4096) * 16).astype(np.uint16)
+    ds = radiograph(modality="OT")
+    ds.ModalityLUTSequence = DicomSequence([lut_item(0, 12, table.tolist())])
+    sample = read(save(ds, tmp_path / "mlut.dcm"), window(32768, 65536))[0]
+    expected = np.rint(np.clip((table[EVERY_12_BIT_VALUE] - 32767.5) / 65535 + 0.5, 0, 1) * 255)
+    np.testing.assert_array_equal(sample.image[0], expected)
