@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydicom
 import pytest
-from dicom_files import config, image_dataset, lut_item, make_ref, save, window
+from dicom_files import config, ct_dataset, image_dataset, lut_item, make_ref, save, window
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import ImplicitVRLittleEndian
 
 from packer.read.dicom import read_dicom
 from packer.records import Sample
@@ -95,3 +97,72 @@ def test_a_modality_lut_passes_entries_above_its_declared_bits_through_as_modali
     sample = read(save(ds, tmp_path / "mlut.dcm"), window(32768, 65536))[0]
     expected = np.rint(np.clip((table[EVERY_12_BIT_VALUE] - 32767.5) / 65535 + 0.5, 0, 1) * 255)
     np.testing.assert_array_equal(sample.image[0], expected)
+
+
+# ---------------------------------------------------------------- the first mapped value's sign
+
+
+def test_a_negative_first_mapped_value_under_a_negative_rescale_slope_is_read_signed(tmp_path: Path) -> None:
+    """Unsigned stored values under Rescale Slope -1 are modality values -4095..0: the VOI LUT's
+    input is signed, and its first mapped value -4095, written SS or as US 61441, is -4095. Read
+    as 61441, every pixel fell before the table and the file was refused as constant_image."""
+    lut = (np.arange(4096) * 16).astype(np.uint16)
+    images = []
+    for vr, first in (("SS", -4095), ("US", 61441)):
+        ds = radiograph(DX, "DX", RescaleSlope=-1, RescaleIntercept=0, RescaleType="US")
+        ds.VOILUTSequence = DicomSequence([voi_item((4096, first, 16), lut, vr)])
+        images.append(read(save(ds, tmp_path / f"{vr}.dcm"))[0].image[0].astype(np.int64))
+    np.testing.assert_array_equal(images[0], expected_levels(-EVERY_12_BIT_VALUE.astype(np.int64), -4095, lut, 16))
+    np.testing.assert_array_equal(images[1], images[0])
+
+
+def test_a_first_mapped_value_written_ss_keeps_its_sign_under_unsigned_input(tmp_path: Path) -> None:
+    """PS3.3 C.11.2.1.1: the second descriptor value is US or SS; one the file wrote explicitly as
+    SS (-100) is -100 even where the input (unsigned stored values, no rescale) cannot go below 0."""
+    lut = (np.arange(4196) * 15).astype(np.uint16)
+    ds = radiograph()
+    ds.VOILUTSequence = DicomSequence([voi_item((4196, -100, 16), lut, "SS")])
+    path = save(ds, tmp_path / "ss.dcm")
+    assert pydicom.dcmread(path).VOILUTSequence[0]["LUTDescriptor"].VR == "SS"
+    image = read(path)[0].image[0].astype(np.int64)
+    np.testing.assert_array_equal(image, expected_levels(EVERY_12_BIT_VALUE, -100, lut, 16))
+
+
+@pytest.mark.parametrize(("attrs", "first", "meant"),
+                         [({"RescaleSlope": 1, "RescaleIntercept": -1024}, 64512, -1024),  # HU from unsigned
+                          ({}, 40000, 40000),                                            # unsigned input
+                          ({"RescaleSlope": 2, "RescaleIntercept": 0}, 40000, 40000)])  # still unsigned
+def test_a_first_mapped_value_written_us_follows_the_inputs_sign(tmp_path: Path, attrs: dict[str, Any], first: int,
+                                                                  meant: int) -> None:
+    """Written US, the 16 bits are read signed exactly when the rescaled stored range can go below 0."""
+    stored = (np.arange(64 * 64, dtype=np.uint16) * 16).reshape(64, 64)  # 0..65520: 16 bits stored
+    lut = np.arange(4096, dtype=np.uint16) * 16
+    ds = image_dataset(stored, modality="OT", **attrs)
+    ds.VOILUTSequence = DicomSequence([voi_item((4096, first, 16), lut, "US")])
+    image = read(save(ds, tmp_path / "us.dcm"))[0].image[0].astype(np.int64)
+    modality = stored.astype(np.int64) * int(attrs.get("RescaleSlope", 1)) + int(attrs.get("RescaleIntercept", 0))
+    np.testing.assert_array_equal(image, expected_levels(modality, meant, lut, 16))
+
+
+def test_a_first_mapped_value_behind_a_signed_ct_rescale_is_read_signed(tmp_path: Path) -> None:
+    """A signed CT (HU -1024..1975) with its VOI LUT from -200 written US 65336: still -200."""
+    ramp = np.rint(np.linspace(0, 4095, 400)).astype(np.uint16)
+    ds = ct_dataset(np.arange(-200, 200, dtype=np.int16).reshape(20, 20) + 1024, center=None, width=None)
+    ds.VOILUTSequence = DicomSequence([voi_item((400, 65336, 12), ramp, "US")])
+    image = read(save(ds, tmp_path / "ct.dcm"))[0].image[0].astype(np.int64)
+    np.testing.assert_array_equal(image, expected_levels(np.arange(-200, 200).reshape(20, 20), -200, ramp, 12))
+
+
+def test_in_an_implicit_vr_file_the_inputs_sign_decides_not_pydicoms_guess_of_the_vr(tmp_path: Path) -> None:
+    """Implicit VR writes no VR: pydicom reports a 'US or SS' descriptor as SS from Pixel
+    Representation 1. Signed stored values under intercept 32768 are modality values 0..65535, so
+    the first mapped value's 16 bits (0x9C40) are 40000, not -25536."""
+    stored = (np.arange(64 * 64, dtype=np.int64) * 16 - 32768).astype(np.int16).reshape(64, 64)
+    lut = np.arange(4096, dtype=np.uint16) * 16
+    ds = image_dataset(stored, modality="OT", RescaleSlope=1, RescaleIntercept=32768)
+    ds.file_meta.TransferSyntaxUID = ImplicitVRLittleEndian
+    ds.VOILUTSequence = DicomSequence([voi_item((4096, 40000 - 65536, 16), lut)])
+    path = save(ds, tmp_path / "implicit.dcm")
+    assert list(pydicom.dcmread(path).VOILUTSequence[0].LUTDescriptor)[1] == 40000 - 65536
+    image = read(path)[0].image[0].astype(np.int64)
+    np.testing.assert_array_equal(image, expected_levels(stored.astype(np.int64) + 32768, 40000, lut, 16))

@@ -304,12 +304,26 @@ def _little_endian(ds: Dataset) -> bool:
     return syntax != "1.2.840.10008.1.2.2"
 
 
-def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
+def _written_vr(item: Dataset, tag: int) -> str | None:
+    """The VR the file wrote for ``tag`` in ``item``: None in an Implicit VR file, where the VR
+    pydicom reports for a 'US or SS' element is its own guess from Pixel Representation."""
+    if getattr(item, "original_encoding", (None, None))[0]:  # read as Implicit VR
+        return None
+    raw = item.get_item(tag)
+    return None if raw is None else raw.VR
+
+
+def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool, ss_keeps_sign: bool = True) -> Lut:
     """A Modality or VOI LUT Sequence item → :class:`Lut` (PS3.3 C.11.1.1, C.11.2.1.1).
 
     LUT Descriptor value 1 is the entry count (0 means 65536); value 2 the first input value
-    mapped, US or SS by the input's signedness (re-read here from its 16 bits, whichever VR the
-    file used); value 3 the bits per entry. LUT Data (US or OW) is read as 16-bit words, one entry
+    mapped, US or SS by the input's signedness (``signed_input``): written US, its 16 bits are
+    re-read as signed for signed input (64512 is -1024 before HU); written explicitly SS, it
+    keeps its sign (-4095 under unsigned stored values is -4095, not 61441), unless not
+    ``ss_keeps_sign`` (behind a Modality LUT, whose output is unsigned: C.11.2.1.1 asks for US
+    there, and a writer that followed Pixel Representation wrote 40000 as SS -25536); in an
+    Implicit VR file, where no VR is written, the input's signedness decides; value 3 the bits
+    per entry. LUT Data (US or OW) is read as 16-bit words, one entry
     each, except 8-bit entries packed two to a word (half as many words as entries), under either VR.
     Raises ``ValueError`` when the descriptor or the data is missing or malformed: bits per entry
     outside 1..16, or another number of LUT Data entries than the descriptor declares (more are
@@ -327,7 +341,7 @@ def read_lut(item: Dataset, *, signed_input: bool, little_endian: bool) -> Lut:
     entries = entries % 65536 or 65536
     if signed_input and first >= 32768:
         first -= 65536
-    elif not signed_input and first < 0:
+    elif not signed_input and first < 0 and not (ss_keeps_sign and _written_vr(item, 0x00283002) == "SS"):
         first += 65536
     bits = bits % 65536
     if not 1 <= bits <= 16:
@@ -486,12 +500,32 @@ def file_voi(ds: Dataset, frame: int, modality: ModalityTransform) -> FileVoi:
         explanation_list = tuple(str(e).strip() for e in explanations)
     function = str(element(source, "VOILUTFunction", "") or "LINEAR").strip().upper()
     voi_items = sequence_items(source, "VOILUTSequence")
-    signed = modality.lut is None and (int(ds.get("PixelRepresentation", 0) or 0) == 1 or modality.intercept < 0)
-    luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds)) for lut_item in voi_items)
+    signed = _modality_may_be_negative(ds, modality)
+    luts = tuple(read_lut(lut_item, signed_input=signed, little_endian=_little_endian(ds),
+                          ss_keeps_sign=modality.lut is None) for lut_item in voi_items)
     centers, bad_centers = _window_values(element(source, "WindowCenter"), "(0028,1050) Window Center")
     widths, bad_widths = _window_values(element(source, "WindowWidth"), "(0028,1051) Window Width")
     return FileVoi(centers=centers, widths=widths, explanations=explanation_list, function=function, luts=luts,
                    damaged=bad_centers + bad_widths)
+
+
+def _modality_may_be_negative(ds: Dataset, modality: ModalityTransform) -> bool:
+    """Whether the VOI stage's input, the modality values, can go below 0, which makes the VOI LUT
+    Descriptor's first mapped value SS (PS3.3 C.11.2.1.1): never behind a Modality LUT (its LUT
+    Data are unsigned); else where the stored range (Bits Stored, Pixel Representation) rescaled,
+    ``min(slope × low, slope × high) + intercept``, reaches below 0: HU from unsigned values, or
+    unsigned values under a negative slope (-1 gives -4095..0 from 12 bits)."""
+    if modality.lut is not None:
+        return False
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    try:
+        bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
+    except (TypeError, ValueError):
+        bits = 16
+    bits = min(max(bits, 1), 32)
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    scale = modality.dose_grid_scaling if modality.dose_grid_scaling is not None else 1.0
+    return min(modality.slope * low, modality.slope * high) * scale + modality.intercept * scale < 0
 
 
 def _window_values(value: Any, name: str) -> tuple[tuple[float, ...], tuple[tuple[int, str], ...]]:
