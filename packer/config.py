@@ -1942,6 +1942,19 @@ def unused_transforms_warning(job: JobConfig) -> str | None:
             f"{'files' if len(kinds) == 1 else 'sources'}, or remove {sections}")
 
 
+def transform_warnings(job: JobConfig) -> tuple[str, ...]:
+    """What the build and ``packer validate`` warn of under code ``transform``: settings for a
+    kind no source is (:func:`unused_transforms_warning`), then each of the job's kinds' own
+    (:meth:`packer.read.kinds.SourceKind.config_warnings`: DICOM windows under ``output: float16``)."""
+    from packer.read.kinds import source_kind
+
+    unused = unused_transforms_warning(job)
+    said = [unused] if unused is not None else []
+    for name in dict.fromkeys(source.kind for source in job.sources):
+        said.extend(source_kind(name).config_warnings(job, [s for s in job.sources if s.kind == name]))
+    return tuple(said)
+
+
 def _keyed_lists(lists: tuple[SplitList, ...], phi: PhiConfig) -> tuple[SplitList, ...]:
     """``lists`` with each file's sha256 replaced by ``hmac-sha256:`` and an HMAC-SHA256 of it
     under the job's PHI key (:func:`packer.phi.load_key`, whose errors are the job's): the

@@ -3,17 +3,20 @@ value whose sign the input (or the file's explicit VR) decides, and windows that
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pydicom
 import pytest
+import yaml
 from dicom_files import config, ct_dataset, image_dataset, lut_item, make_ref, save, window
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import ImplicitVRLittleEndian
 
+from packer.config import load_job, transform_warnings
 from packer.read.dicom import read_dicom
 from packer.records import Sample
 from packer.transform.window import voi_lut_bits
@@ -166,3 +169,66 @@ def test_in_an_implicit_vr_file_the_inputs_sign_decides_not_pydicoms_guess_of_th
     assert list(pydicom.dcmread(path).VOILUTSequence[0].LUTDescriptor)[1] == 40000 - 65536
     image = read(path)[0].image[0].astype(np.int64)
     np.testing.assert_array_equal(image, expected_levels(stored.astype(np.int64) + 32768, 40000, lut, 16))
+
+
+# ---------------------------------------------------------------- windows under float16
+
+
+def job_file(tmp_path: Path, dicom: dict[str, Any]) -> Path:
+    doc = {"name": "t", "sources": [{"kind": "dicom", "root": "raw", "entity": "PatientID", "label": "none"}],
+           "split": {"by": "entity", "ratios": {"train": 1.0}}, "transform": {"dicom": dicom},
+           "pack": {"format": "webdataset"}, "output": "out", "phi": {"mode": "keep"}}
+    (tmp_path / "raw").mkdir(exist_ok=True)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_windows_under_float16_are_warned_of_as_not_applied(tmp_path: Path) -> None:
+    said = transform_warnings(load_job(job_file(tmp_path, {"windows": ["lung", "mediastinum", "bone"],
+                                                           "output": "float16"})))
+    assert len(said) == 1
+    assert said[0].startswith("transform.dicom.windows [lung, mediastinum, bone] are not applied under "
+                              "transform.dicom.output: float16")
+    assert "on the GPU" in said[0] and "output: uint8 or uint16" in said[0]
+
+
+def test_modality_windows_under_float16_are_warned_of_by_their_key(tmp_path: Path) -> None:
+    said = transform_warnings(load_job(job_file(tmp_path, {"modality_windows": {"CR": [{"center": 2000,
+                                                                                        "width": 4000}]},
+                                                           "output": "float16"})))
+    assert len(said) == 1 and said[0].startswith("transform.dicom.modality_windows.CR [c2000w4000] is not applied")
+
+
+@pytest.mark.parametrize("dicom", [{"output": "float16"},                                  # the default: no choice
+                                   {"windows": ["lung", "zscore"], "output": "float16"},   # a normalisation: applied
+                                   {"windows": ["lung", "bone"], "output": "uint8"}])
+def test_float16_without_chosen_windows_or_with_a_normalisation_is_not_warned_of(tmp_path: Path,
+                                                                                 dicom: dict[str, Any]) -> None:
+    assert transform_warnings(load_job(job_file(tmp_path, dicom))) == ()
+
+
+def test_packer_validate_reports_the_float16_windows_warning(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    job = job_file(tmp_path, {"windows": ["lung", "bone"], "output": "float16"})
+    ds = ct_dataset(np.arange(256, dtype=np.int16).reshape(16, 16))
+    save(ds, tmp_path / "raw" / "a.dcm")
+    report_file = tmp_path / "validate.json"
+    result = CliRunner().invoke(main, ["validate", str(job), "--quick", "--json", str(report_file), "--scheduler",
+                                       "sync", "-q"], env={"PACKER_WORK_DIR": str(tmp_path / "work")})
+    said = transform_warnings(load_job(job))[0]
+    assert f"packer: warning: t: {said}" in result.output
+    report = json.loads(report_file.read_text())
+    assert [w["message"] for w in report["warnings"] if w["code"] == "transform"] == [said]
+
+
+def test_float16_packs_modality_values_whatever_the_windows(tmp_path: Path) -> None:
+    """What the warning says: the windows change nothing under float16."""
+    path = save(ct_dataset(np.arange(256, dtype=np.int16).reshape(16, 16)), tmp_path / "ct.dcm")
+    plain = read(path, output="float16")[0].image
+    windowed = read(path, window(40, 400), window(400, 1800), output="float16")[0].image
+    np.testing.assert_array_equal(windowed, plain)
+    assert plain.shape[0] == 1 and float(plain.min()) == -1024.0

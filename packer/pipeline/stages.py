@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packer.badsamples import sort_issues
-from packer.config import JobConfig, SplitConfig, TargetConfig, unused_transforms_warning
+from packer.config import JobConfig, SplitConfig, TargetConfig, transform_warnings
 from packer.errors import ConfigError, blocking_file, refused_write, surface, unmakeable_folder
 from packer.exclusions import describe_counts, sort_excluded
 from packer.manifest import library_versions
@@ -185,9 +185,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     excluded = list(found.excluded)
     unlabeled = found.unlabeled  # the missing_label messages naming the table, row and fix
     warned: list[tuple[str, str]] = [("entities", said) for said in found.warnings]
-    unused = unused_transforms_warning(job)
-    if unused is not None:
-        warned.insert(0, ("transform", unused))
+    warned[:0] = [("transform", said) for said in transform_warnings(job)]
     entity_hints = found.entity_hints  # said once the probe has read the headers' entities
     for _, said in warned:  # a warning, not progress: printed under --quiet too
         print(f"packer: warning: {job.name}: {said}", file=sys.stderr, flush=True)

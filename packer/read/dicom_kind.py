@@ -267,6 +267,29 @@ class DicomKind(SourceKind):
         close = keyword_suggestion(key)
         return f" (did you mean the DICOM keyword {close!r}?)" if close else ""
 
+    def config_warnings(self, job: JobConfig, sources: Sequence[SourceConfig]) -> tuple[str, ...]:
+        """Windows written for ``output: float16``, which packs each grey frame's modality values
+        and applies no window (unless the list holds a normalisation: then each is a channel). The
+        default ``[file]`` is no choice the job made, and is not warned of."""
+        cfg = job.dicom
+        if cfg.output != "float16":
+            return ()
+        default = tuple(parse_window(w, "transform.dicom.windows")
+                        for w in job_default("transform.dicom.windows"))
+        lists = [("transform.dicom.windows", cfg.windows),
+                 *((f"transform.dicom.modality_windows.{name}", windows) for name, windows in cfg.modality_windows)]
+        said = []
+        for key, windows in lists:
+            if windows == default or any(w.normalises for w in windows):
+                continue
+            named = ", ".join(w.name for w in windows)
+            said.append(f"{key} [{named}] {'are' if len(windows) > 1 else 'is'} not applied under "
+                        "transform.dicom.output: float16, which packs one channel of each frame's modality values "
+                        "(HU for CT) and no window; apply the windows on the GPU from those values (each sample "
+                        "records its rescale and photometric interpretation), or set output: uint8 or uint16 to "
+                        "pack one channel per window")
+        return tuple(said)
+
     def check_job(self, job: JobConfig, sources: Sequence[SourceConfig]) -> None:
         cfg = job.dicom
         names = [s.name for s in sources]

@@ -251,6 +251,12 @@ class SourceKind:
         """Refuse a job whose settings this kind cannot honour; ``sources``: its sources of this
         kind (possibly none: settings that need one are refused then). Raises ConfigError."""
 
+    def config_warnings(self, job: JobConfig, sources: Sequence[SourceConfig]) -> tuple[str, ...]:
+        """Sentences for settings this kind honours differently from what they seem to ask (the
+        build and ``packer validate`` print them, code ``transform``); ``sources``: the job's sources
+        of this kind, never none. Default: none."""
+        return ()
+
     # -- header and pixels (worker) ---------------------------------------------------------
     def probe(self, ref: SampleRef, source: SourceConfig, job: JobConfig, *, keep: bool,
               placement: bool, placed: Any = None) -> Probed | Issue | MemberIssue | Excluded:
