@@ -212,7 +212,9 @@ class CachedChunk:
 #: Bits Allocated bad_shape (was decode_failed). 69: a DICOM cut inside an element's header truncated too.
 #: 70: a lossy codestream's overshoot just past Bits Stored clipped (was masked to the stored bits).
 #: 71: TIFF Deflate strips checked to their stream's end and Adler-32; TIFF masks skip thumbnail IFDs.
-CACHE_FORMAT = 71
+#: 72: VOI LUT entries past the declared bits read over the bits they use; a VOI LUT's first mapped
+#: value signed when the rescaled range can go below 0 (or written as SS).
+CACHE_FORMAT = 72
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
