@@ -91,6 +91,18 @@ def test_voi_lut_bits_widen_to_hold_the_largest_entry_and_narrow_only_below_half
     assert voi_lut_bits(declared, np.array([0, largest])) == used
 
 
+@pytest.mark.parametrize("declared", [8, 12])
+def test_a_stray_entry_just_past_the_declared_range_is_clipped_not_read_as_a_wider_range(declared: int) -> None:
+    """round(i * 2**n / (2**n - 1)) ends at 2**n: one entry in 2**n past the range is the writer's
+    rounding; widening by it would divide every entry by 2**(n+1) - 1 and halve the image."""
+    top = (1 << declared) - 1
+    lut = np.rint(np.arange(top + 1) * (top + 1) / top).astype(np.uint16)
+    assert int(lut.max()) == top + 1 and voi_lut_bits(declared, lut) == declared
+    wide = lut.copy()
+    wide[: wide.size // 50] = top + 1  # 2 entries in 100 past the range: read over the bits they use
+    assert voi_lut_bits(declared, wide) == declared + 1
+
+
 def test_a_modality_lut_passes_entries_above_its_declared_bits_through_as_modality_values(tmp_path: Path) -> None:
     """A Modality LUT's entries are modality values, never divided by its range: one of 12 declared
     bits holding 16-bit entries gives those entries, unclipped, to the window after it."""
