@@ -75,6 +75,7 @@ from packer.read.limits import (
     BoundedFile,
     codestream_components,
     codestream_header,
+    codestream_lossy,
     file_size_problem,
     inflated_size_exceeds,
     limit_problem,
@@ -1583,10 +1584,7 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issu
         if encapsulated:
             decoded = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False, planar_configuration=0,
                                   **unsigned)
-            clipped = (_lossy_overshoot(decoded, geometry.bits_stored)
-                       if geometry.transfer_syntax in _LOSSY_CAPABLE else 0)
-            arr = (_clipped_to_stored_range(decoded, geometry.bits_stored) if clipped else
-                   _stored_bits_only(decoded, geometry.bits_stored))
+            arr, clipped = _fitted_to_bits_stored(decoded, _lossy_frames(ds, geometry), geometry.bits_stored)
             note = _overshoot_note(clipped, _stored_range(decoded.dtype, geometry.bits_stored), geometry) \
                 if clipped else None
         else:
@@ -1673,9 +1671,62 @@ class _Decoded:
 #: approximately, and a codestream whose precision exceeds Bits Stored (Bits Allocated's 16, as
 #: encoders write it) can come back a few levels outside Bits Stored's range at saturated pixels.
 #: The lossless-only syntaxes are not here: what they decode is what was written, bit for bit.
+#: Which frames are lossy is told by each one's codestream (:func:`_lossy_frames`), but for
+#: :data:`_LOSSY_BY_PROCESS`.
 _LOSSY_CAPABLE = frozenset({
     "1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.81", "1.2.840.10008.1.2.4.91",
     "1.2.840.10008.1.2.4.203"})
+#: JPEG Baseline and Extended: the DCT processes, lossy whatever a frame holds.
+_LOSSY_BY_PROCESS = frozenset({"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51"})
+
+
+def _lossy_frames(ds: Dataset, geometry: _Geometry) -> list[bool]:
+    """For each frame of encapsulated Pixel Data, whether its codestream is lossy, as the codestream
+    itself says (:func:`~packer.read.limits.codestream_lossy`: JPEG 2000's and HTJ2K's wavelet,
+    JPEG-LS's NEAR), not its transfer syntax alone: 1.2.840.10008.1.2.4.81, .91 and .203 allow
+    lossless coding too, and a reversible codestream's values past Bits Stored are bits above High
+    Bit, to be masked, not an overshoot to clip. Each frame is told by its own codestream, not the
+    first frame's for all: the frames of a file need not share an encoder (a series merged into a
+    multi-frame object, a lossless key frame among lossy ones). All False under a lossless-only
+    syntax, all True under JPEG Baseline/Extended (:data:`_LOSSY_BY_PROCESS`); a frame whose
+    markers cannot be read, or frames that cannot be told apart, are taken as the syntax allows
+    (lossy), as before the codestream was read."""
+    syntax, count = geometry.transfer_syntax, geometry.frames
+    if syntax not in _LOSSY_CAPABLE or syntax in _LOSSY_BY_PROCESS:
+        return [syntax in _LOSSY_CAPABLE] * count
+    extended = None
+    if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
+        extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
+    try:
+        frames = list(islice(generate_frames(ds.PixelData, number_of_frames=count, extended_offsets=extended), count))
+    except _DECODE_ERRORS:
+        return [True] * count
+    if len(frames) != count:
+        return [True] * count
+    return [codestream_lossy(frame) is not False for frame in frames]
+
+
+def _fitted_to_bits_stored(decoded: np.ndarray, lossy: list[bool], bits_stored: int) -> tuple[np.ndarray, int]:
+    """``decoded`` (all frames, frames first where more than one) with each frame's values past Bits
+    Stored's range clipped to it where the frame's codestream is lossy and they are its overshoot
+    (:func:`_lossy_overshoot`), else cut to their low ``bits_stored`` bits (:func:`_stored_bits_only`),
+    frame by frame as ``lossy`` says; and how many values were clipped. ``decoded`` itself, not
+    copied, where no frame changes (the usual case)."""
+    if len(lossy) < 1 or decoded.size % len(lossy):  # frames that cannot be told apart: one, lossy if any is
+        lossy = [any(lossy)]
+    frames = decoded.reshape(len(lossy), -1)
+    out, flat, clipped = decoded, frames, 0
+    for index, (frame, is_lossy) in enumerate(zip(frames, lossy, strict=True)):
+        overshoot = _lossy_overshoot(frame, bits_stored) if is_lossy else 0
+        fitted = _clipped_to_stored_range(frame, bits_stored) if overshoot else _stored_bits_only(frame, bits_stored)
+        clipped += overshoot
+        if fitted is frame:
+            continue
+        if out is decoded:
+            out = decoded.copy()
+            flat = out.reshape(len(lossy), -1)
+        flat[index] = fitted
+    return out, clipped
 
 
 def _stored_range(dtype: np.dtype, bits_stored: int) -> tuple[int, int]:
@@ -1720,8 +1771,8 @@ def _overshoot_note(clipped: int, stored_range: tuple[int, int], geometry: _Geom
     """The warning for a lossy codestream's values clipped to Bits Stored's range (:func:`_lossy_overshoot`)."""
     low, high = stored_range
     return (f"{clipped} decoded value(s) lay just outside {low}..{high}, the range of (0028,0101) Bits Stored "
-            f"{geometry.bits_stored}: transfer syntax {geometry.transfer_syntax} "
-            f"({UID(geometry.transfer_syntax).name}) allows lossy coding, whose reconstruction overshoots "
+            f"{geometry.bits_stored}: the codestream is coded lossily (transfer syntax {geometry.transfer_syntax}, "
+            f"{UID(geometry.transfer_syntax).name}), and its reconstruction overshoots "
             "saturated pixels by a few levels; they were "
             f"clipped to the range, not cut to their low {geometry.bits_stored} bits (which would turn the "
             "brightest pixels dark, or the darkest bright): nothing to fix in the file")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -169,3 +170,119 @@ def _jpeg_sof(frame: bytes) -> int | None:
             return pos
         pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
     return None
+
+
+
+#: JPEG 2000 markers (ITU T.800 A.2): start of tile-part and of data, coding style default and
+#: component; the JP2 file format's signature box and its contiguous-codestream box type.
+_J2K_SOT, _J2K_SOD, _J2K_COD, _J2K_COC = 0xFF90, 0xFF93, 0xFF52, 0xFF53
+_JP2_SIGNATURE, _JP2_CODESTREAM = b"\x00\x00\x00\x0c\x6a\x50\x20\x20", b"jp2c"
+#: A JPEG-LS marker in or after a scan: 0xFF then a byte with its high bit set (T.87 A.1: the
+#: coder stuffs a 0 bit after every 0xFF in scan data), RSTm (0xD0-0xD7) aside.
+_JPEG_LS_MARKER = re.compile(rb"\xff[\x80-\xcf\xd8-\xff]")
+
+
+def codestream_lossy(frame: bytes) -> bool | None:
+    """Whether a frame's JPEG 2000 / HTJ2K or JPEG-LS codestream is coded lossily, read from its
+    own markers, not its transfer syntax (1.2.840.10008.1.2.4.81, .91 and .203 allow lossless
+    coding too): JPEG 2000's wavelet (T.800 A.6.1, the transformation byte of SPcod / SPcoc: 0 the
+    irreversible 9-7 filter, 1 the reversible 5-3) in every COD and COC segment, of the main header
+    and of each tile-part header; JPEG-LS's NEAR (T.87 C.2.3, the byte after an SOS segment's
+    component selectors: 0 lossless) of every scan. True where any says lossy, False where all say
+    lossless, None where the frame is neither, or its COD / SOS cannot be read (cut short)."""
+    if frame.startswith(_JP2_SIGNATURE):
+        frame = _jp2_codestream(frame)
+    if frame[:4] == b"\xff\x4f\xff\x51":
+        return _j2k_lossy(frame)
+    sof = _jpeg_sof(frame)
+    if sof is not None and frame[sof + 1] == 0xF7:  # SOF55: JPEG-LS
+        return _jpeg_ls_lossy(frame)
+    return None
+
+
+def _jp2_codestream(data: bytes) -> bytes:
+    """The codestream a JP2 file's contiguous-codestream box holds (T.800 I.5.4), walked box by
+    box; empty where there is none."""
+    pos = 0
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        header = 8
+        if length == 1 and pos + 16 <= len(data):  # XLBox: the length in the next 8 bytes
+            length, header = struct.unpack_from(">Q", data, pos + 8)[0], 16
+        if kind == _JP2_CODESTREAM:
+            return data[pos + header:] if length == 0 else data[pos + header:pos + length]
+        if length < header:  # 0 (to the end) on any other box, or no valid length: nothing more to walk
+            return b""
+        pos += length
+    return b""
+
+
+def _j2k_lossy(stream: bytes) -> bool | None:
+    """:func:`codestream_lossy` for a JPEG 2000 codestream (SOC, SIZ first): the COD and COC
+    segments of its main header and of each tile-part header, tile-parts stepped over by their
+    SOT's Psot (never their data). A transformation other than 1 (a Part 2 kernel, 2 and up) is
+    taken for lossy: only the 5-3 filter is known to be reversible."""
+    components = struct.unpack_from(">H", stream, 40)[0] if len(stream) >= 42 else 0
+    coc_transform = 4 + (1 if components < 257 else 2) + 1 + 4  # Lcoc, Ccoc, Scoc, SPcoc's first 4 bytes
+    transforms: list[int] = []
+
+    def segment(marker: int, at: int) -> None:
+        if marker == _J2K_COD and at + 13 < len(stream):  # Lcod, Scod, SGcod 4, SPcod: 4 bytes then it
+            transforms.append(stream[at + 13])
+        elif marker == _J2K_COC and at + coc_transform < len(stream):
+            transforms.append(stream[at + coc_transform])
+
+    pos = 2
+    while pos + 4 <= len(stream):
+        marker, length = struct.unpack_from(">HH", stream, pos)
+        if marker >> 8 != 0xFF or length < 2:  # EOC (no length), or no marker segment: the walk ends
+            break
+        if marker != _J2K_SOT:
+            segment(marker, pos)
+            pos += 2 + length
+            continue
+        psot = struct.unpack_from(">I", stream, pos + 6)[0] if pos + 10 <= len(stream) else 0
+        end = min(pos + psot, len(stream)) if psot else len(stream)  # Psot 0: the last tile-part, to EOC
+        at = pos + 2 + length
+        while at + 4 <= end:  # the tile-part's header, up to SOD
+            tile_marker, tile_length = struct.unpack_from(">HH", stream, at)
+            if tile_marker == _J2K_SOD or tile_marker >> 8 != 0xFF or tile_length < 2:
+                break
+            segment(tile_marker, at)
+            at += 2 + tile_length
+        if not psot or psot < 14:
+            break
+        pos = end
+    return any(transform != 1 for transform in transforms) if transforms else None
+
+
+def _jpeg_ls_lossy(frame: bytes) -> bool | None:
+    """:func:`codestream_lossy` for a JPEG-LS codestream: the NEAR byte of every SOS segment,
+    marker segments walked by their lengths and each scan's data stepped over to the marker
+    that ends it (:data:`_JPEG_LS_MARKER`)."""
+    nears: list[int] = []
+    pos = 2
+    while pos + 4 <= len(frame):
+        if frame[pos] != 0xFF:
+            break
+        marker = frame[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        if marker == 0xD9:  # EOI
+            break
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        if length < 2:
+            break
+        if marker != 0xDA:
+            pos += 2 + length
+            continue
+        near = pos + 5 + 2 * frame[pos + 4]  # Ls, Ns, then Ns × (component selector, mapping table)
+        if near >= len(frame):
+            break
+        nears.append(frame[near])
+        found = _JPEG_LS_MARKER.search(frame, pos + 2 + length)
+        if found is None:
+            break
+        pos = found.start()
+    return any(nears) if nears else None
