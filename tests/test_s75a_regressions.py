@@ -9,6 +9,7 @@ tifffile; expected values come from the arrays written.
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import imagecodecs
 import numpy as np
 import pytest
+import tifffile
 from dicom_files import ct_dataset, make_ref, save
 from pydicom.encaps import encapsulate
 from pydicom.uid import JPEG2000, JPEGLSNearLossless
@@ -23,6 +25,7 @@ from pydicom.uid import JPEG2000, JPEGLSNearLossless
 from packer.config import DicomTransformConfig
 from packer.read.dicom import read_dicom
 from packer.read.limits import codestream_lossy
+from packer.transform.mask import decode_mask_pages
 
 HTJ2K = "1.2.840.10008.1.2.4.203"
 
@@ -159,3 +162,59 @@ def test_codestream_lossy_reads_the_wavelet_and_near_of_each_coder() -> None:
     assert codestream_lossy(bytes(imagecodecs.jpegls_encode(img, level=3))) is True
     assert codestream_lossy(bytes(imagecodecs.jpeg8_encode(img.astype(np.uint8)))) is None
     assert codestream_lossy(j2k[:40]) is None  # cut short before its COD
+
+
+# --- a TIFF mask whose first IFD is a thumbnail ------------------------------------------------
+
+
+def _ids() -> np.ndarray:
+    """48×80 blocks of 4×4 pixels, ids 0-3."""
+    rng = np.random.default_rng(0)
+    return np.kron(rng.integers(0, 4, (12, 20)), np.ones((4, 4))).astype(np.uint8)
+
+
+def _tiff(writes: list[tuple[np.ndarray, dict[str, Any]]]) -> bytes:
+    """One IFD per (array, tifffile options), in order."""
+    buffer = io.BytesIO()
+    with tifffile.TiffWriter(buffer) as writer:
+        for array, options in writes:
+            writer.write(array, **options)
+    return buffer.getvalue()
+
+
+def _thumbnail(ids: np.ndarray, **options: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """An 8-bit grey quarter-size preview of ``ids``, flagged reduced-resolution (NewSubfileType 1)."""
+    return (ids[::4, ::4] * 60).astype(np.uint8), {"subfiletype": 1, "photometric": "minisblack", **options}
+
+
+@pytest.mark.parametrize("thumbnail_first", [True, False], ids=["thumbnail-first", "thumbnail-after"])
+@pytest.mark.parametrize(("layout", "options"), [
+    ("bilevel", {"photometric": "minisblack"}),
+    ("white-is-zero", {"photometric": "miniswhite"}),
+    ("12-bit", {"photometric": "minisblack", "bitspersample": 12}),
+], ids=["bilevel", "white-is-zero", "12-bit"])
+def test_a_tiff_mask_s_bits_and_photometric_are_its_first_page_s_not_its_thumbnail_s(
+        layout: str, options: dict[str, Any], thumbnail_first: bool) -> None:
+    """Reduced-resolution IFDs are no pages of a mask, but its BitsPerSample and Photometric were
+    read from IFD 0 whatever it was: where that is an 8-bit BlackIsZero thumbnail, a bilevel page's
+    1s packed as 255 (OpenCV gives 0/255 for 0/1), a WhiteIsZero page's ids 0..3 as 255..252
+    (libtiff's display inversion kept), a 12-bit page's ids 16 times over (OpenCV's scaling to 16
+    bits kept). They are the first page's, the first IFD that is not reduced."""
+    ids = _ids()
+    if layout == "bilevel":
+        ids = (ids > 1).astype(np.uint8)
+        page: tuple[np.ndarray, dict[str, Any]] = (ids.astype(bool), options)
+    else:
+        page = (ids.astype(np.uint16) if layout == "12-bit" else ids, options)
+    writes = [_thumbnail(ids), page] if thumbnail_first else [page, _thumbnail(ids)]
+    pages = decode_mask_pages(_tiff(writes), "mask.tif")
+    assert len(pages) == 1 and pages[0].tolist() == ids.tolist()
+
+
+def test_a_mask_s_bilevel_thumbnail_does_not_make_its_8_bit_page_bilevel() -> None:
+    """The other way round: a 1-bit thumbnail first took an 8-bit mask for a bilevel one, and its
+    ids 1, 2 and 3 all packed as 1."""
+    ids = _ids()
+    thumbnail = (ids[::4, ::4] > 1, {"subfiletype": 1, "photometric": "minisblack"})
+    pages = decode_mask_pages(_tiff([thumbnail, (ids, {"photometric": "minisblack"})]), "mask.tif")
+    assert len(pages) == 1 and pages[0].tolist() == ids.tolist()

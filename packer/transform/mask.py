@@ -452,8 +452,11 @@ def _full_pages(decoded: list[np.ndarray], chain: list[Tags], name: str) -> list
 
 def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None, list[Tags]]:
     """``data`` with every main-chain IFD's Orientation (0x0112) set to 1 (as stored), the first
-    IFD's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
-    the walk cannot tell), its PhotometricInterpretation (0x0106; -1 where the walk cannot tell),
+    page's BitsPerSample (0x0102, where held inline; 1, the TIFF default, where absent; 0 where
+    the walk cannot tell) and PhotometricInterpretation (0x0106; -1 where the walk cannot tell):
+    the first IFD's that is a page (:func:`~packer.transform.tiff_strips.page_indices`), not a
+    thumbnail's before it, whose 8-bit grey would unmap a bilevel page's 0/255 or keep libtiff's
+    inversion of a WhiteIsZero page,
     and (page, bits, samples) of the first IFD that stores more than one sample of more than 8
     bits as separate planes (PlanarConfiguration 2), which OpenCV 5 decodes as if they were
     interleaved (None where none does), and each IFD's :data:`~packer.transform.tiff_strips.STRIP_TAGS`
@@ -471,7 +474,8 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
     count_size, offset_size = struct.calcsize(count_fmt), struct.calcsize(offset_fmt)
     offset = struct.unpack_from(order + offset_fmt, out, 8 if big else 4)[0] if len(out) >= (16 if big else 8) else 0
     seen: set[int] = set()
-    bits, photometric = 0, -1
+    bits: list[int] = []  # each IFD's, as the docstring says
+    photometric: list[int] = []
     separate: tuple[int, int, int] | None = None
     chain: list[Tags] = []
     while offset and offset not in seen and offset + count_size <= len(out):
@@ -480,9 +484,10 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
         first, end = offset + count_size, offset + count_size + entries * entry_size
         if end + offset_size > len(out):
             break
-        if len(seen) == 1 and not any(struct.unpack_from(order + "H", out, at)[0] == _TIFF_BITS
-                                      for at in range(first, end, entry_size)):
-            bits = 1  # BitsPerSample absent: the TIFF default, a bilevel image (as Pillow writes mode "1")
+        # BitsPerSample absent: the TIFF default, a bilevel image (as Pillow writes mode "1")
+        bits.append(0 if any(struct.unpack_from(order + "H", out, at)[0] == _TIFF_BITS
+                             for at in range(first, end, entry_size)) else 1)
+        photometric.append(-1)
         layout = {_TIFF_BITS: 1, _TIFF_SAMPLES: 1, _TIFF_PLANAR: 1}  # this IFD's, the TIFF defaults where absent
         strips: Tags = {}
         for at in range(first, end, entry_size):
@@ -493,18 +498,21 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
                 layout[tag] = _first_short(out, order, at, offset_fmt, offset_size)
             if tag == _TIFF_ORIENTATION and kind == 3:  # SHORT: the value sits inline, first
                 struct.pack_into(order + "H", out, at + 4 + offset_size, 1)
-            elif tag == _TIFF_BITS and kind == 3 and len(seen) == 1:  # the first IFD's, held inline
+            elif tag == _TIFF_BITS and kind == 3:  # held inline
                 count = int(struct.unpack_from(order + offset_fmt, out, at + 4)[0])
                 if 1 <= count and 2 * count <= offset_size:
-                    bits = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
-            elif tag == _TIFF_PHOTOMETRIC and kind == 3 and len(seen) == 1:
-                photometric = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
+                    bits[-1] = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
+            elif tag == _TIFF_PHOTOMETRIC and kind == 3:
+                photometric[-1] = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
         if separate is None and opencv_misreads_planar_tiff(layout[_TIFF_PLANAR], layout[_TIFF_SAMPLES],
                                                             layout[_TIFF_BITS]):
             separate = (len(seen) - 1, layout[_TIFF_BITS], layout[_TIFF_SAMPLES])
         chain.append(strips)
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
-    return bytes(out), bits, photometric, separate, chain
+    if not chain:
+        return bytes(out), 0, -1, separate, chain
+    page = page_indices(chain)[0]
+    return bytes(out), bits[page], photometric[page], separate, chain
 
 
 def _values(out: bytearray, order: str, at: int, kind: int, offset_fmt: str, offset_size: int) -> tuple[int, ...]:
