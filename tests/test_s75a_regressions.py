@@ -218,3 +218,22 @@ def test_a_mask_s_bilevel_thumbnail_does_not_make_its_8_bit_page_bilevel() -> No
     thumbnail = (ids[::4, ::4] > 1, {"subfiletype": 1, "photometric": "minisblack"})
     pages = decode_mask_pages(_tiff([thumbnail, (ids, {"photometric": "minisblack"})]), "mask.tif")
     assert len(pages) == 1 and pages[0].tolist() == ids.tolist()
+
+
+@pytest.mark.parametrize("thumbnail_first", [True, False], ids=["thumbnail-first", "thumbnail-after"])
+@pytest.mark.parametrize("pages", [1, 2], ids=["one-page", "two-pages"])
+def test_a_palette_tiff_mask_saved_with_an_rgb_thumbnail_packs_its_indices(thumbnail_first: bool,
+                                                                          pages: int) -> None:
+    """A label image saved with a lookup table and an RGB preview (NewSubfileType 1) was refused:
+    Pillow's walk of a palette mask's pages read the thumbnail too ("a palette TIFF mask page that
+    reads as mode 'RGB'"), and with the thumbnail first the mask was not taken for a palette one
+    at all ("a colour mask"). The thumbnail is no page: the mask's pages are its stored indices."""
+    colormap = np.zeros((3, 256), np.uint16)
+    colormap[0, :4], colormap[1, :4], colormap[2, :4] = [0, 65535, 0, 0], [0, 0, 65535, 0], [0, 0, 0, 65535]
+    masks = [_ids(), 3 - _ids()][:pages]
+    preview = np.stack([_ids()[::4, ::4] * 60] * 3, -1).astype(np.uint8)
+    thumbnail = (preview, {"subfiletype": 1, "photometric": "rgb"})
+    writes = [(mask, {"photometric": "palette", "colormap": colormap}) for mask in masks]
+    writes.insert(0 if thumbnail_first else 1, thumbnail)
+    decoded = decode_mask_pages(_tiff(writes), "mask.tif")
+    assert [page.tolist() for page in decoded] == [mask.tolist() for mask in masks]

@@ -405,7 +405,7 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
                 "separate planes (PlanarConfiguration 2), which OpenCV (packer's decoder) reads as if they were "
                 "interleaved, giving wrong ids; save the mask as a single-channel (grey) TIFF or PNG, or as .npy"))
         if photometric == 3:  # palette: the stored indices are the ids (OpenCV expands them to colours)
-            return _full_pages(_palette_tiff_indices(unoriented, name), chain, name)
+            return _palette_tiff_indices(unoriented, name, chain)
         ok, decoded = cv2.imdecodemulti(np.frombuffer(unoriented, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as err:
         raise MaskError("mask_unreadable", f"{name}: OpenCV could not decode this TIFF mask: {err}") from err
@@ -443,11 +443,17 @@ def _full_pages(decoded: list[np.ndarray], chain: list[Tags], name: str) -> list
     if len(keep) == len(chain):
         return decoded
     if len(decoded) != len(chain):
-        raise MaskError("mask_unreadable", (
-            f"{name}: the TIFF mask holds reduced-resolution IFDs (thumbnails or pyramid levels, which are no pages) "
-            f"but OpenCV decoded {len(decoded)} images from its {len(chain)} IFDs, so its pages cannot be told from "
-            "them; save the mask without thumbnails (one IFD a page), or as PNG or .npy"))
+        raise _pages_untold(name, "OpenCV", len(decoded), len(chain))
     return [decoded[index] for index in keep]
+
+
+def _pages_untold(name: str, decoder: str, images: int, ifds: int) -> MaskError:
+    """The error for a TIFF mask with reduced-resolution IFDs of which ``decoder`` sees another
+    number of images (``images``) than its main chain has IFDs (``ifds``)."""
+    return MaskError("mask_unreadable", (
+        f"{name}: the TIFF mask holds reduced-resolution IFDs (thumbnails or pyramid levels, which are no pages) "
+        f"but {decoder} decoded {images} images from its {ifds} IFDs, so its pages cannot be told from "
+        "them; save the mask without thumbnails (one IFD a page), or as PNG or .npy"))
 
 
 def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int] | None, list[Tags]]:
@@ -552,20 +558,29 @@ def _first_short(out: bytearray, order: str, at: int, offset_fmt: str, offset_si
     return int(struct.unpack_from(order + "H", out, where)[0]) if where + 2 <= len(out) else 0
 
 
-def _palette_tiff_indices(data: bytes, name: str) -> list[np.ndarray]:
+def _palette_tiff_indices(data: bytes, name: str, chain: list[Tags]) -> list[np.ndarray]:
     """Every page of a palette TIFF mask as its stored indices (H×W each): its
     class ids, as a palette PNG's are (:func:`_palette_indices`); a label image saved with a
-    lookup table (Fiji's glasbey) was refused as a colour mask, or a grey one packed its greys."""
+    lookup table (Fiji's glasbey) was refused as a colour mask, or a grey one packed its greys.
+    The IFDs of ``chain`` (its main chain's tags) that are reduced-resolution (an RGB preview
+    saved beside the label image) are no pages and are not read (:func:`_full_pages`' rule):
+    their mode is no page's."""
     from PIL import Image, ImageSequence, UnidentifiedImageError
 
+    keep = set(page_indices(chain))
     try:
         with Image.open(io.BytesIO(data)) as image:
-            pages = []
+            images = int(getattr(image, "n_frames", 1))  # a TIFF image's IFDs (ImageFile does not declare it)
+            if len(keep) < len(chain) and images != len(chain):
+                raise _pages_untold(name, "Pillow", images, len(chain))
+            pages: list[np.ndarray] = []
             for number, page in enumerate(ImageSequence.Iterator(image)):
+                if number not in keep:  # a thumbnail or pyramid level
+                    continue
                 if page.mode != "P":
-                    raise MaskError("mask_unreadable", f"{name} page {number}: a palette TIFF mask page that reads as "
-                                                       f"mode {page.mode!r}, not indices; save it as a single-channel "
-                                                       "(grey) mask")
+                    raise MaskError("mask_unreadable", f"{name} page {len(pages)}: a palette TIFF mask page that "
+                                                       f"reads as mode {page.mode!r}, not indices; save it as a "
+                                                       "single-channel (grey) mask")
                 pages.append(np.asarray(page, dtype=np.uint8))
     except (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError) as err:
         raise MaskError("mask_unreadable", f"{name}: the palette TIFF mask could not be decoded ({err}); "
