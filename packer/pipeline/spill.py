@@ -214,7 +214,9 @@ class CachedChunk:
 #: 71: TIFF Deflate strips checked to their stream's end and Adler-32; TIFF masks skip thumbnail IFDs.
 #: 72: VOI LUT entries past the declared bits read over the bits they use; a VOI LUT's first mapped
 #: value signed when the rescaled range can go below 0 (or written as SS).
-CACHE_FORMAT = 72
+#: 73: lossy vs lossless told by each frame's codestream (a reversible J2K masked again); a stray VOI
+#: LUT entry past the declared bits clipped; TIFF masks' bits and photometric from their first page.
+CACHE_FORMAT = 73
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
