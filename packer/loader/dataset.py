@@ -593,7 +593,7 @@ class ShardDataset(PlannedDataset):
                 sums, offsets = loaded
                 self.info = replace(self.info, shards=tuple(
                     replace(shard, checksums=c, offsets=o if self.info.format == "webdataset" else None,
-                            split_of=self.info if self.info.format == "parquet" else None)
+                            split_of=self.info)
                     for shard, c, o in zip(self.info.shards, sums, offsets, strict=True)))
         self._counts = ([len(p) for p in self.view.positions] if self.view is not None
                         else [s.samples for s in self.info.shards])

@@ -166,10 +166,11 @@ class ShardInfo:
     #: damaged member header at the next sample's offset (:func:`~packer.shards.tar.resume_scan`,
     #: :func:`~packer.shards.tar.stream_tar_samples`); None: the samples after such a header are lost with it
     offsets: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
-    #: The split this Parquet shard is of, loaded with ``checksums``: where the shard's own ``key`` or
-    #: ``label`` pages do not decode, those cells are read from its rows of ``_index.parquet`` (only
-    #: then; every sample delivered still checked against its checksum, which covers both); None:
-    #: the rows of such a page are lost with it
+    #: The split this shard is of, loaded with ``checksums``: a checksum mismatch is told apart from
+    #: another shard's sample by the shard's rows of ``_index.parquet`` (read only then:
+    #: :func:`against_index`); where a Parquet shard's own ``key`` or ``label`` pages do not decode,
+    #: those cells are read from its rows (only then; every sample delivered still checked against
+    #: its checksum, which covers both); None: the rows of such a page are lost with it
     split_of: SplitInfo | None = field(default=None, compare=False, hash=False, repr=False)
     #: The store's URL where ``path`` is the shard cache's copy of it (:func:`_read_cached`): a
     #: sample found damaged there is the copy's damage (the store's may be intact); the copy is
@@ -884,8 +885,100 @@ def against_index(info: ShardInfo, position: int, result: Decoded | SampleDefect
     if found == expected:
         return result
     also = f" (reading it also failed: {result.reason}: {result.message})" if isinstance(result, SampleDefect) else ""
+    misplaced = _misplaced(info, position, result.key, found)
+    if misplaced is not None:
+        return SampleDefect("checksum_mismatch", misplaced + also, result.key)
     return SampleDefect("checksum_mismatch", mismatch_message(expected, found, info.location, also,
                                                              cached_from=info.cached_from), result.key)
+
+
+@dataclass(frozen=True)
+class IndexPlaces:
+    """Where ``_index.parquet`` puts every sample of a version (all splits): ``home``: key → (shard
+    file, split, recorded xxh3); ``keys``: shard file → its keys by position."""
+
+    home: dict[str, tuple[str, str, int | None]]
+    keys: dict[str, list[str]]
+
+
+def index_places(split: SplitInfo) -> IndexPlaces | str:
+    """:class:`IndexPlaces` of the version ``split`` is of, from its ``_index.parquet`` (checked
+    against the manifest's sha256), or why they cannot be had. Read on a checksum mismatch only
+    (the common path never comes here), and kept for the last few indexes: a swapped shard
+    mismatches at every sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stamp = (str(split.manifest), str((split.index or {}).get("sha256")))
+    if stamp in _PLACES:
+        return _PLACES[stamp]
+    try:
+        data = _index_bytes(split, verify=True)
+        names = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.names
+        columns = ["key", "shard", "split", "position", *([INDEX_COLUMN] if INDEX_COLUMN in names else [])]
+        rows = pq.ParquetFile(pa.BufferReader(data)).read(columns=columns, use_threads=False).to_pylist()
+    except IntegrityError as err:
+        return str(err)
+    except (pa.ArrowException, KeyError) as err:
+        return f"{split.manifest}: the sample index is not a readable packer index ({err})"
+    home: dict[str, tuple[str, str, int | None]] = {}
+    placed: dict[str, list[tuple[int, str]]] = {}
+    for row in rows:
+        if not isinstance(row["key"], str) or not isinstance(row["shard"], str):
+            continue
+        checksum = row.get(INDEX_COLUMN)
+        home[row["key"]] = (row["shard"], str(row["split"]), int(checksum) if checksum is not None else None)
+        placed.setdefault(row["shard"], []).append((int(row["position"] or 0), row["key"]))
+    places = IndexPlaces(home=home, keys={shard: [key for _, key in sorted(at)] for shard, at in placed.items()})
+    _PLACES[stamp] = places
+    while len(_PLACES) > 4:
+        _PLACES.pop(next(iter(_PLACES)))
+    return places
+
+
+#: :func:`index_places` of the last few versions this process read, by (manifest, index sha256)
+_PLACES: dict[tuple[str, str], IndexPlaces] = {}
+
+
+def _misplaced(info: ShardInfo, position: int, key: str | None, found: int) -> str | None:
+    """What a ``checksum_mismatch`` at ``position`` of ``info`` says when the sample read there
+    (``key``, its checksum ``found``) is not the one ``_index.parquet`` puts there: the shard holds
+    another shard's sample (shard files swapped, or one overwritten with a copy of another), not
+    bytes changed. None where the key read is the index's (or either cannot be had)."""
+    if key is None or info.split_of is None:
+        return None
+    places = index_places(info.split_of)
+    if isinstance(places, str):
+        return None
+    here = places.keys.get(info.file, [])
+    wanted = here[position] if position < len(here) else None
+    if wanted is None or wanted == key:
+        return None
+    where = places.home.get(key)
+    if where is None:
+        home = "_index.parquet does not list it in any shard of this version"
+        intact = ""
+    else:
+        shard, split, recorded = where
+        home = f"_index.parquet puts it in {shard}" + (f" (split {split!r})" if split != info.split_of.split else "")
+        intact = (" (its bytes are intact: their xxh3 is the one the index records for it)" if recorded == found
+                  else " (and its bytes do not match the index's xxh3 for it either)")
+    return misplaced_message(key, home + intact, info.location, expected=wanted, cached_from=info.cached_from)
+
+
+def misplaced_message(key: str, home: str, location: str, *, expected: str | None = None,
+                      cached_from: str | None = None) -> str:
+    """What a sample read from a shard ``_index.parquet`` does not put it in says (after the shard
+    and the key): ``home``: where the index puts it (``"_index.parquet puts it in train-000001.tar"``);
+    ``expected``: the key the index puts at that place of the shard, where known."""
+    instead = f", where _index.parquet puts sample {expected}" if expected is not None else ""
+    text = (f"the shard holds another shard's sample: {key} is read from {location}{instead}, but {home}: shard "
+            "files were swapped, or one overwritten with a copy of another")
+    if cached_from is not None:
+        return (f"{text} (in the shard cache's copy of {cached_from}; the copy is dropped from the cache, so the next "
+                "read fetches the shard again; `packer verify` on the version checks the store's copy)")
+    return (f"{text}; restore the shard from the version's own copy (or rebuild the dataset); `packer verify` on the "
+            "version folder names every shard that holds another's samples")
 
 
 def mismatch_message(expected: int, found: int, location: str, also: str = "", *,

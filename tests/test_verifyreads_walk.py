@@ -1,0 +1,66 @@
+"""A shard file that holds another shard's samples: two shards' files swapped (a copy script that
+mixed up the names), or one overwritten with a copy of another. The samples in it are intact, so
+every reader and `packer verify` must say where they belong, not that bytes changed or a tar
+header is damaged, and no reader may deliver a sample from a shard it does not belong to."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from loader_fixtures import build_dataset, sample_image, split_keys
+
+from packer.errors import IntegrityError
+from packer.loader import ShardDataset
+
+SIZES = (4, 4, 4)  # shards of one size: a swap or a copy keeps every file's size
+
+
+def swap(a: Path, b: Path) -> None:
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def test_shard_dataset_names_a_swapped_shards_sample_as_misplaced_not_as_changed_bytes(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    swap(tmp_path / "train-000000.tar", tmp_path / "train-000001.tar")
+    with pytest.raises(IntegrityError) as err:
+        list(ShardDataset(manifest, "train", shuffle=False))
+    message = str(err.value)
+    assert err.value.key == "s00004"
+    assert message.startswith("train-000000.tar: sample s00004: checksum_mismatch: the shard holds another shard's "
+                              "sample"), message
+    assert "_index.parquet puts it in train-000001.tar" in message and "puts sample s00000" in message
+    assert "swapped" in message and "packer verify" in message
+    assert "bytes changed after the build" not in message and "expected xxh3" not in message
+
+
+def test_shard_dataset_names_a_misplaced_parquet_sample_too(tmp_path):
+    # 3 samples of 3×4×4 a shard: the fixture's first two Parquet shards are then of one size, so
+    # the copy passes the size check and only the per-sample check can tell
+    manifest = build_dataset(tmp_path, fmt="parquet", shard_sizes=(3, 3, 3), shape=(3, 4, 4))
+    first, second = tmp_path / "train-000000.parquet", tmp_path / "train-000001.parquet"
+    assert first.stat().st_size == second.stat().st_size
+    shutil.copyfile(first, second)
+    dataset = ShardDataset(manifest, "train", shuffle=False, on_error="skip", max_skipped=100)
+    keys = [item["key"] for item in dataset]
+    assert keys == split_keys(9)[:3] + split_keys(9)[6:]  # the copy's samples are not delivered a second time
+    assert dataset.skipped == 3
+    said = dataset.skipped_samples[0]
+    assert said.startswith("train-000001.parquet: sample s00000: checksum_mismatch: the shard holds another "
+                           "shard's sample"), said
+    assert "_index.parquet puts it in train-000000.parquet" in said and "puts sample s00003" in said
+
+
+def test_a_damaged_sample_in_its_own_place_still_says_its_bytes_changed(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    path = tmp_path / "train-000001.tar"
+    data = bytearray(path.read_bytes())
+    at = data.find(sample_image(5).tobytes())
+    data[at + 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"sample s00005: checksum_mismatch: expected xxh3 .* the sample's bytes "
+                                             r"changed after the build"):
+        list(ShardDataset(manifest, "train", shuffle=False))
