@@ -9,10 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import webdataset
 from loader_fixtures import build_dataset, sample_image, split_keys
 
 from packer.errors import IntegrityError
-from packer.loader import ShardDataset
+from packer.loader import ShardDataset, ShardReadError, wds_dataset
 
 SIZES = (4, 4, 4)  # shards of one size: a swap or a copy keeps every file's size
 
@@ -64,3 +65,17 @@ def test_a_damaged_sample_in_its_own_place_still_says_its_bytes_changed(tmp_path
     with pytest.raises(IntegrityError, match=r"sample s00005: checksum_mismatch: expected xxh3 .* the sample's bytes "
                                              r"changed after the build"):
         list(ShardDataset(manifest, "train", shuffle=False))
+
+
+def test_wds_dataset_delivers_no_sample_twice_from_a_shard_overwritten_with_a_copy_of_another(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    shutil.copyfile(tmp_path / "train-000000.tar", tmp_path / "train-000001.tar")
+    with pytest.warns(UserWarning):
+        kept = [s["__key__"] for s in wds_dataset(manifest, "train", handler=webdataset.warn_and_continue)]
+    assert kept == split_keys(12)[:4] + split_keys(12)[8:]
+    delivered = []
+    with pytest.raises(ShardReadError, match=r"train-000001.tar: sample s00000: .*holds another shard's sample.*"
+                                             r"puts it in train-000000.tar"):
+        for sample in wds_dataset(manifest, "train"):
+            delivered.append(sample["__key__"])
+    assert delivered == split_keys(4)

@@ -10,7 +10,9 @@ before webdataset opens it (:func:`safe_shards`), and each shard is opened as th
 is (:func:`open_shards`: webdataset's own opener parses its name as a URL, cutting a folder named
 ``runs/exp#3`` at its ``#``); every shard read must give every sample the index lists for it (a
 shard cut short, or a damaged tar header, ends webdataset's read of it early and silently: the
-samples it never reached are named, :func:`whole_shards`), and every sample's checksum is checked
+samples it never reached are named, :func:`whole_shards`), every sample must come from the shard the
+index puts it in (a shard file swapped with another, or overwritten with a copy of one, would
+otherwise deliver another shard's samples, some twice), and every sample's checksum is checked
 against the one the index records (the same check as ``ShardDataset(verify="sample")``,
 :mod:`packer.shards.checksum`, over the member bytes as webdataset hands them over); the class
 index in ``.cls`` is named from the manifest's ``label_map`` (``__label_name__``); a member packer
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError, from_python
-from packer.loader.readers import ShardReadError, load_split, mismatch_message, split_index_rows
+from packer.loader.readers import ShardReadError, load_split, mismatch_message, misplaced_message, split_index_rows
 from packer.shards.checksum import INDEX_COLUMN, members_checksum
 from packer.shards.members import MEMBER_EXTENSIONS
 from packer.shards.tar import unsafe_member
@@ -71,14 +73,17 @@ def wds_dataset(manifest: str | os.PathLike[str], split: str = "train", *, verif
     if not info.shards:  # webdataset refuses an empty shard list with a bare IndexError
         raise ConfigError(f"{info.manifest}: split {split!r} holds no samples in this version (no shard); there is "
                           "nothing for a WebDataset to read: skip this split (ShardDataset reads it as empty)")
-    expected: dict[str, int] | None = None
+    expected: dict[str, tuple[int, str]] | None = None
     listed: dict[str, tuple[int, tuple[str, ...]]] = {}
     if verify == "sample":
         table, bounds = split_index_rows(info, ["key", INDEX_COLUMN], verify=True)
         keys = table["key"].to_pylist()
-        expected = dict(zip(keys, table[INDEX_COLUMN].to_pylist(), strict=True))
+        sums = table[INDEX_COLUMN].to_pylist()
         listed = {str(shard.path): (shard.bytes, tuple(keys[start:end]))
                   for shard, (start, end) in zip(info.shards, bounds, strict=True)}
+        # each key's checksum and the shard it belongs in (its url, as __url__ names the shard read)
+        expected = {key: (sums[row], str(shard.path)) for shard, (start, end) in zip(info.shards, bounds, strict=True)
+                    for row, key in enumerate(keys[start:end], start=start)}
     names = {index: name for name, index in info.label_map.items()}
     kwargs: dict[str, Any] = {"shardshuffle": shardshuffle, "empty_check": False, **options}
     if handler is not None:
@@ -187,10 +192,13 @@ def _reached_all(url: str, seen: set[str], listed: Mapping[str, tuple[int, tuple
             raise error
 
 
-def check_sample(sample: dict[str, Any], *, expected: Mapping[str, int] | None,
+def check_sample(sample: dict[str, Any], *, expected: Mapping[str, tuple[int, str]] | None,
                  names: Mapping[int, str]) -> dict[str, Any]:
-    """One webdataset sample checked against its recorded checksum (``expected``: key →
-    xxh3; None: unchecked) and given ``__label_name__``; ``ShardReadError`` on a mismatch.
+    """One webdataset sample checked against its recorded checksum and shard (``expected``: key →
+    (xxh3, the url of the shard ``_index.parquet`` puts it in); None: unchecked) and given
+    ``__label_name__``; ``ShardReadError`` on a mismatch, and for a sample read from a shard the
+    index does not put it in (shard files swapped, or one overwritten with a copy of another: its
+    samples would otherwise pass, and be delivered twice in an epoch).
 
     A member packer does not write (an extension not in
     :data:`~packer.shards.members.MEMBER_EXTENSIONS`) is a ``ShardReadError`` too, with or without
@@ -208,10 +216,15 @@ def check_sample(sample: dict[str, Any], *, expected: Mapping[str, int] | None,
             "would unpickle a .pyd or .pickle member); the shard was not written by packer or was edited after "
             "the build: rebuild the dataset or get it again from its source", shard=shard, key=key)
     if expected is not None:
-        want = expected.get(key)
-        if want is None:
+        entry = expected.get(key)
+        if entry is None:
             raise ShardReadError(f"{shard}: sample {key}: not in _index.parquet: the shard does not belong to this "
                                  "version; restore it or rebuild the dataset", shard=shard, key=key)
+        want, home = entry
+        url = str(sample.get("__url__"))
+        if home != url:
+            raise ShardReadError(f"{shard}: sample {key}: " + misplaced_message(
+                key, f"_index.parquet puts it in {os.path.basename(home)}", url), shard=shard, key=key)
         found = members_checksum(key, members)
         if found != want:
             raise ShardReadError(f"{shard}: sample {key}: checksum_mismatch: "
