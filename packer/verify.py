@@ -185,9 +185,10 @@ def verify_dataset(manifest_path: str | Path, *, deep: bool = False, quiet: bool
             _check_file(folder, entry, found)
     progress.update(len(side), bad=len(found.problems))
     present: list[tuple[str, dict[str, Any]]] = []
+    recorded = {entry["sha256"]: entry for _, entry in shards}  # a file with another's bytes is named as its copy
     for split, entry in shards:
         before = len(found.problems)
-        if _check_file(folder, entry, found):
+        if _check_file(folder, entry, found, recorded):
             present.append((split, entry))
         progress.update(bad=len(found.problems) - before)
     for _, entry in present:
@@ -300,8 +301,13 @@ def _check_manifest_counts(name: str, manifest: dict[str, Any], found: _Findings
         found.add(name, f"label_map indices {indices} are not 0..{len(indices) - 1}")
 
 
-def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) -> bool:
-    """Size and sha256 of one listed file; True when it exists (even if it differs)."""
+def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings,
+                recorded: Mapping[str, dict[str, Any]] | None = None) -> bool:
+    """Size and sha256 of one listed file; True when it exists (even if it differs). ``recorded``:
+    the listed shards by their recorded sha256: a shard whose bytes are another's (two files
+    swapped, or one overwritten with a copy of another) is named as that shard's copy, and its
+    samples, intact, are not named as damaged; one of another's size is hashed to tell."""
+    others = {sha: other for sha, other in (recorded or {}).items() if other["file"] != entry["file"]}
     path = folder.where(entry["file"])
     try:
         size = folder.size(entry["file"])
@@ -312,7 +318,7 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) 
     except OSError as err:
         found.add(entry["file"], f"cannot stat {path} ({_why(err)})")
         return False
-    if size != entry["bytes"]:
+    if size != entry["bytes"] and not any(other["bytes"] == size for other in others.values()):
         kind = "truncated" if size < entry["bytes"] else "grown"
         found.damaged.add(entry["file"])  # its sha256 cannot match either: name the samples it lost or changed
         found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
@@ -324,6 +330,18 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings) 
         return False
     found.files += 1
     found.bytes += size
+    if digest != entry["sha256"] and digest in others:
+        found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: this "
+                                 f"file is {others[digest]['file']}'s bytes (the sha256 the manifest records for it): "
+                                 "shard files were swapped, or this one overwritten with a copy of that one; restore "
+                                 f"{entry['file']} from the version's own copy, or rebuild the version with "
+                                 "`packer build`")
+        return True
+    if size != entry["bytes"]:  # of another shard's size, but not its bytes
+        kind = "truncated" if size < entry["bytes"] else "grown"
+        found.damaged.add(entry["file"])
+        found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
+        return True
     if digest != entry["sha256"]:
         found.damaged.add(entry["file"])
         found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: "
@@ -512,6 +530,7 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
     ``index_rows`` None (no usable index): the samples are checked without their index rows."""
     expect = _expectations(manifest)
     owner: dict[str, str] = {}
+    home = {row["key"]: shard for shard, rows in (index_rows or {}).items() for row in rows}  # where the index puts it
     progress = Progress("decode", sum(entry["samples"] for _, entry in shards), unit="samples", quiet=quiet,
                         stream=stream)
     for split, entry in shards:
@@ -524,14 +543,16 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
             samples = _tar_samples(folder, name, found, listed, damaged)
         else:
             samples = _parquet_samples(folder, name, entry["bytes"], found)
+        foreign = 0
         for key, sample in samples:
             before = len(found.problems)
             if key is not None:
                 keys.append(key)
                 if owner.setdefault(key, name) != name:
                     found.add(name, f"key also used in {owner[key]}; keys must be unique in a dataset", key=key)
+                foreign += key not in rows and key in home
             _check_sample(name, split, key, sample, rows.get(key) if key is not None else None, expect, found,
-                          indexed=index_rows is not None)
+                          indexed=index_rows is not None, home=home.get(key) if key is not None else None)
             found.samples += 1
             progress.update(bad=len(found.problems) - before)
         if len(keys) != entry["samples"]:
@@ -541,6 +562,10 @@ def _verify_samples(folder: VersionFolder, manifest: dict[str, Any], shards: lis
             if at in damaged:
                 found.add(name, f"its member header (byte {at}) cannot be read ({damaged[at]}); the samples after it "
                                 f"were read from the offsets _index.parquet records; {_REBUILD}", key=key)
+            elif foreign:
+                found.add(name, f"listed in _index.parquet but not in the shard, which holds {foreign} samples of "
+                                "other shards; restore the shard from the version's own copy, or rebuild the version "
+                                "with `packer build`", key=key)
             else:
                 found.add(name, f"listed in _index.parquet but not readable from the shard; {_REBUILD}", key=key)
     progress.close()
@@ -761,15 +786,20 @@ def _parquet_samples(folder: VersionFolder, shard: str, size: int,
 
 
 def _check_sample(shard: str, split: str, key: str | None, sample: dict[str, Any], row: dict[str, Any] | None,
-                  expect: _Expect, found: _Findings, *, indexed: bool = True) -> None:
+                  expect: _Expect, found: _Findings, *, indexed: bool = True, home: str | None = None) -> None:
     """Check one decoded sample against the manifest's schema and label map and its index row
-    (``indexed`` False: there is no usable index to hold one)."""
+    (``indexed`` False: there is no usable index to hold one; ``home``: the shard the index puts
+    the key in, where ``row``, this shard's row of it, is None)."""
     def bad(message: str) -> None:
         found.add(shard, message, key=key)
 
     if key is not None and KEY_PATTERN.fullmatch(key) is None:
         bad("key is not [A-Za-z0-9_-]+")
-    if key is not None and row is None and indexed:
+    if key is not None and row is None and indexed and home is not None:
+        bad(f"the shard holds another shard's sample: _index.parquet puts it in {home}, not {shard}: shard files "
+            f"were swapped, or {shard} overwritten with a copy of another; restore it from the version's own copy, "
+            "or rebuild the version with `packer build`")
+    elif key is not None and row is None and indexed:
         bad("sample is not in _index.parquet")
     if "row" in sample:
         label, source, pixels, digest = _check_parquet_row(sample["row"], split, bad)

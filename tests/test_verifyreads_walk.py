@@ -14,6 +14,7 @@ from loader_fixtures import build_dataset, sample_image, split_keys
 
 from packer.errors import IntegrityError
 from packer.loader import ShardDataset, ShardReadError, wds_dataset
+from packer.verify import verify_dataset
 
 SIZES = (4, 4, 4)  # shards of one size: a swap or a copy keeps every file's size
 
@@ -79,3 +80,45 @@ def test_wds_dataset_delivers_no_sample_twice_from_a_shard_overwritten_with_a_co
         for sample in wds_dataset(manifest, "train"):
             delivered.append(sample["__key__"])
     assert delivered == split_keys(4)
+
+
+def test_wds_dataset_refuses_a_swapped_shards_samples_and_says_whose_they_are(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    swap(tmp_path / "train-000000.tar", tmp_path / "train-000001.tar")
+    delivered = []
+    with pytest.raises(ShardReadError) as err:
+        for sample in wds_dataset(manifest, "train"):
+            delivered.append(sample["__key__"])
+    assert delivered == []
+    message = str(err.value)
+    assert err.value.key == "s00004" and err.value.shard == "train-000000.tar"
+    assert "the shard holds another shard's sample" in message and "puts it in train-000001.tar" in message
+    with pytest.warns(UserWarning) as warned:
+        kept = [s["__key__"] for s in wds_dataset(manifest, "train", handler=webdataset.warn_and_continue)]
+    assert kept == split_keys(12)[8:]
+    said = [str(w.message) for w in warned]
+    assert not any("damaged tar header" in text for text in said), said
+    never = [text for text in said if "never read" in text]
+    assert len(never) == 8
+    assert any("train-000000.tar: sample s00000: never read: the file holds another shard's samples" in text
+               and "holds none of the shard's 4 samples" in text and "train-000001.tar" in text
+               for text in never), never
+
+
+def test_verify_says_a_swapped_shard_holds_another_shards_samples(tmp_path):
+    manifest = build_dataset(tmp_path, shard_sizes=SIZES)
+    swap(tmp_path / "train-000000.tar", tmp_path / "train-000001.tar")
+    quick = verify_dataset(manifest)
+    shards = [p for p in quick.problems if p.shard != "_splits.parquet"]  # the fixture writes no splits table
+    said: dict[str, list[str]] = {p.shard: [] for p in shards}
+    for p in shards:
+        said[p.shard].append(p.message)
+    assert set(said) == {"train-000000.tar", "train-000001.tar"}, shards
+    assert len(said["train-000000.tar"]) == 1 and "this file is train-000001.tar's bytes" in \
+        said["train-000000.tar"][0], said
+    assert "this file is train-000000.tar's bytes" in said["train-000001.tar"][0]
+    deep = verify_dataset(manifest, deep=True)
+    texts = [f"{p.shard} [{p.key}]: {p.message}" for p in deep.problems]
+    assert not any("not in _index.parquet" in text for text in texts), texts
+    assert any(text.startswith("train-000000.tar [s00004]: ") and "_index.parquet puts it in train-000001.tar" in text
+               for text in texts), texts

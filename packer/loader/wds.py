@@ -176,6 +176,24 @@ def _reached_all(url: str, seen: set[str], listed: Mapping[str, tuple[int, tuple
     if not missing:
         return
     shard = os.path.basename(url)
+    own = set(keys)
+    foreign = sorted(key for key in seen if key not in own)
+    if foreign:  # the file holds other samples: swapped with another shard's file, or overwritten with a copy
+        homes = {key: os.path.basename(other) for other, (_, its) in listed.items() if other != url for key in its}
+        where = sorted({homes[key] for key in foreign if key in homes})
+        belong = (f"_index.parquet puts them in {', '.join(where)}" if where
+                  else "_index.parquet does not put them in any shard of this split")
+        for key in missing:
+            error = ShardReadError(
+                f"{shard}: sample {key}: never read: the file holds another shard's samples ({len(foreign)} of the "
+                f"{len(seen)} samples read from it, from {foreign[0]}, are not this shard's: {belong}); it holds "
+                f"{_count(len(seen) - len(foreign))} the shard's {len(keys)} samples; shard files were swapped, or "
+                "this one overwritten with a copy of another: restore the shard from the version's own copy (or "
+                "rebuild the dataset); `packer verify` on the version names every shard that holds another's samples",
+                shard=shard, key=key)
+            if handler is None or not handler(error):
+                raise error
+        return
     try:
         found = os.path.getsize(url)
     except OSError as err:
@@ -232,3 +250,8 @@ def check_sample(sample: dict[str, Any], *, expected: Mapping[str, tuple[int, st
     if "cls" in members:
         sample["__label_name__"] = names.get(int(members["cls"]))
     return sample
+
+
+def _count(read: int) -> str:
+    """How many of a shard's samples a read reached, as the never-read message says it."""
+    return "none of" if read == 0 else f"only {read} of"
