@@ -28,6 +28,36 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 
 #: Suffix of a file being written; renamed away when complete (:func:`atomic_output`).
 TMP_SUFFIX = ".partial"
+#: A temporary :func:`atomic_output` names for its writer (``shared``): ``<file>.<pid>-<hex>.partial``
+_WRITER_NAMED = re.compile(r"\.(\d+)-[0-9a-f]+" + re.escape(TMP_SUFFIX) + r"\Z")
+
+
+def temporary_writer(name: str) -> int | None:
+    """The process id a temporary's ``name`` holds, where :func:`atomic_output` named it for its
+    writer (``shared``: ``report.html.<pid>-<hex>.partial``); None for any other name."""
+    match = _WRITER_NAMED.search(name)
+    return int(match.group(1)) if match else None
+
+
+def stale_temporary(path: Path, *, lock_held: bool) -> bool:
+    """Whether the temporary file ``path`` (``*.partial``) is what a writer that is gone left
+    (killed before its rename), so removing it can break no write. One named for its writer
+    (:func:`temporary_writer`): when no process of that id runs on this machine; a running one
+    (this process too, or one of another user's) may be writing it, so it stays. One of a fixed
+    name: only where the caller holds the lock of the folder it is in (``lock_held``), as every
+    writer of such a file there does (a build, in its dataset folder)."""
+    pid = temporary_writer(path.name)
+    if pid is None:
+        return lock_held
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (an id past any there can be, too)
+        return True
+    except OSError:  # another user's process (PermissionError): it runs
+        return False
+    return False
 
 
 def parent_folder(path: Path) -> Path:

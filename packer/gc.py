@@ -67,6 +67,7 @@ from packer.versions import (
     remove_staging,
     stale_staging,
     stale_temporaries,
+    stale_version_temporaries,
 )
 
 
@@ -173,7 +174,14 @@ def plan_gc(folder: str | Path, *, keep: int, lock_held: bool = False) -> GcPlan
     stopped = ("incomplete", "publishing") if lock_held else ("incomplete",)  # the lock taken looks like a build's
     incomplete = tuple(o.folder for o in listing.others if o.kind in stopped)
     staging = tuple(o.folder for o in listing.others if o.kind == "staging")
-    temporaries = tuple(o.folder for o in listing.others if o.kind == "temporary")
+    # in a version folder: only one whose writer is gone (`packer report` writes there without the lock), and
+    # not in a version removed anyway
+    stale_in_versions = {p.relative_to(listing.root).as_posix()
+                         for p in stale_version_temporaries(listing.root, lock_held=True)}
+    gone_versions = {v.folder for v in removed}
+    temporaries = tuple(o.folder for o in listing.others if o.kind == "temporary"
+                        and ("/" not in o.folder or o.folder in stale_in_versions
+                             and o.folder.split("/")[0] not in gone_versions))
     guarded = not (staging or temporaries) or folder_locks_work(listing.root)
     # no lock to hold: a running build's staging folder and temporaries look the same as an interrupted one's
     unguarded, unguarded_temporaries = ((), ()) if guarded else (staging, temporaries)
@@ -266,14 +274,16 @@ def _remove_staging(plan: GcPlan, on_removed: Callable[[str], None] | None) -> N
 
 
 def _remove_temporaries(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
-    """Remove the plan's ``*.partial`` files of the dataset folder (a link never: only regular
-    files are listed). Called under the build lock, so no build writes them."""
-    for path in stale_temporaries(plan.root):
-        if path.name in plan.temporaries:
+    """Remove the plan's ``*.partial`` files of the dataset folder and of its version folders
+    whose writer is gone (a link never: only regular files are listed). Called under the build
+    lock, so no build writes them."""
+    for path in [*stale_temporaries(plan.root), *stale_version_temporaries(plan.root, lock_held=True)]:
+        name = path.relative_to(plan.root).as_posix()
+        if name in plan.temporaries:
             with _refused(path):
                 path.unlink(missing_ok=True)
             if on_removed is not None:
-                on_removed(path.name)
+                on_removed(name)
 
 
 def _remove(plan: GcPlan, on_removed: Callable[[str], None] | None) -> None:
@@ -395,8 +405,8 @@ def format_gc(plan: GcPlan, *, dry_run: bool) -> str:
                      "left; while a build runs, gc refuses and removes nothing)")
     for name in plan.temporaries:
         lines.append(f"  {'remove' if dry_run else 'removed':<8}{name}  (a temporary file an interrupted build "
-                     "left: its shared-folder probe, or a table half written; while a build runs, gc refuses and "
-                     "removes nothing)")
+                     "left: its shared-folder probe, or a table, report or manifest half written; while a build runs, "
+                     "gc refuses and removes nothing)")
     if dry_run:
         lines.append("  dry run: nothing removed (run without --dry-run to remove)")
     return "\n".join(lines)

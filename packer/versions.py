@@ -30,7 +30,7 @@ from typing import Any
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
-from packer.files import TMP_SUFFIX, folder_locked_now, human_bytes, parent_folder
+from packer.files import TMP_SUFFIX, folder_locked_now, human_bytes, parent_folder, stale_temporary
 from packer.manifest import MANIFEST_FILE, is_incomplete_version, read_manifest
 from packer.storage import is_url
 
@@ -210,11 +210,12 @@ def check_local_dataset_folder(folder: str | Path, *, command: str) -> Path:
     return root
 
 
-def _walk_files(folder: Path) -> Iterable[os.stat_result]:
+def _walk_files(folder: Path, skip: frozenset[str] = frozenset()) -> Iterable[os.stat_result]:
     """The stat of every regular file under ``folder`` (symbolic links neither followed nor counted);
     files removed meanwhile are skipped, and so are the files of a folder this user may not read
     (:func:`unreadable_folder`: :func:`list_versions` names such a version folder instead).
-    ``folder`` itself a link: nothing (what it points to is not under the folder it is in)."""
+    ``folder`` itself a link: nothing (what it points to is not under the folder it is in).
+    ``skip``: paths of files not to count (a version's temporaries: :func:`version_temporaries`)."""
     if os.path.islink(folder):
         return
     stack = [os.fspath(folder)]
@@ -227,19 +228,19 @@ def _walk_files(folder: Path) -> Iterable[os.stat_result]:
             try:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
+                elif entry.is_file(follow_symlinks=False) and entry.path not in skip:
                     yield entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
 
 
-def scan_links(folders: dict[str, Path]) -> dict[Inode, FileLinks]:
+def scan_links(folders: dict[str, Path], skip: frozenset[str] = frozenset()) -> dict[Inode, FileLinks]:
     """Every inode under ``folders`` (name → path): its size, link count and the links each
-    folder holds."""
+    folder holds; the files at the paths ``skip`` are not counted."""
     sizes: dict[Inode, tuple[int, int]] = {}
     links: dict[Inode, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for name, path in folders.items():
-        for st in _walk_files(path):
+        for st in _walk_files(path, skip):
             inode = (st.st_dev, st.st_ino)
             sizes[inode] = (st.st_size, st.st_nlink)
             links[inode][name] += 1
@@ -270,6 +271,38 @@ def stale_temporaries(root: Path) -> list[Path]:
         return []
     return [Path(entry.path) for entry in entries
             if entry.name.endswith(TMP_SUFFIX) and entry.is_file(follow_symlinks=False)]
+
+
+def version_temporaries(root: Path) -> list[Path]:
+    """The ``*.partial`` files (regular files, no link) directly in the version folders of the
+    dataset folder ``root`` (folders holding ``manifest.json``, not hidden, not links, readable):
+    ``report.html`` or ``manifest.json`` half written by a build or ``packer report``
+    (``report.html.<pid>-<hex>.partial``), a build's warnings half written. None of them is the
+    version's: ``packer ls`` lists them apart, and a build or ``packer gc`` removes those whose
+    writer is gone (:func:`stale_version_temporaries`)."""
+    found = []
+    try:
+        folders = sorted((e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                          and not e.name.startswith(".")), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    for folder in folders:
+        path = Path(folder.path)
+        if unreadable_folder(path) is not None or not (path / MANIFEST_FILE).is_file():
+            continue
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile (gc)
+            found += sorted(Path(e.path) for e in os.scandir(path)
+                            if e.name.endswith(TMP_SUFFIX) and e.is_file(follow_symlinks=False))
+    return found
+
+
+def stale_version_temporaries(root: Path, *, lock_held: bool) -> list[Path]:
+    """The :func:`version_temporaries` of the dataset folder ``root`` whose writer is gone
+    (:func:`packer.files.stale_temporary`): one named for its writer (``report.html.<pid>-<hex>.partial``)
+    once no process of that id runs (``packer report`` writes there without the dataset folder's
+    lock, so a running one's stays); one of a fixed name where ``lock_held`` (the caller holds
+    the dataset folder's lock, as a build writing it does)."""
+    return [path for path in version_temporaries(root) if stale_temporary(path, lock_held=lock_held)]
 
 
 def staging_bytes(path: Path) -> int:
@@ -334,10 +367,12 @@ def list_versions(folder: str | Path) -> DatasetVersions:
     unreadable = {name: why for name, path in subfolders.items() if (why := unreadable_folder(path)) is not None}
     others += [OtherFolder(folder=name, kind="unreadable", bytes=0, problem=why) for name, why in unreadable.items()]
     subfolders = {name: path for name, path in subfolders.items() if name not in unreadable}
-    for path in stale_temporaries(root):
+    in_versions = version_temporaries(root)  # a version's half-written report: not the version's bytes
+    for path in [*stale_temporaries(root), *in_versions]:
         with contextlib.suppress(FileNotFoundError):  # a build that runs removes its own when it ends
-            others.append(OtherFolder(folder=path.name, kind="temporary", bytes=path.lstat().st_size))
-    files = scan_links(subfolders)
+            others.append(OtherFolder(folder=path.relative_to(root).as_posix(), kind="temporary",
+                                      bytes=path.lstat().st_size))
+    files = scan_links(subfolders, skip=frozenset(os.fspath(p) for p in in_versions))
     by_folder: dict[str, list[FileLinks]] = defaultdict(list)
     for links in files.values():
         for owner in links.owners:
@@ -390,8 +425,8 @@ def _copied_bytes(shard_files: dict[str, list[tuple[Path, str, int]]]) -> int:
 _OTHER_TEXT = {"staging": "a build in progress, or one interrupted (the next build of this dataset, whatever its "
                           "configuration, or `packer gc` removes it)",
                "temporary": "a temporary file of a build in progress, or one interrupted (its shared-folder "
-                            "probe, a table half written: the next build of this dataset, or `packer gc`, removes "
-                            "it)",
+                            "probe, a table, report or manifest half written: the next build of this dataset, or "
+                            "`packer gc`, removes it)",
                "trash": "a version an interrupted `packer gc` was removing (the next gc finishes it)",
                "incomplete": "INCOMPLETE: a version whose build stopped while publishing it, before its "
                              "manifest.json (killed, or a full disk); not a dataset. Building the job again from "

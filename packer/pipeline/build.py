@@ -98,7 +98,7 @@ from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, check_output_store, resolve_output
 from packer.targets import Target
-from packer.versions import remove_staging, staging_bytes, stale_staging
+from packer.versions import remove_staging, staging_bytes, stale_staging, stale_version_temporaries
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
 #: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
@@ -672,6 +672,9 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
         except (OSError, FileSystemError, ConfigError) as err:  # a full, read-only or blocked cache (atomic_output's
             pointer_error = err  # errors): the version does not depend on it; publish it, then say why it failed
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
+    # a killed build's (or `packer report`'s) half-written report or manifest in the dataset's version folders,
+    # this one's included (it writes its report again): under the lock, only ones whose writer is gone
+    _remove_stale(stale_version_temporaries(dataset_root, lock_held=locked), quiet=options.quiet)
     if pointer_error is not None:
         raise pointer_error
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
@@ -733,6 +736,15 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
                        stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source,
                        files_total=files_total, shards_written=shards_written, shards_reused=shards_reused,
                        bytes_written=bytes_written, bytes_reused=bytes_reused)
+
+
+def _remove_stale(paths: list[Path], *, quiet: bool) -> None:
+    """Remove the temporaries ``paths`` writers that are gone left, saying so as the build's
+    first cleanup does."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+    if paths and not quiet:
+        print(f"packer: removed {len(paths)} stale temporary file(s) left by an interrupted build", flush=True)
 
 
 def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite]

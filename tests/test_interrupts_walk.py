@@ -1,0 +1,142 @@
+"""What a `packer build` killed mid-write leaves behind, and who removes it.
+
+Every leftover here is made by packer's own code in a process that is then killed (SIGKILL, as
+``kill -9`` or the OOM killer does): :func:`packer.files.atomic_output` with ``shared=True`` for a
+report or registry copy (named ``<file>.<pid>-<hex>.partial`` for its writer), the build's
+shared-folder probe for a first build killed before it published anything. A temporary whose
+writer still runs (this test process stands for a `packer report` writing beside a build) must
+survive every cleanup. Sizes are counted with ``os.stat`` over the folders, not by the code under
+test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from packer.commands.gc import gc_command
+from packer.commands.inspect import ls_command
+from packer.config import load_job
+from packer.pipeline.build import BuildOptions, BuildResult, build
+from tests.helpers import demo_job_doc, write_job
+
+CLI = click.Group(commands=[ls_command, gc_command])
+CLEANUP_LINE = "packer: removed 1 stale temporary file(s) left by an interrupted build"
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(CLI, [str(a) for a in args])
+
+
+def killed_while_writing(target: Path) -> Path:
+    """Run ``atomic_output(target, shared=True)`` in a new process that is SIGKILLed halfway
+    through its write; return the temporary it left beside ``target``."""
+    before = set(target.parent.glob("*.partial"))
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from pathlib import Path
+        from packer.files import atomic_output
+        with atomic_output(Path(sys.argv[1]), shared=True) as fh:
+            fh.write(b"<html>" * 20000)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (left,) = set(target.parent.glob("*.partial")) - before
+    assert left.name.startswith(f"{target.name}.") and left.stat().st_size == 120000
+    return left
+
+
+def written_by_this_process(target: Path) -> Path:
+    """A temporary as a running writer (a `packer report` beside the build: this test process) names it."""
+    path = target.with_name(f"{target.name}.{os.getpid()}-0badcafe.partial")
+    path.write_bytes(b"half a report")
+    return path
+
+
+@dataclass(frozen=True)
+class Built:
+    raw: Path
+    out: Path
+    registry: Path
+    version: str
+
+
+@pytest.fixture(scope="module")
+def built(demo_raw: Any, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    tmp = tmp_path_factory.mktemp("interrupts")
+    result = _build(demo_raw.root, tmp / "out", tmp / "manifests", tmp / "job", quiet=True)
+    return Built(raw=demo_raw.root, out=tmp / "out", registry=tmp / "manifests", version=result.version_dir.name)
+
+
+def _build(raw: Path, out: Path, registry: Path, job_folder: Path, *, quiet: bool) -> BuildResult:
+    job = load_job(write_job(job_folder, demo_job_doc(raw, out, registry=str(registry))))
+    return build(job, BuildOptions(scheduler="sync", quiet=quiet, html_report=True))
+
+
+def copy_of(built: Built, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the built output folder and registry folder: (dataset folder, registry folder)."""
+    shutil.copytree(built.out, tmp_path / "out")
+    shutil.copytree(built.registry, tmp_path / "manifests")
+    return tmp_path / "out" / "demo", tmp_path / "manifests"
+
+
+def files_bytes(folder: Path, *, but: str = ".partial") -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.name.endswith(but))
+
+
+def test_a_report_half_written_by_a_killed_build_is_not_the_versions_and_gc_removes_it(built: Built,
+                                                                                       tmp_path: Path) -> None:
+    """kill -9 while the build wrote report.html left ``report.html.<pid>-<hex>.partial`` in the
+    published version folder: `packer ls` counted its 120 kB as the version's, `packer gc` left
+    it there for ever. ls lists it apart, as what it is; gc removes it, as it removes the dataset
+    folder's own temporaries, but leaves the one a running `packer report` is writing."""
+    root, _ = copy_of(built, tmp_path)
+    version = root / built.version
+    dead = killed_while_writing(version / "report.html")
+    live = written_by_this_process(version / "report.html")
+
+    listed = invoke("ls", root, "--json")
+    assert listed.exit_code == 0, listed.output
+    listing = json.loads(listed.output)
+    (usage,) = listing["versions"]
+    assert usage["bytes"] == files_bytes(version)
+    assert {"folder": f"{built.version}/{dead.name}", "kind": "temporary", "bytes": 120000} in listing["others"]
+    shown = invoke("ls", root)
+    assert f"{built.version}/{dead.name}" in shown.output and "a temporary file of a build" in shown.output
+
+    gc = invoke("gc", root, "--keep", "1")
+    assert gc.exit_code == 0, gc.output
+    assert f"removed {built.version}/{dead.name}" in gc.output
+    assert not dead.exists()
+    assert live.read_bytes() == b"half a report"  # its writer runs: never removed under it
+    assert (version / "report.html").is_file() and (version / "manifest.json").is_file()
+
+
+def test_the_same_build_again_removes_the_report_a_killed_build_half_wrote(built: Built, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """README: "building the job again writes both" (report and registry copy); it wrote
+    report.html but left the killed build's temporary beside it. It removes it now, saying so
+    as it says of the dataset folder's temporaries, and leaves a running writer's alone."""
+    root, registry = copy_of(built, tmp_path)
+    version = root / built.version
+    dead = killed_while_writing(version / "report.html")
+    live = written_by_this_process(version / "report.html")
+    result = _build(built.raw, tmp_path / "out", registry, tmp_path / "job", quiet=False)
+    assert result.version_dir == version
+    assert not dead.exists()
+    assert live.exists()
+    assert CLEANUP_LINE in capsys.readouterr().out
+
