@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
-from packer.files import file_sha256, human_bytes
+from packer.files import TMP_SUFFIX, file_sha256, human_bytes
 from packer.manifest import Manifest, read_manifest
 from packer.targets import Target, TargetValues
 
@@ -1104,6 +1104,15 @@ def list_registry(registry: str | Path = DEFAULT_REGISTRY, *, name: str | None =
                                      created_at=manifest["created_at"], dataset_hash=manifest["dataset_hash"],
                                      samples=samples, path=str(file)))
     return tuple(sorted(entries, key=lambda e: (e.created_at, e.version), reverse=True))
+
+
+def registry_temporaries(registry: str | Path = DEFAULT_REGISTRY, *, name: str | None = None) -> tuple[Path, ...]:
+    """The ``*.partial`` files in the dataset folders of ``registry`` (optionally only ``name``'s):
+    a registry copy half written (``<version>.json.<pid>-<hex>.partial``) by a build that was
+    killed, or runs now. Not manifests, so :func:`list_registry` skips them; ``packer ls`` names
+    them, as the registry folder is one users commit."""
+    return tuple(sorted(p for p in Path(registry).glob(f"{name if name is not None else '*'}/*{TMP_SUFFIX}")
+                        if p.is_file() and not p.is_symlink()))
 
 
 def format_registry(entries: tuple[RegistryEntry, ...]) -> str:

@@ -140,3 +140,27 @@ def test_the_same_build_again_removes_the_report_a_killed_build_half_wrote(built
     assert live.exists()
     assert CLEANUP_LINE in capsys.readouterr().out
 
+
+def test_a_registry_copy_half_written_by_a_killed_build_is_named_by_ls_and_removed_by_the_next_build(
+        built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kill -9 while the build copied its manifest into the registry left
+    ``<version>.json.<pid>-<hex>.partial`` in a folder README has users commit; building the job
+    again never removed it and `packer ls REGISTRY` skipped it without a word. ls names it; the
+    next build removes it (its writer is gone), never a running writer's: no lock covers the
+    registry, builds of two outputs write it at once."""
+    _, registry = copy_of(built, tmp_path)
+    copy = registry / "demo" / f"{built.version}.json"
+    dead = killed_while_writing(copy)
+    live = written_by_this_process(copy)
+
+    shown = invoke("ls", registry)
+    assert shown.exit_code == 0, shown.output
+    assert built.version in shown.output
+    assert f"{dead}: not a manifest: a registry copy half written by a `packer build` that was killed" in shown.output
+    assert json.loads(invoke("ls", registry, "--json").output)[0]["path"] == str(copy)  # --json lists manifests only
+
+    result = _build(built.raw, tmp_path / "out", registry, tmp_path / "job", quiet=False)
+    assert result.registry_copy == copy
+    assert CLEANUP_LINE in capsys.readouterr().out
+    assert sorted(p.name for p in copy.parent.iterdir()) == sorted([copy.name, live.name])
+

@@ -171,7 +171,7 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
     """
     from packer.errors import IntegrityError
     from packer.files import parent_folder
-    from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry
+    from packer.inspection import DEFAULT_REGISTRY, format_registry, list_registry, registry_temporaries
     from packer.versions import format_versions, is_dataset_folder, list_versions
 
     folder = None if folder_arg is None else local_folder_argument(folder_arg, command="ls")
@@ -216,6 +216,11 @@ def ls_command(folder_arg: str | None, name: str | None, as_json: bool) -> None:
         click.echo(f"no manifests under {registry}" + (f" for {name!r}" if name else "") + hint)
     else:
         click.echo(format_registry(entries))
+    if not as_json:
+        for path in registry_temporaries(registry, name=name):
+            click.echo(f"{path}: not a manifest: a registry copy half written by a `packer build` that was killed, "
+                       "or runs now; the next build of the dataset removes it once its writer is gone (do not "
+                       "commit it; or delete it once no build runs)")
     broken = [e for e in entries if e.problem is not None]
     if broken:
         raise IntegrityError(f"{len(broken)} registry manifest(s) fail their check: "

@@ -53,7 +53,7 @@ from packer.errors import (
     unmakeable_folder,
 )
 from packer.exclusions import EXCLUDED_FILE, exclusion_counts, write_excluded
-from packer.files import TMP_SUFFIX, atomic_output, file_sha256, folder_lock, human_bytes
+from packer.files import TMP_SUFFIX, atomic_output, file_sha256, folder_lock, human_bytes, stale_temporary
 from packer.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -719,6 +719,9 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     registry_copy, registry_written = None, False
     if job.registry is not None and not manifest_over_limit(manifest):  # a failed build (exit 3) is not listed
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
+        # a killed build's half-written copy: no lock covers the registry (builds of two outputs share it),
+        # so only one whose writer is gone
+        _remove_stale(_registry_temporaries(registry_copy.parent), quiet=options.quiet)
         try:
             registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
         except FileSystemError as err:  # the dataset is out: say so, and that --out moves no registry
@@ -736,6 +739,17 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
                        stage_seconds=tuple(sorted(seconds.items())), phi_key_source=phi_key_source,
                        files_total=files_total, shards_written=shards_written, shards_reused=shards_reused,
                        bytes_written=bytes_written, bytes_reused=bytes_reused)
+
+
+def _registry_temporaries(folder: Path) -> list[Path]:
+    """The ``*.partial`` files of the registry folder ``<registry>/<name>/`` that a killed build
+    left (``<version>.json.<pid>-<hex>.partial``, its writer gone: :func:`packer.files.stale_temporary`)."""
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [Path(e.path) for e in entries if e.name.endswith(TMP_SUFFIX) and e.is_file(follow_symlinks=False)
+            and stale_temporary(Path(e.path), lock_held=False)]
 
 
 def _remove_stale(paths: list[Path], *, quiet: bool) -> None:
