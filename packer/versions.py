@@ -158,18 +158,32 @@ class DatasetVersions:
                 "sum_bytes": self.sum_bytes, "linked_bytes": self.linked_bytes, "copied_bytes": self.copied_bytes}
 
 
+#: How a build's probe of the dataset folder is named (``shared-probe-<hex>.partial``): a file
+#: that tells workers see the folder the client does, there only while the build runs
+PROBE_PREFIX = "shared-probe-"
+
+
 def is_dataset_folder(folder: str | Path) -> bool:
     """True when ``folder`` holds at least one version folder (``<version>/manifest.json``), a
     build's ``.staging-*`` or an interrupted gc's ``.trash-*`` folder, or a version whose build
     stopped while publishing it (:func:`is_incomplete_version`): a dataset whose first build was
-    interrupted holds only such a folder, and is still the dataset's folder."""
+    interrupted holds only such a folder, and is still the dataset's folder. So is one holding
+    a build's probe (``shared-probe-<hex>.partial``: all a first build killed before it published
+    leaves), or one a build or gc holds the lock of (a first build that has written nothing yet):
+    packer's own names and locks only, so an arbitrary folder is still none."""
     root = Path(folder)
-    return root.is_dir() and any(entry.is_dir() and (entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
-                                                     or not entry.name.startswith(".")
-                                                     and unreadable_folder(entry) is None
-                                                     and ((entry / MANIFEST_FILE).is_file()
-                                                          or is_incomplete_version(entry)))
-                                 for entry in root.iterdir())
+    if not root.is_dir():
+        return False
+    entries = list(os.scandir(root))
+    return (any(entry.is_dir() and (entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
+                                    or not entry.name.startswith(".")
+                                    and unreadable_folder(Path(entry.path)) is None
+                                    and ((Path(entry.path) / MANIFEST_FILE).is_file()
+                                         or is_incomplete_version(Path(entry.path))))
+                for entry in entries)
+            or any(entry.name.startswith(PROBE_PREFIX) and entry.name.endswith(TMP_SUFFIX)
+                   and entry.is_file(follow_symlinks=False) for entry in entries)
+            or folder_locked_now(root))
 
 
 def unreadable_folder(folder: Path) -> str | None:

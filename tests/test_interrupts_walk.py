@@ -11,6 +11,7 @@ test.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -164,3 +165,75 @@ def test_a_registry_copy_half_written_by_a_killed_build_is_named_by_ls_and_remov
     assert CLEANUP_LINE in capsys.readouterr().out
     assert sorted(p.name for p in copy.parent.iterdir()) == sorted([copy.name, live.name])
 
+
+def probe_left_by_a_killed_first_build(root: Path) -> Path:
+    """What a first build killed mid pixel pass leaves in its dataset folder: its shared-folder
+    probe (made by the build's own code in a process then killed)."""
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from pathlib import Path
+        from packer.pipeline.build import _shared_probe
+        with _shared_probe(Path(sys.argv[1]), "choose another output folder"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (probe,) = root.iterdir()
+    assert probe.name.startswith("shared-probe-") and probe.name.endswith(".partial")
+    return probe
+
+
+def held_like_a_build(root: Path) -> int:
+    """Take the dataset folder's lock as a running `packer build` holds it; the caller closes the fd."""
+    fd = os.open(root, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_dataset_folder_a_killed_first_build_left_only_its_probe_in_is_listed_and_cleaned(tmp_path: Path) -> None:
+    """README: `packer ls OUTPUT/NAME` lists a build's ``*.partial`` files as what they are and
+    `packer gc` removes them. With only the probe there (no version yet), ls said "no manifests"
+    and gc "not a dataset folder; it holds no version folder" (exit 2), removing nothing."""
+    root = tmp_path / "out" / "demo"
+    probe = probe_left_by_a_killed_first_build(root)
+
+    shown = invoke("ls", root)
+    assert shown.exit_code == 0, shown.output
+    assert f"{probe.name}" in shown.output and "a temporary file of a build" in shown.output
+
+    fd = held_like_a_build(root)  # a build running now: gc says so, and removes nothing
+    try:
+        busy = invoke("gc", root, "--keep", "1")
+    finally:
+        os.close(fd)
+    assert busy.exit_code == 2
+    assert f"{root}: a `packer build` of this dataset, or another `packer gc` of it, is running" in busy.output
+    assert probe.exists()
+
+    gc = invoke("gc", root, "--keep", "1")
+    assert gc.exit_code == 0, gc.output
+    assert f"removed {probe.name}" in gc.output
+    assert list(root.iterdir()) == []
+
+
+def test_a_first_build_that_holds_the_lock_and_wrote_nothing_yet_is_not_blamed_on_the_path(tmp_path: Path) -> None:
+    root = tmp_path / "out" / "demo"
+    root.mkdir(parents=True)
+    fd = held_like_a_build(root)
+    try:
+        busy = invoke("gc", root, "--keep", "1")
+    finally:
+        os.close(fd)
+    assert busy.exit_code == 2
+    assert "is running" in busy.output and "not a dataset folder" not in busy.output
+
+
+def test_a_folder_of_other_partial_files_is_still_no_dataset_folder(tmp_path: Path) -> None:
+    """Only packer's own names make a dataset folder: gc never cleans an arbitrary folder."""
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / "scan.zip.partial").write_bytes(b"half a download")
+    gc = invoke("gc", folder, "--keep", "1")
+    assert gc.exit_code == 2
+    assert f"{folder}: not a dataset folder; it holds no version folder" in gc.output
+    assert (folder / "scan.zip.partial").exists()

@@ -98,7 +98,7 @@ from packer.records import Issue
 from packer.shards.writer import ShardWrite
 from packer.storage import WORK_DIR_ENV, build_cache_dir, check_output_store, resolve_output
 from packer.targets import Target
-from packer.versions import remove_staging, staging_bytes, stale_staging, stale_version_temporaries
+from packer.versions import PROBE_PREFIX, remove_staging, staging_bytes, stale_staging, stale_version_temporaries
 
 #: Where packer kept the build cache before it moved out of the output tree: ``<output>/<name>/.cache``.
 #: A build that finds one there warns (it names raw paths, ids and dates); ``--fresh`` deletes it.
@@ -368,7 +368,7 @@ class _Watched:
         was removed even where a later write made a folder of that name again (a removed folder's
         inode number is soon reused, so comparing inodes would not). Its name ends in ``.partial``:
         a build killed before :meth:`forget` has it removed by the next one."""
-        marker = self.folder / f"{_PROBE_PREFIX}watched-{uuid.uuid4().hex}{TMP_SUFFIX}"
+        marker = self.folder / f"{PROBE_PREFIX}watched-{uuid.uuid4().hex}{TMP_SUFFIX}"
         with contextlib.suppress(OSError):  # no marker: only a missing folder counts as removed
             marker.touch()
             self.marker = marker
@@ -789,9 +789,6 @@ def _decoders() -> dict[str, str]:
     return dict(sorted(decoder_table().items()))
 
 
-_PROBE_PREFIX = "shared-probe-"
-
-
 @contextlib.contextmanager
 def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
     """A file with a fresh name in the build cache folder (or the job's output folder) while the
@@ -799,7 +796,7 @@ def _shared_probe(cache_dir: Path, elsewhere: str = "") -> Iterator[Path]:
     build killed before removing it has it removed by the next one, as other stale temporaries
     (:func:`~packer.pipeline.spill.remove_stale_temporaries`). ``elsewhere``: the fix for a
     folder the file system refuses (default: another cache folder)."""
-    probe = cache_dir / f"{_PROBE_PREFIX}{uuid.uuid4().hex}{TMP_SUFFIX}"
+    probe = cache_dir / f"{PROBE_PREFIX}{uuid.uuid4().hex}{TMP_SUFFIX}"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         probe.touch()
