@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pydicom
-from pydicom.datadict import get_entry, keyword_for_tag
+from pydicom.datadict import get_entry
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames, parse_basic_offsets, parse_fragments
@@ -64,6 +64,7 @@ from packer.read.dicom_attrs import (
     text_value,
     undecodable_note,
 )
+from packer.read.dicom_cut import HeaderCut, cut_in_header
 from packer.read.dicom_meta import META_START, meta_elements
 from packer.read.dicom_objects import classify, header_failure, header_unread
 from packer.read.dicom_render import GRAYSCALE, render_samples
@@ -333,10 +334,10 @@ def _convert_elements(ref: SampleRef, ds: Dataset, tags: Sequence[int] | None = 
         try:
             # a series' slices repeat most of their header: the top level's values are remembered
             (convert_remembered if holder is ds else convert_faithfully)(holder, tag)
-        except _PARSE_ERRORS as err:
-            return _issue(ref, "read", "unreadable",
-                          f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
-                          "the file is corrupt, copy it again")
+        except _PARSE_ERRORS as err:  # a sequence, parsed on first access, cut inside an item's header too
+            return _cut_issue(ref) or _issue(ref, "read", "unreadable",
+                                             f"header element {tag} cannot be decoded ({type(err).__name__}: {err}); "
+                                             "the file is corrupt, copy it again")
     return ds
 
 
@@ -419,9 +420,9 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
         if oversized is not None:
             _drop_deferred(ds)
         return _convert_elements(ref, ds), stop
-    except OSError as err:
-        return _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: {err}); "
-                                                 "copy it again from the source"), _NO_STOP
+    except OSError as err:  # pydicom's "No tag to read" too: a file cut inside an item's header
+        return _cut_issue(ref) or _issue(ref, "read", "unreadable", f"cannot read the file ({type(err).__name__}: "
+                                                                    f"{err}); copy it again from the source"), _NO_STOP
     except zlib.error as err:
         if "truncated" in str(err) or "incomplete" in str(err):  # Z_BUF_ERROR (-5): the stream stops short
             return _issue(ref, "read", "truncated", f"the file is Deflated Explicit VR Little Endian and its "
@@ -429,9 +430,10 @@ def _parse_at(ref: SampleRef, *, header_only: bool, limits: LimitsConfig
                                                     "it was cut short, copy it again"), _NO_STOP
         return _issue(ref, "read", "unreadable", f"the deflated data set cannot be inflated (zlib: {err}); the file "
                                                  "is corrupt, copy it again or re-export it"), _NO_STOP
-    except _PARSE_ERRORS as err:
-        return _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed ({type(err).__name__}: {err}); "
-                                                 "the file is corrupt, copy it again or re-export it"), _NO_STOP
+    except _PARSE_ERRORS as err:  # a file cut inside a sequence's or an item's header too
+        return _cut_issue(ref) or _issue(ref, "read", "unreadable", f"the DICOM header cannot be parsed "
+                                                                    f"({type(err).__name__}: {err}); the file is "
+                                                                    "corrupt, copy it again or re-export it"), _NO_STOP
     except RecursionError:  # pydicom parses each nested sequence one call deeper
         return _issue(ref, "read", "unreadable", "the DICOM header cannot be parsed: its sequences are nested "
                                                  "deeper than a reader can follow (thousands of levels: no real "
@@ -489,8 +491,9 @@ def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP
     """Image Pixel module (PS3.3 C.7.6.3), Number of Frames and transfer syntax checks. ``stop``:
     where a header-only parse of ``ds`` stopped (:func:`_parse_at`); the default, a whole parse."""
     if len(ds) == 0:
-        return _issue(ref, "read", "unreadable", "the file has a DICOM preamble but no data set after the file "
-                                                 "meta information (cut short or corrupt); copy it again")
+        return _cut_issue(ref) or _issue(ref, "read", "unreadable", "the file has a DICOM preamble but no data set "
+                                                                    "after the file meta information (cut short or "
+                                                                    "corrupt); copy it again")
     missing = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
                                                 ("0028,0100", "BitsAllocated")) if ds.get(kw) in (None, "")]
     empty = [f"({tag}) {kw}" for tag, kw in (("0028,0010", "Rows"), ("0028,0011", "Columns"),
@@ -512,11 +515,12 @@ def _check_image(ref: SampleRef, ds: Dataset, stop: tuple[int, bytes] = _NO_STOP
     if missing:
         sop = sop_class_name(str(ds.get("SOPClassUID", "") or ""))
         image = classify(ds, (), slices=False).why != "not_image"
-        cut = _cut_inside_value(ref, ds) if image else None
+        cut = _cut_inside_value(ref) if image else None
         if cut is not None:
             return _issue(ref, "read", "truncated",
-                          f"{sop}: {cut}, so its Image Pixel module ({', '.join(missing)}) and pixels are not in the "
-                          "file: it was cut short, copy it again from the source")
+                          f"{sop_class_name(cut.sop_class) if cut.sop_class else sop}: {cut.what}, so its Image "
+                          f"Pixel module ({', '.join(missing)}) and pixels are not in the file: it was cut short, "
+                          "copy it again from the source")
         why = ("it is not an image object (the probe leaves such files out as not_image, never as bad samples)"
                if not image else
                "yet its SOP class is an image's (or unknown): the file is damaged or was exported without its "
@@ -683,43 +687,29 @@ def _colour_layout_problem(ds: Dataset, photometric: str, columns: int, syntax: 
     return None
 
 
-def _cut_inside_value(ref: SampleRef, ds: Dataset) -> str | None:
-    """Where the file ends inside its last top-level element's value (a copy that stopped early:
-    pydicom keeps the partial value without an error), or inside the header of the element after it
-    (1 to 11 bytes past its end, which pydicom drops), what is cut, naming the element and the
-    byte counts; ``None`` where the last element ends the file (a header that ends cleanly)
-    or where that cannot be told (a deflated data set, whose offsets are not the file's; an
-    undefined length; a file that no longer reads). Only a file without an Image Pixel module
-    comes here, so the second header-only read (values over 256 bytes skipped, not read) costs
-    nothing on the files that pack."""
-    syntax = str(getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID", "") or "")
-    if syntax == DeflatedExplicitVRLittleEndian:
+def _cut_inside_value(ref: SampleRef) -> HeaderCut | None:
+    """Where the file ends inside its header (:func:`packer.read.dicom_cut.cut_in_header`: inside
+    an element's value, an element's or a sequence item's header, or an undefined-length sequence
+    or item before its delimiter), naming the element and the byte counts; ``None`` where the
+    header ends cleanly after a whole element, reaches the pixel data, or does not read as a header
+    cut short. Called only where a read found no image (no Image Pixel module, a data set that does
+    not parse, an object left out): the files that pack never pay for the walk."""
+    try:
+        return cut_in_header(ref.path)
+    except (OSError, ValueError):  # gone since it was read, or mmap refused it: the first verdict stands
         return None
-    try:  # the listing and the raw item read values too (a private element's, in its VR): inside the try
-        size = os.stat(ref.path).st_size
-        raw = pydicom.dcmread(ref.path, stop_before_pixels=True, defer_size=256)
-        tags = list(raw.keys())
-        last = raw.get_item(tags[-1]) if tags else None
-    except (OSError, *_PARSE_ERRORS):
-        return None  # the first read got through; whatever fails now, the cut cannot be told from it
-    if not isinstance(last, RawDataElement) or last.length == 0xFFFFFFFF:
-        return None
-    end = last.value_tell + last.length
-    name = keyword_for_tag(last.tag) or "a private or unknown element"
-    if end < size < end + _ELEMENT_HEAD_MAX:  # pydicom drops a next element's header cut short without a word
-        return (f"the file ends {size - end} byte(s) into the header of the element after "
-                f"({last.tag.group:04X},{last.tag.element:04X}) {name} (a data element's tag, VR and length take "
-                f"8 or 12 bytes; the file is {size:,} bytes)")
-    if end <= size:
-        return None
-    kept = max(size - last.value_tell, 0)
-    return (f"the file ends inside ({last.tag.group:04X},{last.tag.element:04X}) {name}, whose value declares "
-            f"{last.length:,} bytes from byte {last.value_tell:,} but holds {kept:,} of them (the file is "
-            f"{size:,} bytes)")
 
 
-#: The longest data element header (explicit VR with a 4-byte length: tag 4, VR 2, reserved 2, length 4)
-_ELEMENT_HEAD_MAX = 12
+def _cut_issue(ref: SampleRef, sop_class: str | None = None) -> Issue | None:
+    """``truncated`` where the file ends inside its header (:func:`_cut_inside_value`), else None;
+    the message names the SOP class: the file meta's, else the data set's (``sop_class``; its own
+    value may be the one cut short)."""
+    cut = _cut_inside_value(ref)
+    if cut is None:
+        return None
+    sop = sop_class_name(cut.sop_class or sop_class or "")
+    return _issue(ref, "read", "truncated", f"{sop}: {cut.what}: the file was cut short, copy it again from the "
+                                            "source")
 
 
 def _lacks_pixel_element(ds: Dataset, stop: tuple[int, bytes]) -> bool:
@@ -954,7 +944,9 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
             return _salvaged(ref, empty)
     excluded = _excluded(ref, ds, where, slices=slices, pixels=_pixels_follow(ds, stop))
     if excluded is not None:
-        return excluded
+        # a where: judges only a header read whole: one cut short is a bad sample, whatever it holds
+        cut = _cut_issue(ref, str(ds.get("SOPClassUID", "") or "")) if _lacks_pixel_element(ds, stop) else None
+        return cut or excluded
     if too_big is not None:  # an image (only an image is read whole), over the limit: never read whole
         return _member(too_big, ds, entity_keyword) if placement else too_big
     geometry = _check_image(ref, ds, stop)
@@ -1025,7 +1017,7 @@ def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
 
 
 #: The records of a file that did not parse, which may be an annotation's (with masks from DICOM).
-_SALVAGED = ("unreadable", "not_dicom")
+_SALVAGED = ("unreadable", "not_dicom", "truncated")
 
 
 def _salvaged(ref: SampleRef, issue: Issue) -> DicomHeader | Issue:
