@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 from dicom_files import ct_dataset, make_ref, save
+from pydicom import dcmread
 from pydicom.encaps import encapsulate
 from pydicom.uid import JPEG2000, JPEGLSNearLossless
 
@@ -105,6 +106,25 @@ def test_a_lossless_codestream_s_overlay_bit_over_dark_pixels_is_masked_not_clip
     hu, metadata = _hu(_dicom(tmp_path, syntax, [_lossless(syntax, raw)], stored))
     np.testing.assert_array_equal(hu[0], (stored.astype(np.float64) - 1024).astype(np.float16))
     assert not _clip_notes(metadata), metadata.get("warnings")
+
+
+def test_a_reversible_codestream_cut_by_a_rate_under_a_header_that_says_lossy_is_clipped(tmp_path: Path) -> None:
+    """A 5-3 (reversible) JPEG 2000 codestream whose coding passes a rate cut is lossy too
+    (opj_compress -r, Kakadu Creversible=yes with a rate): its wavelet proves nothing, and its
+    saturated pixels overshoot 4095. A header that says the image was coded lossily (Lossy Image
+    Compression 01) makes it clipped to the range, as a lossy overshoot: masked to the low 12 bits,
+    white bone packed as air."""
+    img = _saturated()
+    frame = bytes(imagecodecs.jpeg2k_encode(img, level=80, reversible=True, codecformat="J2K"))
+    decoded = imagecodecs.jpeg2k_decode(frame).astype(np.int64)
+    assert codestream_lossy(frame) is False and 4095 < decoded.max() <= 4095 + 512, "no overshoot: shows nothing"
+    path = _dicom(tmp_path, JPEG2000, [frame], img)
+    ds = dcmread(path)
+    ds.LossyImageCompression = "01"
+    ds.save_as(path)
+    hu, metadata = _hu(path)
+    assert hu[0][img == 4095].min() > 3071 - 200
+    assert _clip_notes(metadata), metadata.get("warnings")
 
 
 def test_each_frame_is_judged_lossy_or_lossless_by_its_own_codestream(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_voi_lut_entries_above_an_8_bit_descriptor_are_read_over_the_bits_they_u
                           (16, 4095, 12), (10, 100, 8), (10, 600, 10)])
 def test_voi_lut_bits_widen_to_hold_the_largest_entry_and_narrow_only_below_half_the_range(
         declared: int, largest: int, used: int) -> None:
-    assert voi_lut_bits(declared, np.array([0, largest])) == used
+    assert voi_lut_bits(declared, np.array([0, largest, largest])) == used
 
 
 @pytest.mark.parametrize("declared", [8, 12])
@@ -101,6 +101,12 @@ def test_a_stray_entry_just_past_the_declared_range_is_clipped_not_read_as_a_wid
     wide = lut.copy()
     wide[: wide.size // 50] = top + 1  # 2 entries in 100 past the range: read over the bits they use
     assert voi_lut_bits(declared, wide) == declared + 1
+
+
+@pytest.mark.parametrize("entries", [10, 32, 99])
+def test_one_stray_entry_in_a_short_lut_is_clipped_too(entries: int) -> None:
+    lut = np.rint(np.arange(entries) * 4096 / (entries - 1)).astype(np.uint16)
+    assert int(lut.max()) == 4096 and voi_lut_bits(12, lut) == 12
 
 
 def test_a_modality_lut_passes_entries_above_its_declared_bits_through_as_modality_values(tmp_path: Path) -> None:

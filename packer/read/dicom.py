@@ -27,7 +27,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any, Literal
@@ -1576,7 +1576,7 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issu
         if encapsulated:
             decoded = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False, planar_configuration=0,
                                   **unsigned)
-            arr, clipped = _fitted_to_bits_stored(decoded, _lossy_frames(ds, geometry), geometry.bits_stored)
+            arr, clipped = _fitted_to_bits_stored(decoded, lambda: _lossy_frames(ds, geometry), geometry.bits_stored)
             note = _overshoot_note(clipped, _stored_range(decoded.dtype, geometry.bits_stored), geometry) \
                 if clipped else None
         else:
@@ -1682,10 +1682,15 @@ def _lossy_frames(ds: Dataset, geometry: _Geometry) -> list[bool]:
     multi-frame object, a lossless key frame among lossy ones). All False under a lossless-only
     syntax, all True under JPEG Baseline/Extended (:data:`_LOSSY_BY_PROCESS`); a frame whose
     markers cannot be read, or frames that cannot be told apart, are taken as the syntax allows
-    (lossy), as before the codestream was read."""
+    (lossy), as before the codestream was read. A reversible wavelet proves no lossless coding
+    (a 5-3 codestream whose coding passes a rate cut is lossy too: OpenJPEG's ``-r``, Kakadu's
+    ``Creversible=yes`` with a rate), so a header that says the image was coded lossily (Lossy
+    Image Compression "01", PS3.3 C.7.6.1.1.5) makes every frame lossy whatever its wavelet."""
     syntax, count = geometry.transfer_syntax, geometry.frames
     if syntax not in _LOSSY_CAPABLE or syntax in _LOSSY_BY_PROCESS:
         return [syntax in _LOSSY_CAPABLE] * count
+    if str(ds.get("LossyImageCompression", "")).strip() == "01":
+        return [True] * count
     extended = None
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
         extended = (ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths)
@@ -1698,12 +1703,18 @@ def _lossy_frames(ds: Dataset, geometry: _Geometry) -> list[bool]:
     return [codestream_lossy(frame) is not False for frame in frames]
 
 
-def _fitted_to_bits_stored(decoded: np.ndarray, lossy: list[bool], bits_stored: int) -> tuple[np.ndarray, int]:
+def _fitted_to_bits_stored(decoded: np.ndarray, lossy_frames: Callable[[], list[bool]],
+                           bits_stored: int) -> tuple[np.ndarray, int]:
     """``decoded`` (all frames, frames first where more than one) with each frame's values past Bits
     Stored's range clipped to it where the frame's codestream is lossy and they are its overshoot
     (:func:`_lossy_overshoot`), else cut to their low ``bits_stored`` bits (:func:`_stored_bits_only`),
-    frame by frame as ``lossy`` says; and how many values were clipped. ``decoded`` itself, not
-    copied, where no frame changes (the usual case)."""
+    frame by frame as ``lossy_frames()`` says (asked only where a value lies past the range: its
+    codestreams are not read for a file whose values all fit, the usual case); and how many values
+    were clipped. ``decoded`` itself, not copied, where no frame changes."""
+    low, high = _stored_range(decoded.dtype, bits_stored)
+    if decoded.dtype.kind not in "iu" or decoded.size == 0 or low <= int(decoded.min()) <= int(decoded.max()) <= high:
+        return decoded, 0
+    lossy = lossy_frames()
     if len(lossy) < 1 or decoded.size % len(lossy):  # frames that cannot be told apart: one, lossy if any is
         lossy = [any(lossy)]
     frames = decoded.reshape(len(lossy), -1)

@@ -151,16 +151,17 @@ def voi_lut_bits(declared: int, lut_data: np.ndarray) -> int:
     12 bits, a known writer bug) are read over the smallest range that holds them (16 bits at
     most, the most a LUT Data word holds), not clipped: divided by 4095 such an image came out
     nearly all white. The palette's entries above 255 under 8-bit descriptors are read the same way.
-    A stray few past the range (at most 1 entry in 100: a LUT written as round(i * 4096 / 4095)
-    whose last entry is 4096) are the writer's rounding, not a wider range: read as declared and
-    clipped, as pydicom's apply_voi does, since widening by them would halve the whole image."""
+    A stray few past the range (at most 1 entry in 100, or one in a shorter LUT: a LUT written as
+    round(i * 4096 / 4095) whose last entry is 4096) are the writer's rounding, not a wider range:
+    read as declared and clipped, as pydicom's apply_voi does, since widening by them would halve
+    the whole image."""
     data = np.asarray(lut_data)
     if data.size == 0:
         return declared
     largest = int(data.max())
     if largest > (1 << declared) - 1:
         past = int(np.count_nonzero(data > (1 << declared) - 1))
-        return min(16, largest.bit_length()) if past * 100 > data.size else declared
+        return min(16, largest.bit_length()) if past > max(1, data.size // 100) else declared
     if declared <= 8 or largest < 0 or largest >= 1 << (declared - 1):
         return declared
     return max(8, largest.bit_length())
