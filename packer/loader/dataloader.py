@@ -755,13 +755,15 @@ class ShardLoader:
             kinds = ("a MixedDataset", "a ShardDataset")
             then, now = kinds if "mix" in state else kinds[::-1]
             raise ConfigError(f"the loader state was saved for {then} and this loader reads {now}")
+        if "mix" in expected:  # a member setting recorded after the state was saved cannot be checked for it
+            expected["mix"] = _as_recorded(expected["mix"], state.get("mix"))
         # a state saved before its dataset's name@version was recorded cannot be checked for it
         wrong = {k: (state.get(k), v) for k, v in expected.items()
                  if _as_sets(k, state.get(k)) != _as_sets(k, v) and not (k in UNRECORDED_BEFORE and k not in state)}
         if wrong:
             raise ConfigError("the loader state was saved for another dataset configuration: "
                               + ", ".join(f"{k} saved {_state_text(k, s)}, now {_state_text(k, v)}"
-                                          for k, (s, v) in wrong.items()))
+                                          + _member_differences(k, s, v) for k, (s, v) in wrong.items()))
         try:
             saved = Segment.from_json(state["segment"])
             history = tuple(Segment.from_json(seg) for seg in state["history"])
@@ -824,6 +826,32 @@ def _warn_if_ranks_step_apart(dataset: PlannedDataset, batch_size: int, drop_las
 
 #: Identity fields that states saved by older packers lack (not checked when absent).
 UNRECORDED_BEFORE = ("dataset",)
+#: A mix member's identity fields that states saved by older packers lack (not checked when absent).
+MIX_MEMBER_UNRECORDED_BEFORE = ("shuffle_buffer",)
+#: A mix member's identity fields :func:`_state_text` shows; :func:`_member_differences` names the others.
+_MIX_MEMBER_SHOWN = ("as", "name", "version", "split", "view", "labels", "weight")
+
+
+def _as_recorded(now: list[Any], saved: Any) -> list[Any]:
+    """A mix's members as ``now`` records them, less the fields of :data:`MIX_MEMBER_UNRECORDED_BEFORE`
+    that the saved state's member in the same place lacks (a state saved before they were recorded)."""
+    if not isinstance(saved, list) or len(saved) != len(now):
+        return now
+    return [{k: v for k, v in member.items() if not (k in MIX_MEMBER_UNRECORDED_BEFORE and k not in old)}
+            if isinstance(member, dict) and isinstance(old, dict) else member
+            for member, old in zip(now, saved, strict=True)]
+
+
+def _member_differences(key: str, saved: Any, now: Any) -> str:
+    """`` (member a: shuffle_buffer saved 1024, now 2)``: the mix members' differing fields that
+    :func:`_state_text` does not show, member by member; empty for anything else."""
+    if key != "mix" or not isinstance(saved, list) or not isinstance(now, list) or len(saved) != len(now):
+        return ""
+    found = [f"member {new.get('as')}: {field} saved {old.get(field)!r}, now {new.get(field)!r}"
+             for old, new in zip(saved, now, strict=True) if isinstance(old, dict) and isinstance(new, dict)
+             for field in dict.fromkeys([*old, *new])
+             if field not in _MIX_MEMBER_SHOWN and old.get(field) != new.get(field)]
+    return f" ({'; '.join(found)})" if found else ""
 
 
 def _as_sets(key: str, value: Any) -> Any:

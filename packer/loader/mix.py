@@ -26,8 +26,8 @@ Everything :class:`~packer.loader.ShardDataset` promises holds for the mix: the 
 function of (seed, epoch, the members' per-shard counts, the weights); ranks take contiguous
 chunks of it and workers whole batches (``uneven`` as for one dataset); a loader's
 ``state_dict`` resumes mid-epoch. The state carries the mix's identity (each member's dataset
-name, version, split, view and weight, the epoch length, the seed), and a state saved for
-another mix is refused by name.
+name, version, split, view and weight, and, where the mix shuffles, its ``shuffle_buffer``; the
+epoch length, the seed), and a state saved for another mix is refused by name.
 
 Items. ``key`` is ``<member name>/<sample key>`` (keys are unique within one dataset only).
 Class labels are remapped by *name* into the mix's ``label_map``: the first member's map, then
@@ -196,10 +196,15 @@ class MixedDataset(PlannedDataset):
         return dict(zip(self.names, self._counts, strict=True))
 
     def identity(self) -> dict[str, Any]:
+        """The mix's members (name@version, split, view, weight share and what else decides a member's
+        order under the mix: its ``shuffle_buffer`` where the mix shuffles; the member's own seed and
+        shuffle are replaced by the mix's), the epoch length, seed and shuffle."""
         total = sum(self.weights)  # shares, not weights as given: 0.7/0.3 and 7/3 are the same mix
         return {"mix": [{"name": m.info.name, "version": m.info.version, "split": m.info.split,
                          "view": own["sources"], "labels": own["labels"], "samples": m.samples,
-                         "weight": round(w / total, 12), "as": n}
+                         "weight": round(w / total, 12), "as": n,
+                         # the buffer orders the member's samples (_member_order); unshuffled it orders nothing
+                         **({"shuffle_buffer": m.shuffle_buffer} if self.shuffle else {})}
                         for m, w, n, own in zip(self.members, self.weights, self.names,
                                                 (m.identity() for m in self.members), strict=True)],
                 "epoch_length": self.epoch_length, "samples": self.samples, "seed": self.seed,

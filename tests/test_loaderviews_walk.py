@@ -1,0 +1,88 @@
+"""A MixedDataset reads its members as they are and says what it reads.
+
+- A loader state records each member setting that decides the member's order under the mix (its
+  ``shuffle_buffer``), and a state saved under another is refused naming the member; states saved
+  before the buffer was recorded still load.
+- The mix's ``on_error``/``max_skipped`` apply to what is read through the mix: the member
+  ShardDatasets the caller made keep their own, and read alone afterwards behave as they were made.
+- A member that is a view contributes its view's sources to the mix's shapes, and so to the
+  message of a batch that cannot be stacked: never a source the view leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packer.errors import ConfigError
+from packer.loader import MixedDataset, ShardDataset, make_loader
+from tests.loader_fixtures import build_dataset
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("loaderviews")
+    return {"a": build_dataset(root / "a", shard_sizes=(20, 15, 15)),   # 50 samples
+            "b": build_dataset(root / "b", shard_sizes=(12, 18))}       # 30 samples
+
+
+def mix_of(manifests: dict[str, Path], *, buffer: int, shuffle: bool = True, member_seed: int = 0) -> MixedDataset:
+    return MixedDataset([(ShardDataset(manifests["a"], "train", shuffle_buffer=buffer, seed=member_seed), 1),
+                         (ShardDataset(manifests["b"], "train"), 1)], names=["a", "b"], seed=5, shuffle=shuffle)
+
+
+def saved_after(dataset: MixedDataset, batches: int) -> tuple[list[str], dict[str, Any]]:
+    """The keys of the first ``batches`` batches and the (JSON round-tripped) state after them."""
+    loader = make_loader(dataset, batch_size=5)
+    it = iter(loader)
+    keys = [k for _ in range(batches) for k in next(it)["key"]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    return keys, state
+
+
+def rest_after(dataset: MixedDataset, state: dict[str, Any]) -> list[str]:
+    loader = make_loader(dataset, batch_size=5)
+    loader.load_state_dict(state)
+    try:
+        return [k for batch in loader for k in batch["key"]]
+    finally:
+        loader.close()
+
+
+# -- 1. the state records each member's shuffle_buffer ----------------------------------------------
+def test_a_state_saved_under_another_member_shuffle_buffer_is_refused_naming_the_member(
+        manifests: dict[str, Path]) -> None:
+    _, state = saved_after(mix_of(manifests, buffer=1024), 3)
+    assert [m.get("shuffle_buffer") for m in state["mix"]] == [1024, 1024]
+    loader = make_loader(mix_of(manifests, buffer=2), batch_size=5)
+    with pytest.raises(ConfigError, match=r"member a: shuffle_buffer saved 1024, now 2"):
+        loader.load_state_dict(state)
+
+
+def test_a_state_resumes_exactly_under_the_same_buffer_and_whatever_the_members_own_seed(
+        manifests: dict[str, Path]) -> None:
+    whole = [k for b in make_loader(mix_of(manifests, buffer=8), batch_size=5) for k in b["key"]]
+    done, state = saved_after(mix_of(manifests, buffer=8), 3)
+    # the mix's seed orders its members: a member's own seed changes nothing, so it is not compared
+    assert done + rest_after(mix_of(manifests, buffer=8, member_seed=7), state) == whole
+
+
+def test_without_shuffle_the_buffer_is_not_compared_as_the_order_is_the_packed_one(
+        manifests: dict[str, Path]) -> None:
+    whole = [k for b in make_loader(mix_of(manifests, buffer=2, shuffle=False), batch_size=5) for k in b["key"]]
+    done, state = saved_after(mix_of(manifests, buffer=1024, shuffle=False), 3)
+    assert done + rest_after(mix_of(manifests, buffer=2, shuffle=False), state) == whole
+
+
+def test_a_state_saved_before_the_buffer_was_recorded_still_resumes(manifests: dict[str, Path]) -> None:
+    whole = [k for b in make_loader(mix_of(manifests, buffer=8), batch_size=5) for k in b["key"]]
+    done, state = saved_after(mix_of(manifests, buffer=8), 3)
+    for member in state["mix"]:
+        del member["shuffle_buffer"]  # as the previous identity wrote it
+    assert done + rest_after(mix_of(manifests, buffer=8), state) == whole
