@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from packer.errors import ConfigError
-from packer.loader import MixedDataset, ShardDataset, make_loader
-from tests.loader_fixtures import build_dataset
+from packer.loader import MixedDataset, ShardDataset, ShardReadError, make_loader
+from tests.loader_fixtures import build_dataset, flip_pixel_byte
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -86,3 +86,34 @@ def test_a_state_saved_before_the_buffer_was_recorded_still_resumes(manifests: d
     for member in state["mix"]:
         del member["shuffle_buffer"]  # as the previous identity wrote it
     assert done + rest_after(mix_of(manifests, buffer=8), state) == whole
+
+
+# -- 2. the mix does not change its members' on_error/max_skipped ---------------------------------------
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20-sample dataset whose sample 3 fails its checksum (verify="sample", the default)."""
+    manifest = build_dataset(tmp_path_factory.mktemp("damaged") / "d", shard_sizes=(10, 10))
+    flip_pixel_byte(manifest.parent / "train-000000.tar", 3)
+    return manifest
+
+
+def test_a_strict_member_of_a_lenient_mix_stays_strict_on_its_own(damaged: Path, manifests: dict[str, Path]) -> None:
+    strict = ShardDataset(damaged, "train", max_skipped=7)   # on_error="raise", the default
+    mix = MixedDataset([(strict, 1), (ShardDataset(manifests["b"], "train"), 1)], on_error="skip", max_skipped=3)
+    mixed = make_loader(mix, batch_size=4)
+    keys = [k for batch in mixed for k in batch["key"]]
+    assert mixed.skipped == 1 and len(keys) == mix.samples - 1   # read through the mix: the mix's skip
+    assert (strict.on_error, strict.max_skipped) == ("raise", 7)
+    with pytest.raises(ShardReadError, match="s00003"):
+        [k for batch in make_loader(strict, batch_size=4) for k in batch["key"]]
+
+
+def test_a_lenient_member_of_a_strict_mix_stays_lenient_on_its_own(damaged: Path, manifests: dict[str, Path]) -> None:
+    lenient = ShardDataset(damaged, "train", on_error="skip", max_skipped=7)
+    mix = MixedDataset([(lenient, 1), (ShardDataset(manifests["b"], "train"), 1)])   # on_error="raise"
+    with pytest.raises(ShardReadError, match="s00003"):
+        [k for batch in make_loader(mix, batch_size=4) for k in batch["key"]]
+    assert (lenient.on_error, lenient.max_skipped) == ("skip", 7)
+    alone = make_loader(lenient, batch_size=4)
+    keys = [k for batch in alone for k in batch["key"]]
+    assert alone.skipped == 1 and sorted(keys) == sorted(f"s{i:05d}" for i in range(20) if i != 3)

@@ -636,10 +636,15 @@ class ShardDataset(PlannedDataset):
                            buffer=self.shuffle_buffer)
 
     # -- reading --------------------------------------------------------------------
-    def _read_in_order(self, order: EpochOrder, ids: np.ndarray) -> Iterator[Decoded | Failure]:
-        """Results for ``ids`` in that order; shards are read in stream order, the rest held."""
+    def _read_in_order(self, order: EpochOrder, ids: np.ndarray, *,
+                       on_error: str | None = None) -> Iterator[Decoded | Failure]:
+        """Results for ``ids`` in that order; shards are read in stream order, the rest held.
+
+        ``on_error``: whose strictness the shard readers apply, this dataset's own by default (a
+        :class:`~packer.loader.MixedDataset` passes its own: its members are read through it)."""
         if len(ids) == 0:
             return
+        strict = (self.on_error if on_error is None else on_error) == "raise"
         unique = np.unique(ids)
         read = unique[np.argsort(order.stream_pos[unique], kind="stable")]
         shard_of = np.searchsorted(self._offsets, read, side="right") - 1
@@ -657,14 +662,14 @@ class ShardDataset(PlannedDataset):
                 positions = read[lo:hi] - base
                 if self.view is None:
                     for pos, result in read_shard(self.info.format, self.info.shards[k], positions.tolist(),
-                                                  self._check, strict=self.on_error == "raise",
+                                                  self._check, strict=strict,
                                                   verify=self.verify == "shard"):
                         yield base + pos, result
                     continue
                 # a view: ask the shard for the chosen samples' own positions, hand out the view's
                 chosen = self.view.positions[k][positions].tolist()
                 results = read_shard(self.info.format, self.info.shards[k], chosen, self._check,
-                                     strict=self.on_error == "raise", verify=self.verify == "shard")
+                                     strict=strict, verify=self.verify == "shard")
                 for pos, (_, result) in zip(positions.tolist(), results, strict=True):
                     yield base + pos, result
 

@@ -43,8 +43,8 @@ names the shapes by ``member/source``; ``"list"``/``"pad"`` take them).
 
 Each member's ``transform`` and ``shuffle_buffer`` apply to its own samples; the mix's
 ``seed`` (each member's order and ``transform`` draws, distinct per member), ``shuffle``, ``uneven``
-and ``on_error``/``max_skipped`` replace the members' own
-(the members are read through the mix, not on their own). Ranks are the mix's: a member given
+and ``on_error``/``max_skipped`` replace the members' own where they are read through the mix
+(the member objects keep theirs: read alone, each behaves as it was made). Ranks are the mix's: a member given
 another ``rank``/``world_size`` than the mix's is refused (ConfigError), so that an explicit
 rank given to the members only cannot silently hand every rank the whole mix.
 """
@@ -166,7 +166,6 @@ class MixedDataset(PlannedDataset):
             if dataset.samples == 0:
                 raise ConfigError(f"MixedDataset: {dataset.info.name} split {dataset.info.split!r} has no samples "
                                   "(of its view); a member with nothing to give cannot be mixed by weight")
-            dataset.on_error, dataset.max_skipped = on_error, self.max_skipped  # the mix counts and raises
         self.names = list(names) if names is not None else _default_names(self.members)
         if len(self.names) != len(self.members) or len(set(self.names)) != len(self.names):
             raise ConfigError(f"MixedDataset: names {self.names} must be unique, one per member")
@@ -251,7 +250,9 @@ class MixedDataset(PlannedDataset):
         pass read by the member in its own stream order."""
         bounds = [0, *(np.flatnonzero(np.diff(passes)) + 1).tolist(), len(local)]
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            yield from self.members[i]._read_in_order(order.orders[i][int(passes[lo])], local[lo:hi])
+            # the mix's on_error, not the member's (the mix counts and raises); the member itself is left as made
+            yield from self.members[i]._read_in_order(order.orders[i][int(passes[lo])], local[lo:hi],
+                                                      on_error=self.on_error)
 
     def _worker_results(self, order: EpochOrder, plan: RankPlan,
                         indices: np.ndarray) -> Generator[tuple[int, Decoded | Failure], None, None]:
