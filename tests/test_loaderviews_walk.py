@@ -12,13 +12,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 
+import packer
 from packer.errors import ConfigError
-from packer.loader import MixedDataset, ShardDataset, ShardReadError, make_loader
+from packer.loader import MixedDataset, MixedShapesError, ShardDataset, ShardReadError, make_loader
 from tests.loader_fixtures import build_dataset, flip_pixel_byte
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -117,3 +121,39 @@ def test_a_lenient_member_of_a_strict_mix_stays_lenient_on_its_own(damaged: Path
     alone = make_loader(lenient, batch_size=4)
     keys = [k for batch in alone for k in batch["key"]]
     assert alone.skipped == 1 and sorted(keys) == sorted(f"s{i:05d}" for i in range(20) if i != 3)
+
+
+# -- 3. a view member's shapes are its view's ----------------------------------------------------------
+def photos(root: Path, n: int, seed: int) -> None:
+    root.mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        image = np.random.default_rng(seed * 1000 + i).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+        cv2.imwrite(str(root / f"p{i:03d}.png"), image)
+        rows.append(f"p{i:03d}.png,{['cat', 'dog'][i % 2]},E{seed}_{i}")
+    (root / "labels.csv").write_text("path,label,entity\n" + "\n".join(rows) + "\n")
+
+
+def build(base: Path, name: str, sources: list[dict[str, str]], color: str) -> str:
+    job = {"name": name, "sources": sources,
+           "split": {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}, "seed": 3},
+           "transform": {"image": {"size": [16, 16], "color": color}},
+           "pack": {"format": "webdataset", "max_samples": 8}, "output": "out"}
+    return str(packer.build(job, base_dir=base, scheduler="sync", progress=False, report=False).location)
+
+
+def test_a_view_members_shapes_in_the_mix_and_its_message_are_the_views_sources_only(tmp_path: Path) -> None:
+    photos(tmp_path / "xa", 12, 1)
+    photos(tmp_path / "xb", 12, 2)
+    photos(tmp_path / "y", 12, 3)
+    x = build(tmp_path, "x", [{"kind": "image", "name": "a", "root": "xa", "table": "xa/labels.csv"},
+                              {"kind": "image", "name": "b", "root": "xb", "table": "xb/labels.csv"}], "rgb")
+    y = build(tmp_path, "y", [{"kind": "image", "name": "g", "root": "y", "table": "y/labels.csv"}], "gray")
+    view = ShardDataset(x, "train", sources=["a"])
+    assert set(view.info.shapes) == {"a", "b"}   # the split has both: the view reads a only
+    mix = MixedDataset([(view, 1), (ShardDataset(y, "train"), 1)])
+    assert dict(mix.shapes) == {"x/a": ((3, 16, 16),), "y/g": ((1, 16, 16),)}
+    with pytest.raises(MixedShapesError) as raised:
+        [None for _ in make_loader(mix, batch_size=16)]
+    named = set(re.findall(r"\b[xy]/[a-z]\b", str(raised.value)))
+    assert named == {"x/a", "y/g"}, str(raised.value)

@@ -319,8 +319,9 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
         except TargetMismatch as err:
             raise ConfigError(f"MixedDataset: {name} does not fit {names[0]}: {err}") from err
         remaps.append(remap)
-    shapes = {f"{name}/{source}": tuple(found) for m, name in zip(members, names, strict=True)
-              for source, found in m.info.shapes.items()}
+    # each member's view's sources (m.shapes), not its whole split's: a source the view leaves out is not in the mix
+    shapes = {f"{name}/{source}": tuple(tuple(s) for s in found) for m, name in zip(members, names, strict=True)
+              for source, found in m.shapes.items()}
     mixed = dataclasses.replace(first, name="+".join(names), version="", shards=(), target=target,
                                 samples=sum(m.samples for m in members), label_map=target.label_map, shapes=shapes,
                                 shape=first.shape if all(m.info.shape == first.shape for m in members) else None)
