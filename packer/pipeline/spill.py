@@ -216,7 +216,9 @@ class CachedChunk:
 #: value signed when the rescaled range can go below 0 (or written as SS).
 #: 73: lossy vs lossless told by each frame's codestream (a reversible J2K masked again); a stray VOI
 #: LUT entry past the declared bits clipped; TIFF masks' bits and photometric from their first page.
-CACHE_FORMAT = 73
+#: 74: a DICOM cut inside a sequence/item/first element header truncated (was unreadable), a cut
+#: non-image object too (was not_image); Lossy Image Compression 01 makes a frame's overshoot clipped.
+CACHE_FORMAT = 74
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
