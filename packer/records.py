@@ -87,6 +87,10 @@ class SampleRef:
     ``path`` is absolute, or the full URL of a file behind an fsspec URL (``s3://...``);
     ``relpath`` is POSIX and relative to the source root.
     ``label``, ``entity`` and ``time`` are ``None`` only on refs that end as issues.
+    ``maybe_label_map``: why discovery's name rules take the file for a label map without being
+    sure (``name ending '_seg'``: a segmentation word whose prefix names no image, beside an image
+    of its folder), for its kind's header read to decide
+    (:attr:`packer.read.kinds.SourceKind.label_maps_by_content`); None for every other file.
     """
 
     sample_id: str
@@ -98,6 +102,7 @@ class SampleRef:
     entity: str | None = None
     time: str | None = None
     extra: tuple[tuple[str, str], ...] = ()
+    maybe_label_map: str | None = None
 
 
 #: SampleRef's field names, in order.

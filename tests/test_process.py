@@ -454,6 +454,7 @@ VERDICT_SETTINGS: dict[str, st.SearchStrategy[Edit]] = {
 REF_CHANGES: dict[str, st.SearchStrategy[Any]] = {
     "sample_id": TEXT, "source": TEXT, "kind": TEXT, "path": NAMES, "relpath": TEXT,
     "label": OPTIONAL_TEXT, "entity": OPTIONAL_TEXT, "time": OPTIONAL_TEXT, "extra": EXTRA,
+    "maybe_label_map": OPTIONAL_TEXT,
 }
 
 

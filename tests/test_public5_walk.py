@@ -21,6 +21,8 @@ from packer.cli import main
 from packer.config import load_job
 from packer.errors import ConfigError
 from packer.pipeline.discover import MaskPartners, discover, mask_named
+from packer.pipeline.probe import probe_ref
+from packer.records import Excluded, SampleRef
 
 # -- CBIS-DDSM: a quoted path cell with a line break before its closing quote ---------------------
 
@@ -135,7 +137,8 @@ def test_kits21_aggregated_label_maps_beside_the_case_image_are_left_out(tmp_pat
     .nii.gz: no image is named 'aggregated_AND' and the case's image is not named after its folder,
     so the three label maps of every case were packed as CT images (a model fed its answers). A
     name ending in a segmentation word (seg, segm, segmentation, labelmap) beside an image that is
-    no label map is a label map whatever its prefix."""
+    no label map is a label map whatever its prefix, where its header says so: discovery lists it
+    as a candidate (its ref's maybe_label_map) and its probe leaves it out (stage read)."""
     root = tmp_path / "kits21" / "data"
     for case in range(3):
         folder = root / f"case_{case:05d}"
@@ -143,12 +146,17 @@ def test_kits21_aggregated_label_maps_beside_the_case_image_are_left_out(tmp_pat
         for kind in ("AND", "MAJ", "OR"):
             _volume(folder / f"aggregated_{kind}_seg.nii.gz", case, labels=True)
         _volume(folder / "segmentations" / "kidney_instance-1_annotation-1.nii.gz", case, labels=True)
-    found = discover(load_job(_nifti_job(tmp_path, root)))
-    assert sorted(ref.relpath for ref in found.refs) == [f"case_{case:05d}/imaging.nii.gz" for case in range(3)]
-    whys = sorted((Path(e.path).name, e.why, e.detail.split(":")[0]) for e in found.excluded)
-    assert whys == sorted([(f"aggregated_{kind}_seg.nii.gz", "label_map", "name ending '_seg'")
+    job = load_job(_nifti_job(tmp_path, root))
+    found = discover(job)
+    probed = [probe_ref(ref, job) for ref in found.refs]
+    assert sorted(ref.relpath for ref in probed if isinstance(ref, SampleRef)) == [
+        f"case_{case:05d}/imaging.nii.gz" for case in range(3)]
+    out = [*found.excluded, *(e for e in probed if isinstance(e, Excluded))]
+    whys = sorted((Path(e.path).name, e.stage, e.why, e.detail.split(" beside")[0].split(":")[0]) for e in out)
+    assert whys == sorted([(f"aggregated_{kind}_seg.nii.gz", "read", "label_map", "name ending '_seg'")
                            for kind in ("AND", "MAJ", "OR")] * 3
-                          + [("kidney_instance-1_annotation-1.nii.gz", "label_map", "folder 'segmentations'")] * 3)
+                          + [("kidney_instance-1_annotation-1.nii.gz", "discover", "label_map",
+                              "folder 'segmentations'")] * 3)
 
 
 @pytest.mark.parametrize(("files", "kept"), [

@@ -846,7 +846,7 @@ class MaskPartners:
         return cls(tuple(sorted(stem for _, stem in images)), folders, image_folders, cases, labelled)
 
 
-def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None:
+def mask_named(relpath: str, partners: MaskPartners | None = None, *, weak: bool = True) -> str | None:
     """Why the file at ``relpath`` is named as a mask or label map (``folder 'labelsTr'``,
     ``name ending '_seg'``), or None where its name says nothing of the kind: its folder is a
     masks folder (:data:`MASK_FOLDERS`), or its name ends in a mask word (:data:`MASK_NAME`) and
@@ -854,13 +854,17 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     masks folder whose file has no image of its own name (``masks/p0_mask.nii.gz`` beside
     ``images/p0.nii.gz``) is still named by its file's name. ``benign (1)_mask.png``
     beside ``benign (1).png``, ``BraTS20_Training_001_seg.nii.gz`` beside ``..._t1.nii.gz``,
-    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder, and a name ending
-    in a word that names nothing but a segmentation beside an image in its folder, whatever its
-    prefix (KiTS21's ``aggregated_MAJ_seg.nii.gz`` beside ``imaging.nii.gz``). A BIDS name whose
+    KiTS's ``segmentation.nii.gz`` beside ``imaging.nii.gz`` in its case folder. A BIDS name whose
     suffix is ``mask``, ``dseg`` or ``probseg`` (:data:`_BIDS_LABEL_MAP`) is one beside an image of
     its subject (``sub-01_desc-brain_mask.nii.gz`` beside ``sub-01_T1w.nii.gz``). A face-mask
     set's ``with_mask_12.jpg``, with no image named ``with`` or ``with_...`` that is no mask
-    itself, is an image."""
+    itself, is an image.
+
+    ``weak``: the weak rule counts too (:func:`label_map_candidate`), as it does for a kind
+    that cannot read the answer from the file: a name ending in a word that names nothing but a
+    segmentation beside an image in its folder, whatever its prefix (KiTS21's
+    ``aggregated_MAJ_seg.nii.gz`` beside ``imaging.nii.gz``), ``seg`` only bare
+    (``SAX_cine_seg_5`` is dcm2niix's protocol-and-series name of a segmented k-space cine)."""
     head, _, name = relpath.rpartition("/")
     stem = _stem(name)
     folder = _mask_folder(relpath)
@@ -873,26 +877,51 @@ def mask_named(relpath: str, partners: MaskPartners | None = None) -> str | None
     if found is None:
         return None
     why = f"name ending {stem[found.start():]!r}"
-    bare = not stem[-1].isdigit()
-    if partners is None or _has_partner(head, stem[:found.start()], found.group(1).lower(), bare, partners):
+    if partners is None or _has_partner(head, stem[:found.start()], partners):
+        return why
+    word, bare = found.group(1).lower(), not stem[-1].isdigit()
+    if weak and (bare or word != "seg") and _beside_image(head, word, partners):
         return why
     return None
 
 
-def _has_partner(head: str, prefix: str, word: str, bare: bool, partners: MaskPartners) -> bool:
-    """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask ``word``
-    (``bare``: with no number after it) belongs to: one whose name, extension removed, is
-    ``prefix`` or starts with it and a word break (anywhere in the source: ISIC keeps its masks in
-    a folder of their own); for an empty prefix (``segmentation.nii.gz``), or a word that names
-    nothing but a segmentation (:data:`_SEGMENTATION_WORDS`: KiTS21's ``aggregated_AND_seg.nii.gz``;
-    ``seg`` only bare, as a numbered one is also dcm2niix's protocol-and-series name of a
-    segmented k-space acquisition, ``SAX_cine_seg_5``), any file of the same folder not named as a
-    mask; and in a case folder, whose images are named after it, the case's
-    images whatever the prefix: BraTS 2020's ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is
-    that case's label map though no image is named ``W39_1998.09.19``."""
-    if not prefix or ((bare or word != "seg") and word in _SEGMENTATION_WORDS and head in partners.folders):
+def label_map_candidate(relpath: str, partners: MaskPartners) -> str | None:
+    """Why the weak name rule takes the file at ``relpath`` for a label map, where the strong
+    ones (:func:`mask_named` with ``weak=False``) do not: its name ends in a word that names
+    nothing but a segmentation (:data:`_SEGMENTATION_WORDS`), numbered or not, and an image lies
+    in its folder, though no image is named by the rest of its name. That is KiTS21's
+    ``aggregated_AND_seg.nii.gz`` beside ``imaging.nii.gz`` and QUBIQ's ``task01_seg01.nii.gz``
+    beside ``image.nii.gz``, label maps, but also dcm2niix's ``SAX_cine_seg.nii.gz`` and
+    ``LGE_PSIR_seg_12.nii.gz``, MR images of a segmented k-space protocol: only the file can
+    tell them apart (:attr:`packer.read.kinds.SourceKind.label_maps_by_content`). None for
+    a file the strong rules name, or no rule does."""
+    if mask_named(relpath, partners, weak=False) is not None:
+        return None
+    head, _, name = relpath.rpartition("/")
+    stem = _stem(name)
+    found = MASK_NAME.search(stem)
+    if found is None or not _beside_image(head, found.group(1).lower(), partners):
+        return None
+    return f"name ending {stem[found.start():]!r}"
+
+
+def _has_partner(head: str, prefix: str, partners: MaskPartners) -> bool:
+    """Whether an image of ``partners`` is the one a mask named ``prefix`` + a mask word
+    belongs to: one whose name, extension removed, is ``prefix`` or starts with it and a word
+    break (anywhere in the source: ISIC keeps its masks in a folder of their own); for an empty
+    prefix (``segmentation.nii.gz``), any file of the same folder not named as a mask; and in a
+    case folder, whose images are named after it, the case's images whatever the prefix: BraTS
+    2020's ``BraTS20_Training_355/W39_1998.09.19_Segm.nii`` is that case's label map though no
+    image is named ``W39_1998.09.19``."""
+    if not prefix:
         return head in partners.folders
     return _named_by_image(prefix, partners) or head in partners.cases
+
+
+def _beside_image(head: str, word: str, partners: MaskPartners) -> bool:
+    """The weak rule: ``word`` names nothing but a segmentation (:data:`_SEGMENTATION_WORDS`)
+    and folder ``head`` holds a file not named as a mask."""
+    return word in _SEGMENTATION_WORDS and head in partners.folders
 
 
 def _named_by_image(prefix: str, partners: MaskPartners) -> bool:
@@ -907,27 +936,34 @@ def _named_by_image(prefix: str, partners: MaskPartners) -> bool:
     return False
 
 
-def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None
-                        ) -> tuple[list[tuple[str, str]], list[Excluded]]:
+def _without_mask_named(source: SourceConfig, files: list[tuple[str, str]], phi: Pseudonymizer | None, *,
+                        by_content: bool = False) -> tuple[list[tuple[str, str]], list[Excluded], dict[str, str]]:
     """The listed files of a source without a table, less those named as masks or label maps
     (:func:`mask_named`, against the source's other files), each of those left out as
     ``label_map``: packed as images of their own, a segmentation set's label maps would hand a
     model its answers as inputs (a BraTS folder's ``_seg`` files, the Decathlon's
     ``labelsTr/``), and a ``label: folder`` source would make ``masks`` a class. A table decides
-    instead wherever there is one."""
+    instead wherever there is one. ``by_content``: the kind's probe tells a label map by its
+    header (:attr:`~packer.read.kinds.SourceKind.label_maps_by_content`), so a file only the weak
+    rule names (:func:`label_map_candidate`) is kept, and returned with why it may be one (by
+    relative path), for its ref's :attr:`~packer.records.SampleRef.maybe_label_map`."""
     kept: list[tuple[str, str]] = []
     out: list[Excluded] = []
+    maybe: dict[str, str] = {}
     partners = MaskPartners.of(rel for rel, _ in files)
     for rel, path in files:
-        why = mask_named(rel, partners)
+        why = mask_named(rel, partners, weak=not by_content)
         if why is None:
             kept.append((rel, path))
+            candidate = label_map_candidate(rel, partners) if by_content else None
+            if candidate is not None:
+                maybe[rel] = candidate
             continue
         out.append(Excluded(make_sample_id(source.name, rel, phi), path, "discover", "label_map",
                             f"{why}: named as a mask or label map, which the source, having no table, would pack as "
                             "an image of its own; name it in a table's mask column to pack it as its image's mask, "
                             "or list it in the source's table to pack it as an image"))
-    return kept, out
+    return kept, out, maybe
 
 
 def _mask_named_warning(source: SourceConfig, masks_out: Sequence[Excluded], *, hide_names: bool = False,
@@ -1156,7 +1192,8 @@ def _file_ref(source: SourceConfig, kind: SourceKind, rel: str, path: str, row: 
 def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed: Placed,
                  table: Path | str | None, phi: Pseudonymizer | None, known: tuple[str, ...],
                  real_root: Path | None, issues: list[Issue], excluded: list[Excluded], progress: Progress,
-                 unlabeled: dict[str, str], present: set[str]) -> RefTable:
+                 unlabeled: dict[str, str], present: set[str], maybe_label_maps: Mapping[str, str] | None = None
+                 ) -> RefTable:
     """The refs of the listed ``files`` (sorted by relative path), each file refused while
     listing (no usable label, a missing mask, outside the root) appended to ``issues`` and each
     file left out on purpose (a ``where:`` filter, not in a ``files: table`` table) to
@@ -1165,7 +1202,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
     by path. ``present``: a URL root's objects, by relative path (:func:`_row_file_missing`).
     Refs go into a table one at a time (:mod:`packer.pipeline.sampletable`):
     as a list of objects, 100k refs held 60 MiB at once, much of it never given back after
-    discovery. ``progress`` counts the files, one by one."""
+    discovery. ``progress`` counts the files, one by one. ``maybe_label_maps``: why the weak name
+    rule takes a file for a label map, by relative path, for its ref's ``maybe_label_map``."""
     kind = source_kind(source.kind)
     refs = TableBuilder(RefTable)
     rows = placed.rows
@@ -1205,6 +1243,8 @@ def _listed_refs(source: SourceConfig, files: Sequence[tuple[str, str]], placed:
         if rowless and isinstance(label, str):
             label = None
         ref = _file_ref(source, kind, rel, path, row, label if isinstance(label, str) else None, phi, sample_id)
+        if maybe_label_maps and rel in maybe_label_maps:
+            ref = replace(ref, maybe_label_map=maybe_label_maps[rel])
         if label is None and table is not None and (source.target.origin == "table" or rowless):
             if cells is None:
                 cells = _cells_naming_files(rows)
@@ -1608,8 +1648,10 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     real_paths: dict[str, str] = {}  # by sample id, where a record holds the path escaped
     files, unnamed, unnamed_out = _undecodable_names(source, files, phi, real_paths)
     masks_out: list[Excluded] = []
+    maybe_label_maps: dict[str, str] = {}  # by relpath: for the probe to decide by the file's header
     if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
-        files, masks_out = _without_mask_named(source, files, phi)
+        files, masks_out, maybe_label_maps = _without_mask_named(source, files, phi,
+                                                                 by_content=kind.label_maps_by_content)
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
@@ -1645,7 +1687,7 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     with stage_progress("discover", len(files), unit="files", quiet=quiet) as progress:
         unlabeled: dict[str, str] = {}
         refs = _listed_refs(source, files, placed, table, phi, known_labels, real_root, issues, excluded, progress,
-                            unlabeled, present)
+                            unlabeled, present, maybe_label_maps)
     seen = set(relpaths)
     del files, relpaths
     # a file not on disk whose rows disagree is still one file: its missing_file record says both

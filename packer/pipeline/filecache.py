@@ -169,6 +169,9 @@ def keyed_fields(ref: SampleRef, source: SourceConfig) -> dict[str, Any]:
       on the worker; the label's value is left out: it is the target only, applied when the
       sample is packed (:func:`~packer.shards.encode.encode_sample`), and a source whose label is
       a header attribute reads it from the file (which the fingerprint covers);
+    - ``maybe_label_map``, where set: the probe reads the file's header (and values) to tell
+      whether it is the label map its name suggests (a sibling image appearing or going changes
+      it); left out where None, so other files keep their keys;
     - the table cells naming the file's mask and companions (:meth:`SourceConfig.file_columns`):
       the readers open those files. The other cells are left out: a ``where:`` on them is
       applied by discovery on the client, and they reach only the packed record's ``extra``,
@@ -177,7 +180,8 @@ def keyed_fields(ref: SampleRef, source: SourceConfig) -> dict[str, Any]:
     files = set(source.file_columns())
     return {"sample_id": ref.sample_id, "source": ref.source, "kind": ref.kind, "path": ref.path,
             "relpath": ref.relpath, "entity": ref.entity, "time": ref.time, "labelled": ref.label is not None,
-            "cells": [[column, value] for column, value in ref.extra if column in files]}
+            "cells": [[column, value] for column, value in ref.extra if column in files],
+            **({"maybe_label_map": ref.maybe_label_map} if ref.maybe_label_map is not None else {})}
 
 
 def unit_keys(refs: Sequence[SampleRef], job: JobConfig, libraries: Mapping[str, str], *, group: bool,

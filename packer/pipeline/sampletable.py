@@ -594,7 +594,8 @@ class RefTable(_Columns[SampleRef]):
 
     TEXT = ("sample_id", "path", "relpath", "time")
     JOINED = {"path": "relpath"}  # a path is its root, then its relpath
-    CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs"}
+    CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
+             "maybe_label_map": "text"}
     NUMBERS: ClassVar[dict[str, str]] = {}
 
     @staticmethod
@@ -617,7 +618,7 @@ class SampleTable(_Columns[SpilledSample]):
     DIGESTS = ("sha256", "meta_sha256", "stored_digest")
     JOINED = {"path": "relpath"}  # a path is its root, then its relpath
     CODED = {"source": "text", "kind": "text", "label": "text", "entity": "text", "extra": "pairs",
-             "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
+             "maybe_label_map": "text", "spill": "text", "shape": "shape", "dtype": "text", "signature": "text"}
     NUMBERS = {"offset": "q", "pixel_bytes": "q", "meta_bytes": "q", "sig_row": "q", "mask_bytes": "q",
                "pixels_xxh3": "Q", "blank": "q"}
 

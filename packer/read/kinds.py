@@ -129,6 +129,12 @@ class SourceKind:
     #: ``labelsTr/``, ``*_seg.nii.gz``, ``*_mask.png``): without a table such files are left out
     #: (``label_map``, :func:`packer.pipeline.discover.mask_named`), never packed as images
     names_masks: ClassVar[bool] = False
+    #: Its probe tells a label map from an image by the file's header and values: a file that
+    #: only the weak name rule takes for a label map (a segmentation word whose prefix names no
+    #: image, beside an image of its folder: :func:`packer.pipeline.discover.label_map_candidate`)
+    #: is listed with :attr:`~packer.records.SampleRef.maybe_label_map` set, for its probe to
+    #: decide, instead of being left out by its name
+    label_maps_by_content: ClassVar[bool] = False
     #: Each file is a unit of work of its own (a volume: seconds of inflating and resampling), so
     #: the pixel pass gives it a chunk of its own instead of cutting files into content-defined
     #: chunks of about 32: the workers then share the files one by one

@@ -584,6 +584,64 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
                           stage="validate")
 
 
+#: The most distinct values a label map holds, as :func:`label_map_content` counts them: the
+#: largest common label sets (TotalSegmentator's 117 classes, FreeSurfer's aseg) stay under it;
+#: an MR or CT volume, of thousands of values, is past it within its first slices
+LABEL_MAP_MAX_VALUES = 128
+
+
+def label_map_content(img: Any, header: NiftiHeader) -> str | None:
+    """What makes the file's voxels a label map (``one volume of uint8 voxels, unscaled, of 3
+    distinct values (...)``), or None where they are an image's: a label map is one volume
+    (more is a series: a cine, DWI, fMRI), of integer voxels without scaling, of at most
+    :data:`LABEL_MAP_MAX_VALUES` distinct values. The header decides first; only a single
+    unscaled integer volume is read, and only until its values pass the limit, so an image's
+    read stops within its first slices (a label map is read whole, once). Raises
+    :class:`NiftiDefect` as :func:`read_voxels` does where the voxels cannot be read."""
+    dtype = img.get_data_dtype()
+    if header.channels > 1 or dtype.kind not in "iu" or header.slope is not None:
+        return None
+    count = _distinct_values(img, dtype, LABEL_MAP_MAX_VALUES)
+    if count is None:
+        return None
+    return (f"one volume of {dtype.name} voxels, unscaled, of {count} distinct values (a label map has at most "
+            f"{LABEL_MAP_MAX_VALUES})")
+
+
+def _distinct_values(img: Any, dtype: np.dtype, limit: int) -> int | None:
+    """How many distinct values the voxels of ``img`` hold, or None once they pass ``limit``
+    (the read stops there)."""
+    nbytes = int(np.prod(img.shape)) * dtype.itemsize
+    offset = int(img.dataobj.offset)
+    path = img.get_filename()
+    seen = np.empty(0, dtype=dtype)
+    carry = b""
+    with _reading_voxels():
+        pieces = _inflated_voxels(path, offset, nbytes) if _gzipped(path) else _stored_voxels(path, offset, nbytes)
+        for piece in pieces:
+            data = carry + bytes(piece)
+            whole = len(data) - len(data) % dtype.itemsize
+            carry = data[whole:]
+            seen = np.union1d(seen, np.frombuffer(data[:whole], dtype=dtype))
+            if len(seen) > limit:
+                return None
+    return len(seen)
+
+
+def _stored_voxels(path: str, offset: int, nbytes: int) -> Iterator[bytes]:
+    """Bytes ``offset`` to ``offset + nbytes`` of an uncompressed file, a :data:`_CHUNK` at a
+    time; raises OSError where the file ends before them."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        left = nbytes
+        while left:
+            chunk = fh.read(min(_CHUNK, left))
+            if not chunk:
+                raise OSError(f"the file ends {left} bytes before its last voxel")
+            left -= len(chunk)
+            yield chunk
+
+
 def read_canonical(img: Any, header: NiftiHeader, *, dtype: Any = np.float32) -> Volume:
     """:func:`canonical_values` of :func:`read_voxels`, the same values and affine, without the
     stored volume ever existing whole: a ``.nii.gz``'s voxels are inflated a few slices at a

@@ -49,6 +49,7 @@ from packer.read.nifti import (
     grid_difference,
     grid_text,
     issue,
+    label_map_content,
     load_header,
     read_canonical,
     same_grid,
@@ -202,6 +203,7 @@ class NiftiTransformConfig:
 class NiftiKind(SourceKind):
     name = "nifti"
     names_masks = True
+    label_maps_by_content = True
     key_parts = frozenset({"frame"})
     libraries = ("nibabel",)
     source_keys = ("channel_files",)
@@ -298,6 +300,10 @@ class NiftiKind(SourceKind):
             img, header = load_header(ref.path, job.limits, channels_from=cfg.channels_from)
             if header.intent_code in LABEL_INTENTS and source.label_table is None:
                 return _declared_label_map(ref, header.intent_code)
+            if ref.maybe_label_map is not None and source.label_table is None:
+                held = label_map_content(img, header)
+                if held is not None:
+                    return _named_label_map(ref, ref.maybe_label_map, held)
             check_resampled_size(header, cfg, job.limits)
         except NiftiDefect as defect:
             return issue(ref, defect)
@@ -348,6 +354,17 @@ def _declared_label_map(ref: SampleRef, intent: int) -> Excluded:
                               "voxels labels, a label map, which the source, having no table, would pack as an image "
                               "of its own; name it in a table's mask column to pack it as its image's mask, or list "
                               "it in the source's table to pack it as an image")
+
+
+def _named_label_map(ref: SampleRef, named: str, held: str) -> Excluded:
+    """The ``label_map`` record of a file that only the weak name rule took for one (``named``:
+    :attr:`~packer.records.SampleRef.maybe_label_map`) and whose voxels confirm it (``held``:
+    :func:`label_map_content`)."""
+    return Excluded.of(ref, stage="read", why="label_map",
+                       detail=f"{named} beside an image of its folder, and the file holds {held}: a label map, which "
+                              "the source, having no table, would pack as an image of its own; name it in a table's "
+                              "mask column to pack it as its image's mask, or list it in the source's table to pack "
+                              "it as an image")
 
 
 def _slice_channels(source: str, channels: int) -> str:
