@@ -218,7 +218,9 @@ class CachedChunk:
 #: LUT entry past the declared bits clipped; TIFF masks' bits and photometric from their first page.
 #: 74: a DICOM cut inside a sequence/item/first element header truncated (was unreadable), a cut
 #: non-image object too (was not_image); Lossy Image Compression 01 makes a frame's overshoot clipped.
-CACHE_FORMAT = 74
+#: 75: a NIfTI named with a segmentation word whose prefix names no image is a label map only where
+#: its voxels say so (one integer volume, at most 128 values), decided when it is read.
+CACHE_FORMAT = 75
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
