@@ -35,6 +35,7 @@ from packer.transform.mask import (
     displayed_size_fix,
     lossless_jpeg_page,
 )
+from packer.transform.tiff_strips import page_indices
 
 if TYPE_CHECKING:
     from packer.read.kinds import SourceKind
@@ -87,16 +88,20 @@ def _check_tiff_codecs(data: bytes, limits: LimitsConfig, path: str) -> None:
     lossy compression (JPEG, WebP, JPEG 2000, ...: :func:`check_lossless_tiff`, the decoder's own
     check, whose message names the compression and the lossless fix), or in one OpenCV's libtiff
     does not decode (ZSTD, LZMA, ...: :func:`check_opencv_decodes`): it would come back as zeros,
-    background everywhere, or as nothing. Every page is looked at (a mask of a multi-page image
-    decodes them all); a damaged chain is left to the decoder to describe."""
+    background everywhere, or as nothing. Every page is judged for loss (a mask of a multi-page
+    image decodes them all), but no reduced-resolution IFD (a thumbnail, as a viewer's JPEG preview
+    is: no page, :func:`~packer.transform.tiff_strips.page_indices`); every IFD for OpenCV's codecs,
+    as OpenCV decodes the whole chain, thumbnails with the pages, and gives nothing for one it does
+    not decode. A damaged chain is left to the decoder to describe."""
     if sniff_format(bytes(data[:8])) != "tiff":
         return
     try:
         chain = tiff_chain(lambda offset, count: bytes(data[offset:offset + count]), len(data), limits)
     except Defect:
         return
-    check_lossless_tiff([(ifd.tags.get(_COMPRESSION) or (1,))[0] for ifd in chain], path,
-                        [lossless_jpeg_page(data, ifd.tags) for ifd in chain])
+    pages = [chain[index] for index in page_indices([ifd.tags for ifd in chain])]
+    check_lossless_tiff([(ifd.tags.get(_COMPRESSION) or (1,))[0] for ifd in pages], path,
+                        [lossless_jpeg_page(data, ifd.tags) for ifd in pages])
     try:
         check_opencv_decodes(chain)
     except Defect as err:

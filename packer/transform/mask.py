@@ -161,7 +161,8 @@ def lossless_jpeg_page(data: bytes, tags: Mapping[int, Sequence[Any]]) -> int:
 
 def check_lossless_tiff(compressions: Sequence[int], name: str, lossless: Sequence[int] = ()) -> None:
     """Raise MaskError ``mask_unreadable`` for the first page of a TIFF mask whose Compression
-    (``compressions``, one per IFD of its main chain, in order) is lossy or may be
+    (``compressions``, one per page, in order: its main chain's IFDs less the reduced-resolution
+    ones, :func:`~packer.transform.tiff_strips.page_indices`, as a thumbnail is no page) is lossy or may be
     (:data:`LOSSY_TIFF_COMPRESSIONS`), naming ``name``, the page, the compression and the fix,
     as a ``.jpg`` mask is refused: its pixels would pack with class ids nobody drew. ``lossless``
     (per page, where given, :func:`lossless_jpeg_page`): a JPEG page whose stream is 8-bit lossless
@@ -389,14 +390,18 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
     IFDs (thumbnails, pyramid levels) are no pages (:func:`_full_pages`)."""
     try:
         unoriented, bits, photometric, separate, chain = _unoriented_tiff(data)
+        # the checks below judge the pages alone: a thumbnail (a JPEG preview, as viewers and
+        # scanners write one) is decoded with them but left out (_full_pages), so its compression,
+        # strips and layout are no page's; a refused page is numbered among the pages
+        pages_tags = _page_tags(chain)
         # a lossy page (JPEG inside the TIFF) decodes, with ids nobody drew: refused as a .jpg mask is
-        check_lossless_tiff([(tags.get(_TIFF_COMPRESSION) or (1,))[0] for tags in chain], name,
-                            [lossless_jpeg_page(data, tags) for tags in chain])
+        check_lossless_tiff([(tags.get(_TIFF_COMPRESSION) or (1,))[0] for tags in pages_tags], name,
+                            [lossless_jpeg_page(data, tags) for tags in pages_tags])
         # the compressed strips that libtiff pads with zero rows where they run out: Deflate's
         # before every decode; LZW's and PackBits' (slower to check) where the padding could not
         # be told from the ids: a palette or WhiteIsZero page, whose zeros are not id 0, or a
         # page that holds a 0 (below)
-        _check_strips(data, chain, name, TIFF_CHECKED_ALWAYS if photometric in (1, 2) else
+        _check_strips(data, pages_tags, name, TIFF_CHECKED_ALWAYS if photometric in (1, 2) else
                       TIFF_CHECKED_ALWAYS | TIFF_CHECKED_ON_ZERO)
         if separate is not None:
             page, wide, samples = separate
@@ -419,7 +424,7 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
                                            "only at 8 bits, which changes its ids; save it as a single-channel "
                                            "(grey) TIFF or PNG, or as .npy")
     if photometric in (1, 2) and not all(page.all() for page in pages):
-        _check_strips(data, chain, name, TIFF_CHECKED_ON_ZERO)
+        _check_strips(data, pages_tags, name, TIFF_CHECKED_ON_ZERO)
     planes = [_one_channel(page, f"{name} page {i}") for i, page in enumerate(pages)]
     if photometric == 0:  # WhiteIsZero: the ids are the stored values, which libtiff (under OpenCV) inverts
         # for display only where it reads a page at 8 bits or fewer; a 10- to 16-bit page comes back as stored
@@ -430,6 +435,13 @@ def _decode_tiff(data: bytes, name: str) -> list[np.ndarray]:
     if bits == 1:  # a bilevel page: OpenCV gives 0/255 for the stored 0/1
         planes = [(plane > 0).astype(np.uint8) if plane.dtype == np.uint8 else plane for plane in planes]
     return planes
+
+
+def _page_tags(chain: list[Tags]) -> list[Tags]:
+    """The tags of the IFDs of ``chain`` that are pages (:func:`~packer.transform.tiff_strips.page_indices`,
+    the rule :func:`_full_pages` keeps the decoded images by), in order: what the mask decoder's
+    per-page checks (compression, strips) judge, so a thumbnail's are never a page's."""
+    return [chain[index] for index in page_indices(chain)]
 
 
 def _full_pages(decoded: list[np.ndarray], chain: list[Tags], name: str) -> list[np.ndarray]:
@@ -463,9 +475,10 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
     the first IFD's that is a page (:func:`~packer.transform.tiff_strips.page_indices`), not a
     thumbnail's before it, whose 8-bit grey would unmap a bilevel page's 0/255 or keep libtiff's
     inversion of a WhiteIsZero page,
-    and (page, bits, samples) of the first IFD that stores more than one sample of more than 8
-    bits as separate planes (PlanarConfiguration 2), which OpenCV 5 decodes as if they were
-    interleaved (None where none does), and each IFD's :data:`~packer.transform.tiff_strips.STRIP_TAGS`
+    and (page, bits, samples) of the first page (numbered among the pages, by the same rule) that
+    stores more than one sample of more than 8 bits as separate planes (PlanarConfiguration 2),
+    which OpenCV 5 decodes as if they were interleaved (None where none does; a thumbnail in that
+    layout is decoded wrong, but left out), and each IFD's :data:`~packer.transform.tiff_strips.STRIP_TAGS`
     (what :func:`~packer.transform.tiff_strips.strip_problem` checks its strips with) and its
     NewSubfileType (which IFDs are pages: :func:`_full_pages`).
 
@@ -482,7 +495,7 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
     seen: set[int] = set()
     bits: list[int] = []  # each IFD's, as the docstring says
     photometric: list[int] = []
-    separate: tuple[int, int, int] | None = None
+    planes: list[tuple[int, int] | None] = []  # each IFD's (bits, samples) where OpenCV misreads its planes
     chain: list[Tags] = []
     while offset and offset not in seen and offset + count_size <= len(out):
         seen.add(offset)
@@ -510,15 +523,15 @@ def _unoriented_tiff(data: bytes) -> tuple[bytes, int, int, tuple[int, int, int]
                     bits[-1] = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
             elif tag == _TIFF_PHOTOMETRIC and kind == 3:
                 photometric[-1] = int(struct.unpack_from(order + "H", out, at + 4 + offset_size)[0])
-        if separate is None and opencv_misreads_planar_tiff(layout[_TIFF_PLANAR], layout[_TIFF_SAMPLES],
-                                                            layout[_TIFF_BITS]):
-            separate = (len(seen) - 1, layout[_TIFF_BITS], layout[_TIFF_SAMPLES])
+        misread = opencv_misreads_planar_tiff(layout[_TIFF_PLANAR], layout[_TIFF_SAMPLES], layout[_TIFF_BITS])
+        planes.append((layout[_TIFF_BITS], layout[_TIFF_SAMPLES]) if misread else None)
         chain.append(strips)
         offset = int(struct.unpack_from(order + offset_fmt, out, end)[0])
     if not chain:
-        return bytes(out), 0, -1, separate, chain
-    page = page_indices(chain)[0]
-    return bytes(out), bits[page], photometric[page], separate, chain
+        return bytes(out), 0, -1, None, chain
+    keep = page_indices(chain)
+    separate = next(((number, *planar) for number, index in enumerate(keep) if (planar := planes[index])), None)
+    return bytes(out), bits[keep[0]], photometric[keep[0]], separate, chain
 
 
 def _values(out: bytearray, order: str, at: int, kind: int, offset_fmt: str, offset_size: int) -> tuple[int, ...]:
@@ -535,12 +548,13 @@ def _values(out: bytearray, order: str, at: int, kind: int, offset_fmt: str, off
     return tuple(int(v) for v in struct.unpack_from(f"{order}{count}{item}", out, where))
 
 
-def _check_strips(data: bytes, chain: list[Tags], name: str, compressions: frozenset[int]) -> None:
-    """Raise MaskError ``mask_unreadable`` where a strip or tile of a page of ``chain`` (each
-    IFD's tags, in order) compressed with one of ``compressions`` does not decode to the rows
-    it holds (:func:`~packer.transform.tiff_strips.strip_problem`): libtiff would fill the lost
-    rows with zeros, which a mask would pack as background (class 0) that no one drew."""
-    for page, tags in enumerate(chain):
+def _check_strips(data: bytes, pages: list[Tags], name: str, compressions: frozenset[int]) -> None:
+    """Raise MaskError ``mask_unreadable`` where a strip or tile of one of ``pages`` (each page's
+    IFD's tags, in order: :func:`_page_tags`, no thumbnail's) compressed with one of
+    ``compressions`` does not decode to the rows it holds
+    (:func:`~packer.transform.tiff_strips.strip_problem`): libtiff would fill the lost rows with
+    zeros, which a mask would pack as background (class 0) that no one drew."""
+    for page, tags in enumerate(pages):
         problem = strip_problem(data, tags, compressions)
         if problem:
             raise MaskError("mask_unreadable", f"{name} page {page}: the TIFF mask's {problem}; re-export the mask "
