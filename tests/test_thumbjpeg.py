@@ -166,3 +166,23 @@ def test_a_16_bit_separate_planes_page_after_a_thumbnail_is_still_refused_by_its
     assert caught.value.reason == "mask_unreadable"
     assert caught.value.message.startswith("m.tif page 0: a 16-bit TIFF mask whose 3 samples per pixel are stored "
                                            "as separate planes"), caught.value.message
+
+
+# --- the walk's header check before decoding -----------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", ["jpeg", "zlib"], ids=["JPEG-thumbnail", "Deflate-thumbnail"])
+def test_a_mask_whose_thumbnail_comes_first_is_sized_by_its_page_through_the_pipeline(tmp_path: Path,
+                                                                                      compression: str) -> None:
+    """The walk compares a PNG or TIFF mask's header size with its image's before decoding; for a
+    TIFF it read the first IFD, a thumbnail where the preview was written first, and refused the
+    mask mask_size "its header gives 12×16 pixels, the image 48×64". The size is the first page's
+    (page_indices' rule); a mask whose page is another size than its image is still refused."""
+    masks = {"thumb-first.tif": _tiff([(_preview(IDS), _thumbnail(compression)), (IDS, _page("lzw"))]),
+             "wrong-size.tif": _tiff([(_preview(IDS), _thumbnail(compression)), (IDS[:40], _page("lzw"))])}
+    bad, packed = _mask_build(tmp_path, masks, [0, 1, 2])
+    assert sorted(packed) == ["thumb-first.tif"], bad
+    assert np.array_equal(packed["thumb-first.tif"].reshape(IDS.shape), IDS)
+    assert sorted(bad) == ["wrong-size.tif"]
+    assert bad["wrong-size.tif"]["reason"] == "mask_size"
+    assert "its header gives 40×64 pixels, the image 48×64" in bad["wrong-size.tif"]["message"]

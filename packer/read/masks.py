@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.config import JobConfig, LimitsConfig, SourceConfig
-from packer.read.image_structure import Defect, file_header, sniff_format, tiff_chain
+from packer.read.image_structure import Defect, file_header, sniff_format, tiff_chain, tiff_header_of
 from packer.read.tiff_codecs import check_opencv_decodes
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.mask import (
@@ -63,16 +63,28 @@ def _orientation(metadata: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _check_header_size(data: bytes, height: int, width: int, orientation: int = 1) -> None:
+def _check_header_size(data: bytes, height: int, width: int, orientation: int = 1, *,
+                       limits: LimitsConfig) -> None:
     """Raise MaskError ``mask_size`` where a PNG or TIFF mask's header gives another size than
     its image's stored one, before a pixel is decoded: a 140 KB PNG claiming 12000×12000 was
     decoded whole (a quarter of a GB) only to be refused after, past the job's limits. Where the
-    image's ``orientation`` swaps its axes and the mask has the displayed size, it says so."""
+    image's ``orientation`` swaps its axes and the mask has the displayed size, it says so. A
+    TIFF's size is its first page's, not a thumbnail's written before it
+    (:func:`~packer.transform.tiff_strips.page_indices`; ``limits`` bound the chain's walk)."""
     fmt = sniff_format(bytes(data[:8]))
     if fmt not in ("png", "tiff"):
         return  # .npy (its array is its size), and what decode_mask refuses by format
+
+    def read(offset: int, count: int) -> bytes:
+        return bytes(data[offset:offset + count])
+
     try:
-        header = file_header(fmt, lambda offset, count: bytes(data[offset:offset + count]), len(data))
+        chain = tiff_chain(read, len(data), limits) if fmt == "tiff" else []
+        if chain:
+            page = chain[page_indices([ifd.tags for ifd in chain])[0]]
+            header = tiff_header_of(page.tags, f"IFD {page.index} at byte {page.offset}")
+        else:
+            header = file_header(fmt, read, len(data))
     except Defect:
         return  # a damaged header: decode_mask says what OpenCV makes of it
     if (header.height, header.width) != (height, width):
@@ -130,7 +142,7 @@ def attach_masks(kind: SourceKind, samples: list[Sample], source: SourceConfig, 
         frames, height, width = kind.mask_grid(first)
         orientation = _orientation(first)
         _check_tiff_codecs(data, job.limits, path)
-        _check_header_size(data, height, width, orientation)
+        _check_header_size(data, height, width, orientation, limits=job.limits)
         mask = _checked(decode_mask(data, path), "mask", source, height=height, width=width, frames=frames,
                         orientation=orientation)
     except MaskError as err:
@@ -182,7 +194,7 @@ def _attach_per_frame(kind: SourceKind, samples: list[Sample], source: SourceCon
     listed = ", ".join(f"{height}×{width}" for height, width in sizes)
     try:
         _check_tiff_codecs(data, job.limits, path)
-        _check_header_size(data, *sizes[0])
+        _check_header_size(data, *sizes[0], limits=job.limits)
         pages = decode_mask_pages(data, path)
         if len(pages) != len(sizes):
             raise MaskError("mask_size", (
