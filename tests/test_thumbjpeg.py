@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 import tifffile
 
+from packer.config import ImageTransformConfig, LimitsConfig
+from packer.read.image import read_image
+from packer.records import Issue, SampleRef
 from packer.transform.mask import MaskError, decode_mask, decode_mask_pages
 from tests.test_masks_walk import IDS, _mask_build
 
@@ -186,3 +189,40 @@ def test_a_mask_whose_thumbnail_comes_first_is_sized_by_its_page_through_the_pip
     assert sorted(bad) == ["wrong-size.tif"]
     assert bad["wrong-size.tif"]["reason"] == "mask_size"
     assert "its header gives 40×64 pixels, the image 48×64" in bad["wrong-size.tif"]["message"]
+
+
+# --- the image side: a thumbnail's strips are no page's ------------------------------------------
+
+
+def _read_image(path: Path) -> list[np.ndarray] | Issue:
+    ref = SampleRef(sample_id="img-001", source="scans", kind="image", path=str(path), relpath=path.name,
+                    label="doc", entity="e1", time="2024-01-01")
+    result = read_image(ref, ImageTransformConfig(color="gray"), limits=LimitsConfig())
+    return result if isinstance(result, Issue) else [sample.image[0] for sample in result]
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["thumbnail-first", "thumbnail-last"])
+@pytest.mark.parametrize("compression", ["jpeg", "zlib"], ids=["JPEG-thumbnail", "Deflate-thumbnail"])
+def test_an_image_is_read_whatever_its_thumbnail_s_strips_hold(tmp_path: Path, first: bool, compression: str) -> None:
+    """An image read as its mask is: a JPEG preview is no refusal, and neither is a preview whose
+    Deflate strip runs short. That one was decode_failed "TIFF Deflate strip 0 of IFD 1 ...", even
+    where the thumbnail came last and OpenCV decoded IFD 0 alone; libtiff pads a thumbnail's lost
+    rows, and the thumbnail is left out. The page's pixels are read exactly."""
+    pixels = np.random.default_rng(11).integers(1, 255, (48, 64), dtype=np.uint8)
+    thumbnail, page = (pixels[::4, ::4].copy(), _thumbnail(compression)), (pixels, _page("lzw"))
+    data = _tiff([thumbnail, page] if first else [page, thumbnail])
+    if compression == "zlib":
+        data = _with_ifd_strip_cut(data, 0 if first else 1)
+    (tmp_path / "a.tif").write_bytes(data)
+    read = _read_image(tmp_path / "a.tif")
+    assert not isinstance(read, Issue), read
+    assert [image.tolist() for image in read] == [pixels.tolist()]
+
+
+def test_an_image_page_whose_strip_runs_short_beside_a_thumbnail_is_still_decode_failed(tmp_path: Path) -> None:
+    pixels = np.random.default_rng(12).integers(1, 255, (48, 64), dtype=np.uint8)
+    data = _with_ifd_strip_cut(_tiff([(pixels[::4, ::4].copy(), _thumbnail("zlib")), (pixels, _page("zlib"))]), 1)
+    (tmp_path / "a.tif").write_bytes(data)
+    read = _read_image(tmp_path / "a.tif")
+    assert isinstance(read, Issue) and read.reason == "decode_failed", read
+    assert "TIFF Deflate strip 0 of IFD 1 " in read.message and "re-export the file" in read.message, read.message

@@ -704,11 +704,12 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadPro
         check_opencv_decodes(chain if headers is not None else chain[:1])
         _check_opencv_reads_samples(chain if headers is not None else chain[:1])
         check_jpeg_chunks(data, pages)
-        check_strip_data(data, chain, TIFF_CHECKED_ALWAYS)
+        # a thumbnail's strips are no page's: libtiff pads its lost rows and it is left out
+        check_strip_data(data, pages, TIFF_CHECKED_ALWAYS)
         _check_opencv_reads_bits(chain)
         data = straight_alpha(data, chain)
         if headers is not None:
-            return _zero_samples_checked(data, chain, _decode_tiff_pages(data, chain, pages, headers))
+            return _zero_samples_checked(data, pages, _decode_tiff_pages(data, chain, pages, headers))
     orientation = check_complete(fmt, data)
     header = file_header(fmt, read, len(data))
     if header.height >= 1 and header.width >= 1:  # else OpenCV reports the bad header
@@ -731,19 +732,21 @@ def _decode_pages(fmt: str, data: bytes, limits: LimitsConfig, progress: ReadPro
         image = np.dstack([image, np.where(image == key, 0, opaque).astype(image.dtype)])
     page = _Page(image, orientation, oriented, channels=header.channels,
                  scaled_bits=_scaled_bits(chain[0], image) if chain else None)
-    return _zero_samples_checked(data, chain, [page]) if chain else [page]
+    return _zero_samples_checked(data, _tiff_pages(chain), [page]) if chain else [page]
 
 
-def _zero_samples_checked(data: bytes, chain: list[Ifd], pages: list[_Page]) -> list[_Page]:
-    """``pages``, once an LZW or PackBits TIFF has had its strips checked
+def _zero_samples_checked(data: bytes, ifds: list[Ifd], pages: list[_Page]) -> list[_Page]:
+    """``pages`` (decoded from ``ifds``, the TIFF's IFDs that are pages: :func:`_tiff_pages`, no
+    thumbnail, whose strips libtiff pads and which is left out), once an LZW or PackBits TIFF has
+    had its strips checked
     (:func:`~packer.read.image_structure.check_strip_data`, slower than the decode: 10 MB/s) where
     a decoded page holds a zero sample, as the rows libtiff pads a strip that ran out with do
     (whatever the orientation), or where its colours are not its stored values (a palette, or
     WhiteIsZero, which OpenCV inverts)."""
-    if not tiff_compressions(chain) & TIFF_CHECKED_ON_ZERO:
+    if not tiff_compressions(ifds) & TIFF_CHECKED_ON_ZERO:
         return pages
-    if tiff_photometrics(chain) - {1, 2} or not all(page.image.all() for page in pages):
-        check_strip_data(data, chain, TIFF_CHECKED_ON_ZERO)
+    if tiff_photometrics(ifds) - {1, 2} or not all(page.image.all() for page in pages):
+        check_strip_data(data, ifds, TIFF_CHECKED_ON_ZERO)
     return pages
 
 
