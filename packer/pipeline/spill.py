@@ -220,7 +220,8 @@ class CachedChunk:
 #: non-image object too (was not_image); Lossy Image Compression 01 makes a frame's overshoot clipped.
 #: 75: a NIfTI named with a segmentation word whose prefix names no image is a label map only where
 #: its voxels say so (one integer volume, at most 128 values), decided when it is read.
-CACHE_FORMAT = 75
+#: 76: a TIFF's (and TIFF mask's) thumbnail IFDs are not judged by the page checks (compression, strips).
+CACHE_FORMAT = 76
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
