@@ -127,6 +127,20 @@ def test_a_reversible_codestream_cut_by_a_rate_under_a_header_that_says_lossy_is
     assert _clip_notes(metadata), metadata.get("warnings")
 
 
+def test_a_jpeg_ls_near_0_codestream_is_lossless_whatever_lossy_image_compression_says(tmp_path: Path) -> None:
+    """Lossy Image Compression 01 stays on an image once lossy-coded, then transcoded losslessly (a
+    lossy JPEG archive moved to JPEG-LS). JPEG-LS's NEAR bounds every sample's error, so NEAR 0
+    proves the codestream lossless: its overlay bit over dark pixels is masked, not clipped white."""
+    stored, raw = _overlaid()
+    path = _dicom(tmp_path, JPEGLSNearLossless, [_lossless(JPEGLSNearLossless, raw)], stored)
+    ds = dcmread(path)
+    ds.LossyImageCompression = "01"
+    ds.save_as(path)
+    hu, metadata = _hu(path)
+    np.testing.assert_array_equal(hu[0], (stored.astype(np.float64) - 1024).astype(np.float16))
+    assert not _clip_notes(metadata), metadata.get("warnings")
+
+
 def test_each_frame_is_judged_lossy_or_lossless_by_its_own_codestream(tmp_path: Path) -> None:
     """A two-frame file under 1.2.840.10008.1.2.4.91: frame 0 lossy (irreversible 9-7), which
     overshoots its saturated pixels, frame 1 reversible with an overlay bit over dark pixels. Frame

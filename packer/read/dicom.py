@@ -1670,6 +1670,7 @@ _LOSSY_CAPABLE = frozenset({
     "1.2.840.10008.1.2.4.203"})
 #: JPEG Baseline and Extended: the DCT processes, lossy whatever a frame holds.
 _LOSSY_BY_PROCESS = frozenset({"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51"})
+_JPEG_LS_NEAR_LOSSLESS = "1.2.840.10008.1.2.4.81"
 
 
 def _lossy_frames(ds: Dataset, geometry: _Geometry) -> list[bool]:
@@ -1685,11 +1686,15 @@ def _lossy_frames(ds: Dataset, geometry: _Geometry) -> list[bool]:
     (lossy), as before the codestream was read. A reversible wavelet proves no lossless coding
     (a 5-3 codestream whose coding passes a rate cut is lossy too: OpenJPEG's ``-r``, Kakadu's
     ``Creversible=yes`` with a rate), so a header that says the image was coded lossily (Lossy
-    Image Compression "01", PS3.3 C.7.6.1.1.5) makes every frame lossy whatever its wavelet."""
+    Image Compression "01", PS3.3 C.7.6.1.1.5) makes every JPEG 2000 or HTJ2K frame lossy whatever
+    its wavelet. Not a JPEG-LS frame: NEAR bounds every sample's error (ISO 14495-1), so NEAR 0
+    proves the codestream lossless, and "01" stays on an image once lossy-coded, then transcoded
+    losslessly (a lossy JPEG archive moved to JPEG-LS), where its values past the range are bits
+    above High Bit still."""
     syntax, count = geometry.transfer_syntax, geometry.frames
     if syntax not in _LOSSY_CAPABLE or syntax in _LOSSY_BY_PROCESS:
         return [syntax in _LOSSY_CAPABLE] * count
-    if str(ds.get("LossyImageCompression", "")).strip() == "01":
+    if syntax != _JPEG_LS_NEAR_LOSSLESS and str(ds.get("LossyImageCompression", "")).strip() == "01":
         return [True] * count
     extended = None
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
@@ -1774,7 +1779,8 @@ def _overshoot_note(clipped: int, stored_range: tuple[int, int], geometry: _Geom
     """The warning for a lossy codestream's values clipped to Bits Stored's range (:func:`_lossy_overshoot`)."""
     low, high = stored_range
     return (f"{clipped} decoded value(s) lay just outside {low}..{high}, the range of (0028,0101) Bits Stored "
-            f"{geometry.bits_stored}: the codestream is coded lossily (transfer syntax {geometry.transfer_syntax}, "
+            f"{geometry.bits_stored}: the codestream is coded lossily, as it or (0028,2110) Lossy Image Compression "
+            f"says (transfer syntax {geometry.transfer_syntax}, "
             f"{UID(geometry.transfer_syntax).name}), and its reconstruction overshoots "
             "saturated pixels by a few levels; they were "
             f"clipped to the range, not cut to their low {geometry.bits_stored} bits (which would turn the "
