@@ -91,7 +91,7 @@ def test_qubiq_rater_label_maps_numbered_after_seg_are_left_out_when_their_heade
     seg = out["case00/task01_seg01.nii.gz"]
     assert isinstance(seg, Excluded) and (seg.stage, seg.why) == ("read", "label_map")
     assert seg.detail.startswith("name ending '_seg01' beside an image of its folder, and the file holds one volume "
-                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 128)")
+                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 50: 1000, and one per 8 voxels)")
     assert "name it in a table's mask column" in seg.detail
     assert sum(isinstance(o, Excluded) for o in out.values()) == 6
 
@@ -133,18 +133,21 @@ def test_without_channels_from_a_4d_cine_named_seg_is_its_dimensions_bad_sample_
 
 
 def test_the_header_and_values_decide_a_weakly_named_file(tmp_path: Path) -> None:
-    """Integer voxels, unscaled, of few values are a label map, whatever the integer type; float
-    voxels, scaled voxels or many values are an image."""
+    """Whole-number voxels, unscaled, of few values are a label map, whatever the type (fslmaths and
+    MONAI write float32 label maps); fractional float voxels, scaled voxels or many values are an image."""
     root = tmp_path / "case"
     _save(root / "imaging.nii.gz", _mr(0))
     _save(root / "a_int16_seg.nii.gz", _labels(np.int16, classes=5))
     _save(root / "b_int32_labelmap.nii.gz", _labels(np.int32, classes=8))
     _save(root / "c_float_seg.nii.gz", _labels(np.float32))
+    _save(root / "f_fraction_seg.nii.gz", _labels(np.float32) * 0.5)
+    _save(root / "g_parcels_seg.nii.gz", np.arange(16 * 16 * 16, dtype=np.int16).reshape(16, 16, 16) % 400)
     _save(root / "d_scaled_seg.nii.gz", _labels(np.int16), slope=0.5)
     _save(root / "e_many_values_seg.nii.gz", _mr(1, dtype=np.uint16))
     out = _probed(_job(tmp_path, root))
     left_out = sorted(name for name, o in out.items() if isinstance(o, Excluded))
-    assert left_out == ["a_int16_seg.nii.gz", "b_int32_labelmap.nii.gz"], out
+    assert left_out == ["a_int16_seg.nii.gz", "b_int32_labelmap.nii.gz", "c_float_seg.nii.gz",
+                        "g_parcels_seg.nii.gz"], out
     assert all(isinstance(o, SampleRef) for name, o in out.items() if name not in left_out), out
 
 

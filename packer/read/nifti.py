@@ -585,32 +585,38 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
 
 
 #: The most distinct values a label map holds, as :func:`label_map_content` counts them: the
-#: largest common label sets (TotalSegmentator's 117 classes, FreeSurfer's aseg) stay under it;
-#: an MR or CT volume, of thousands of values, is past it within its first slices
-LABEL_MAP_MAX_VALUES = 128
+#: large label sets (TotalSegmentator's 117 classes, FreeSurfer's aparc.a2009s+aseg's ~190,
+#: Schaefer's 400 parcels) stay under it; an MR or CT volume, of thousands of values, is past it
+#: within its first slices
+LABEL_MAP_MAX_VALUES = 1000
 
 
 def label_map_content(img: Any, header: NiftiHeader) -> str | None:
     """What makes the file's voxels a label map (``one volume of uint8 voxels, unscaled, of 3
     distinct values (...)``), or None where they are an image's: a label map is one volume
-    (more is a series: a cine, DWI, fMRI), of integer voxels without scaling, of at most
-    :data:`LABEL_MAP_MAX_VALUES` distinct values. The header decides first; only a single
-    unscaled integer volume is read, and only until its values pass the limit, so an image's
-    read stops within its first slices (a label map is read whole, once). Raises
-    :class:`NiftiDefect` as :func:`read_voxels` does where the voxels cannot be read."""
+    (more is a series: a cine, DWI, fMRI), of whole-number voxels without scaling (integers, or
+    floats holding whole numbers only: fslmaths, MONAI's SaveImage and a nibabel user's float
+    array write label maps as float32), of at most :data:`LABEL_MAP_MAX_VALUES` distinct values
+    and at most one per 8 voxels (a small image's every voxel may differ: a label's region is more
+    than a voxel).
+    The header decides first; only a single unscaled volume is read, and only until its values
+    pass the limit (or, for floats, one is not a whole number), so an image's read stops within its
+    first slices (a label map is read whole, once). Raises :class:`NiftiDefect` as
+    :func:`read_voxels` does where the voxels cannot be read."""
     dtype = img.get_data_dtype()
-    if header.channels > 1 or dtype.kind not in "iu" or header.slope is not None:
+    if header.channels > 1 or dtype.kind not in "iuf" or header.slope is not None:
         return None
-    count = _distinct_values(img, dtype, LABEL_MAP_MAX_VALUES)
+    limit = min(LABEL_MAP_MAX_VALUES, int(np.prod(img.shape)) // 8)
+    count = _distinct_values(img, dtype, limit)
     if count is None:
         return None
     return (f"one volume of {dtype.name} voxels, unscaled, of {count} distinct values (a label map has at most "
-            f"{LABEL_MAP_MAX_VALUES})")
+            f"{limit}: {LABEL_MAP_MAX_VALUES}, and one per 8 voxels)")
 
 
 def _distinct_values(img: Any, dtype: np.dtype, limit: int) -> int | None:
-    """How many distinct values the voxels of ``img`` hold, or None once they pass ``limit``
-    (the read stops there)."""
+    """How many distinct values the voxels of ``img`` hold, or None once they pass ``limit``, or
+    (floats) once one is not a whole finite number (the read stops there)."""
     nbytes = int(np.prod(img.shape)) * dtype.itemsize
     offset = int(img.dataobj.offset)
     path = img.get_filename()
@@ -622,7 +628,10 @@ def _distinct_values(img: Any, dtype: np.dtype, limit: int) -> int | None:
             data = carry + bytes(piece)
             whole = len(data) - len(data) % dtype.itemsize
             carry = data[whole:]
-            seen = np.union1d(seen, np.frombuffer(data[:whole], dtype=dtype))
+            values = np.frombuffer(data[:whole], dtype=dtype)
+            if dtype.kind == "f" and not bool(np.all(np.isfinite(values) & (values == np.floor(values)))):
+                return None
+            seen = np.union1d(seen, values)
             if len(seen) > limit:
                 return None
     return len(seen)
