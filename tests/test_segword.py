@@ -91,7 +91,8 @@ def test_qubiq_rater_label_maps_numbered_after_seg_are_left_out_when_their_heade
     seg = out["case00/task01_seg01.nii.gz"]
     assert isinstance(seg, Excluded) and (seg.stage, seg.why) == ("read", "label_map")
     assert seg.detail.startswith("name ending '_seg01' beside an image of its folder, and the file holds one volume "
-                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 50: 1000, and one per 8 voxels)")
+                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 50: "
+                                 "1000, and one per 8 voxels)")
     assert "name it in a table's mask column" in seg.detail
     assert sum(isinstance(o, Excluded) for o in out.values()) == 6
 

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.config import JobConfig, LimitsConfig, SourceConfig
-from packer.read.image_structure import Defect, file_header, sniff_format, tiff_chain, tiff_header_of
+from packer.read.image_structure import (
+    Defect,
+    ImageHeader,
+    Reader,
+    file_header,
+    sniff_format,
+    tiff_chain,
+    tiff_header_of,
+)
 from packer.read.tiff_codecs import check_opencv_decodes
 from packer.records import Issue, Sample, SampleRef
 from packer.transform.mask import (
@@ -63,6 +71,21 @@ def _orientation(metadata: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
+def _first_page_header(read: Reader, size: int, limits: LimitsConfig) -> ImageHeader | None:
+    """A TIFF's first page's header (not a thumbnail's written before it), or None where its chain
+    cannot be walked whole (cut short past its first IFD, more IFDs than ``limits`` allow, a loop):
+    the first IFD's header is then checked instead, as before thumbnails were skipped, so a cut
+    mask that claims a huge size is still refused before it is decoded."""
+    try:
+        chain = tiff_chain(read, size, limits)
+    except Defect:
+        return None
+    if not chain:
+        return None
+    page = chain[page_indices([ifd.tags for ifd in chain])[0]]
+    return tiff_header_of(page.tags, f"IFD {page.index} at byte {page.offset}")
+
+
 def _check_header_size(data: bytes, height: int, width: int, orientation: int = 1, *,
                        limits: LimitsConfig) -> None:
     """Raise MaskError ``mask_size`` where a PNG or TIFF mask's header gives another size than
@@ -79,11 +102,8 @@ def _check_header_size(data: bytes, height: int, width: int, orientation: int = 
         return bytes(data[offset:offset + count])
 
     try:
-        chain = tiff_chain(read, len(data), limits) if fmt == "tiff" else []
-        if chain:
-            page = chain[page_indices([ifd.tags for ifd in chain])[0]]
-            header = tiff_header_of(page.tags, f"IFD {page.index} at byte {page.offset}")
-        else:
+        header = _first_page_header(read, len(data), limits) if fmt == "tiff" else None
+        if header is None:
             header = file_header(fmt, read, len(data))
     except Defect:
         return  # a damaged header: decode_mask says what OpenCV makes of it
