@@ -143,10 +143,18 @@ class Issue:
 class MemberIssue:
     """A file's :class:`Issue` from the header pass, with the group its header still names (a
     DICOM file's entity, study and series UIDs): the group is not packed without the file (a
-    series would pack one slice short, and a volume with a zero slice in its place)."""
+    series would pack one slice short, and a volume with a zero slice in its place), unless
+    :attr:`holds` says otherwise."""
 
     issue: Issue
     group: tuple[str, ...]
+    #: The UIDs an annotation may reference the file by (a DICOM image's Series and SOP Instance
+    #: UIDs): where no group of the file is made, its annotation gets this file's reason, not an
+    #: orphan's (:func:`packer.read.dicom_masks.link`)
+    names: tuple[str, ...] = ()
+    #: Whether ``group`` is held back without the file (False: a file refused for its own label,
+    #: entity or time, which its group packs without)
+    holds: bool = True
 
 
 #: Why a file is left out of the dataset without being a bad sample (counted and listed, never

@@ -175,14 +175,19 @@ def _probe(ref: SampleRef, job: JobConfig, *, keep: bool, placement: bool = Fals
     ref = probed.ref
     if isinstance(probed.state, AnnotationRefs):  # a mask of a series, not a sample: no label, no identity
         return ref, probed.state
+    grouping = source_kind(ref.kind).grouping(job) if placement else None
     if source.target.origin == "attribute":
         label = from_attribute(source.target, probed.attribute, ref.path, job.labels)
         if isinstance(label, Refused):
-            return Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
+            refused = Issue.of(ref, stage="discover", reason=label.reason, message=label.message)
+            return refused if grouping is None else grouping.member(refused, ref, probed.state)
         ref = replace(ref, label=label)
     header = (source.entity, source.time) if source_kind(ref.kind).identity_in_header else None
     path, timed = source.entity_path, source.time_path
     problem = check_identity(ref, needs_time=job.split.by == "time", header=header,
                              entity_path=_spelled(path) if path is not None and header is not None else None,
                              time_path=timed, time_note=probed.time_note)
-    return problem if problem is not None else (ref, probed.state)
+    if problem is None:
+        return ref, probed.state
+    # the placement probe's: with what names the file's group (its series), where its kind can say
+    return problem if grouping is None else grouping.member(problem, ref, probed.state)

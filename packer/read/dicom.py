@@ -965,8 +965,8 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         placed = replace(placed, fingerprint=HeaderFingerprint(size=before.st_size, mtime_ns=before.st_mtime_ns,
                                                                elements=len(ds), pixels=pixels))
     label = label_value(ref, ds, label_keyword)
-    if isinstance(label, Issue):
-        return label
+    if isinstance(label, Issue):  # its own label: its series packs without it
+        return _member(label, ds, entity_keyword, holds=False) if placement else label
     timed = record_time(ds, tuple(time_keywords))
     return DicomHeader(
         entity=text_value(ds, entity_keyword),
@@ -985,20 +985,25 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
     )
 
 
-def _member(issue: Issue, ds: Dataset, entity_keyword: str) -> Issue | MemberIssue:
+def _member(issue: Issue, ds: Dataset, entity_keyword: str, *, holds: bool = True) -> Issue | MemberIssue:
     """``issue`` with the series its file's header names (entity as the header gives it, Study
-    and Series Instance UIDs), for the header pass: that series is not packed without the file.
-    The Issue alone where the header does not name one (a UID missing or damaged too)."""
+    and Series Instance UIDs), for the header pass: that series is not packed without the file
+    (unless not ``holds``: a refusal of the file's own label), and an annotation of it, where no
+    series of it is made, gets this file's reason (its Series and SOP Instance UIDs:
+    :attr:`MemberIssue.names`). The Issue alone where the header does not name one (a UID
+    missing or damaged too), and for a multi-frame file, a series of its own."""
     try:
         study = str(ds.get("StudyInstanceUID", "") or "").strip()
         series = str(ds.get("SeriesInstanceUID", "") or "").strip()
+        instance = str(ds.get("SOPInstanceUID", "") or "").strip()
         entity = text_value(ds, entity_keyword) or ""
         frames = str(ds.get("NumberOfFrames", "") or "1").strip()
     except (DamagedElement, AttributeError, TypeError, ValueError, KeyError, OverflowError):
         return issue
     if not study or not series or frames not in ("", "1"):  # a multi-frame file is a series of its own
         return issue
-    return MemberIssue(issue=issue, group=(entity, study, series))
+    return MemberIssue(issue=issue, group=(entity, study, series),
+                       names=tuple(uid for uid in (series, instance) if uid), holds=holds)
 
 
 def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,

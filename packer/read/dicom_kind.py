@@ -497,6 +497,7 @@ def _without_held(series: Sequence[Series], issues: Sequence[Issue], images: Seq
     too few slices), and ``series_gap``'s advice (raise the gap tolerance) cannot help, where
     the held file is the cause. A localizer's record stays its own (it is no slice of the
     series; ``drop_localizers`` leaves it out on purpose)."""
+    held = [member for member in held if member.holds]
     if not held:
         return list(series), list(issues)
     missing: dict[tuple[str, ...], dict[str, str]] = {}
@@ -613,8 +614,17 @@ class DicomSeries(Grouping):
         annotated = [s for s in fits if s.refs[0].source in masks]
         plain = [s for s in fits if s.refs[0].source not in masks]
         geometry = {ref.sample_id: state for ref, state in images}
-        linked, issues = link(annotated, geometry, notes, refused, masks)
+        linked, issues = link(annotated, geometry, notes, refused, masks, held=held)
         return (*plain, *linked), (*refused, *issues)
+
+    def member(self, issue: Issue, ref: SampleRef, placed: Any) -> Issue | MemberIssue:
+        """A file with no label, entity or time (its series packs without it): its Issue with its
+        Series and SOP Instance UIDs, which an annotation of its series may name."""
+        if not isinstance(placed, SliceGeometry):
+            return issue
+        names = tuple(uid for uid in (placed.series_uid, placed.sop_uid) if uid)
+        return MemberIssue(issue=issue, group=(ref.entity or "", placed.study_uid, placed.series_uid), names=names,
+                           holds=False) if names else issue
 
     def file_job(self, job: JobConfig, group: Series | AnnotatedSeries | None = None) -> JobConfig:
         if job.dicom.sample == "volume":  # slices at their own size: the volume is resampled in 3-D

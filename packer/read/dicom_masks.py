@@ -58,7 +58,7 @@ from packer.read.annotations import (
 )
 from packer.read.dicom_series import SliceGeometry
 from packer.read.series import Series
-from packer.records import Excluded, Issue, Sample, SampleRef
+from packer.records import Excluded, Issue, MemberIssue, Sample, SampleRef
 from packer.transform.mask import transform_mask_dicom
 from packer.transform.volume import (
     Volume,
@@ -183,13 +183,17 @@ def _lost_for(f: _Found, geometry: Mapping[str, SliceGeometry],
 
 def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
          annotations: Sequence[tuple[SampleRef, AnnotationRefs]], refused: Sequence[Issue],
-         masks: Mapping[str, MaskConfig]) -> tuple[list[AnnotatedSeries], list[Issue]]:
+         masks: Mapping[str, MaskConfig], *, held: Sequence[MemberIssue] = ()
+         ) -> tuple[list[AnnotatedSeries], list[Issue]]:
     """Each assembled series with the annotations that reference it (see the module docstring,
     step 1), and the records of annotations that reference none, of series without annotation
     under ``empty: bad``, and of series whose slices cannot be placed. ``geometry``: each image
     file's header facts by sample id; ``refused``: the files series assembly refused (an
     annotation of such a series is an orphan that says so); ``masks``: the annotated sources'
-    mask settings, by source name."""
+    mask settings, by source name; ``held``: the files the header pass refused (before
+    assembly: no label, entity or time, a header check), by the UIDs their headers name
+    (:attr:`~packer.records.MemberIssue.names`): an annotation of a series none of whose files
+    were placed gets their reason as it gets an assembly refusal's."""
     found: list[_Found] = []
     # each series by (source, Series Instance UID), by (source, SOP Instance UID) of its files and by
     # (source, Frame of Reference UID): one lookup an annotation, however many series the source holds
@@ -216,6 +220,9 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
         if g is not None:
             refused_by.setdefault(g.series_uid, issue)
             refused_by.setdefault(g.sop_uid, issue)
+    for member in held:  # refused before assembly: by the UIDs their headers named
+        for uid in member.names:
+            refused_by.setdefault(uid, member.issue)
     issues: list[Issue] = []
     lost: list[tuple[SampleRef, AnnotationRefs]] = []  # annotations whose header names nothing it was drawn on
     shared: set[str] = set()  # of them, whole ones naming only a frame of reference several series share
@@ -284,7 +291,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
                                               "Fix that series (its files' records say why); the annotation is read "
                                               "once the series packs"), reason=hit.reason))
                 continue
-            if refused and gone:
+            if (refused or held) and gone:
                 gone += " (files of the source that were refused may be the ones: see their records)"
             if not refs.series_uids and not refs.instance_uids or not refs.study_uid:
                 # its references are lost, or its Study Instance UID (Type 1): a header cut short or damaged

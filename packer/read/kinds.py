@@ -393,8 +393,16 @@ class Grouping:
         """The groups the probed files make, and one record per file refused (an Issue) or left
         out on purpose (an Excluded) on the way. ``held``: files the header pass refused whose
         headers name their group (their own Issues are the caller's): a group that is whole only
-        with one of them is not made, and its files are refused."""
+        with one of them (:attr:`MemberIssue.holds`) is not made, and its files are refused."""
         raise NotImplementedError
+
+    def member(self, issue: Issue, ref: SampleRef, placed: Any) -> Issue | MemberIssue:
+        """A file refused after its placement probe for its own label, entity or time (``placed``:
+        what that probe gave), for :meth:`assemble`: its Issue with what names its group, where the
+        kind can say, so that what refers to the group (an annotation of a series) is told the file's
+        reason where no group of it is made; never held (:attr:`MemberIssue.holds`): its group packs
+        without it. Default: the Issue alone."""
+        return issue
 
     def file_job(self, job: JobConfig, group: Any = None) -> JobConfig:
         """The job each file of ``group`` is read with (a volume's slices at their own size, and
