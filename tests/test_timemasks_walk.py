@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from packer.config import load_job
+from packer.exclusions import exclusion_counts
 from packer.pipeline.datacheck import validate_job
 from packer.records import Issue
 from tests.test_dicom_masks import (
@@ -98,3 +99,20 @@ def test_an_annotation_of_a_series_that_is_not_there_stays_an_orphan_beside_a_re
     assert orphan.reason == "annotation_orphan"
     assert "under the source's root" in orphan.message
     assert [i.reason for i in found["A/SEG"]] == ["missing_time"]
+
+
+def test_validate_quick_lists_a_used_annotation_with_its_sop_class_as_the_full_check_does(tmp_path: Path) -> None:
+    """A used SEG and RTSTRUCT are listed ``annotation`` by both checks; --quick, which reads the
+    header holding the SOP class, counts them by SOP class as the full check (and the build) do."""
+    raw = tmp_path / "raw"
+    _annotated_tree(raw)
+    job = load_job(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, **SEGMENTS}, sample="volume"))
+    quick = validate_job(job, quick=True, scheduler="sync", quiet=True).prepared.excluded
+    full = validate_job(job, scheduler="sync", quiet=True).prepared.excluded
+
+    def listed(excluded: tuple[Any, ...]) -> list[tuple[str, str, str, str]]:
+        return sorted((Path(e.path).name, e.why, e.modality, e.sop_class) for e in excluded)
+
+    assert listed(quick) == listed(full) == [("rt.dcm", "annotation", "RTSTRUCT", "RT Structure Set Storage"),
+                                             ("seg.dcm", "annotation", "SEG", "Segmentation Storage")]
+    assert exclusion_counts(quick) == exclusion_counts(full)

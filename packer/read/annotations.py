@@ -34,7 +34,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
-from packer.read.dicom_attrs import ELEMENT_ERRORS, DamagedElement, element, item_text
+from packer.read.dicom_attrs import ELEMENT_ERRORS, DamagedElement, element, item_text, sop_class_name
 from packer.structures import Structure, StructureMap
 
 #: Modality of each annotation object packer reads as masks.
@@ -251,6 +251,9 @@ class AnnotationRefs:
     #: The structures it declares (None where its header was not read whole: a damaged or
     #: salvaged object)
     declared: Declared | None = None
+    #: Its SOP class as a used annotation's ``excluded.jsonl`` record names it (as its painter
+    #: does: a SEG's own (0008,0016), RT Structure Set Storage for an RTSTRUCT); "" where not read
+    sop_class: str = ""
 
 
 def uid_digest(uid: str) -> str:
@@ -371,7 +374,8 @@ def annotation_refs(ds: Dataset) -> AnnotationRefs:
                     add(instances, image, "ReferencedSOPInstanceUID")
     return AnnotationRefs(modality=modality, study_uid=_uid(ds, "StudyInstanceUID"), series_uids=tuple(series),
                           instance_uids=tuple(instances), frames_of_reference=tuple(frames), structures=structures,
-                          declared=declared)
+                          declared=declared, sop_class=sop_class_name(RTSTRUCT_STORAGE if modality == "RTSTRUCT"
+                                                                      else _uid(ds, "SOPClassUID")))
 
 
 def _declared(read: Callable[[], Declared]) -> Declared | None:

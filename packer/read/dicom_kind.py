@@ -698,9 +698,10 @@ class DicomSeries(Grouping):
         refused = header_refusal(group, annotated_sources(job)[group.series.refs[0].source])
         if refused:
             return tuple(refused)
-        return tuple(Excluded.of(ref, stage="read", why="annotation", modality=modality, detail=(
+        classes = group.sop_classes or ("",) * len(group.annotations)
+        return tuple(Excluded.of(ref, stage="read", why="annotation", modality=modality, sop_class=sop_class, detail=(
             f"{modality}: linked to a series of {len(group.places)} slices from its header (validate --quick "
-            "does not paint it)")) for ref, modality in group.annotations)
+            "does not paint it)")) for (ref, modality), sop_class in zip(group.annotations, classes, strict=True))
 
     def counted(self, group: Series | AnnotatedSeries, job: JobConfig) -> list[tuple[SampleRef, str]]:
         """One sample per series for a volume, one per slice for neighbour stacks (none for a slice

@@ -106,6 +106,9 @@ class AnnotatedSeries:
     #: each annotation's declared structures as its header gave them (None: not read), in the
     #: order of ``annotations``; what ``validate --quick`` checks (:func:`header_refusal`)
     declared: tuple[Declared | None, ...] = ()
+    #: each annotation's SOP class as its header names it (:attr:`AnnotationRefs.sop_class`), in
+    #: the order of ``annotations``; what ``validate --quick`` lists it with
+    sop_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.refs:
@@ -123,6 +126,8 @@ class _Found:
     annotations: list[tuple[SampleRef, str]] = field(default_factory=list)
     #: each annotation's declared structures, by sample id
     declared: dict[str, Declared | None] = field(default_factory=dict)
+    #: each annotation's SOP class as its header names it, by sample id
+    sop_classes: dict[str, str] = field(default_factory=dict)
     #: damaged annotations whose salvaged header names this series (each has its own record)
     damaged: list[tuple[SampleRef, AnnotationRefs]] = field(default_factory=list)
 
@@ -304,6 +309,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
         for f in {id(f): f for f in chosen}.values():
             f.annotations.append((ref, refs.modality))
             f.declared[ref.sample_id] = refs.declared
+            f.sop_classes[ref.sample_id] = refs.sop_class
     out: list[AnnotatedSeries] = []
     instances = {id(f): frozenset(geometry[r.sample_id].sop_uid for r in f.series.refs) for f in found}
     # a lost annotation goes to the unannotated series it may belong to; where every one is
@@ -358,6 +364,7 @@ def link(series: Sequence[Series], geometry: Mapping[str, SliceGeometry],
         ordered = tuple(sorted(f.annotations, key=lambda a: a[0].sample_id))
         out.append(AnnotatedSeries(series=f.series, places=places, annotations=ordered,
                                    declared=tuple(f.declared.get(r.sample_id) for r, _ in ordered),
+                                   sop_classes=tuple(f.sop_classes.get(r.sample_id, "") for r, _ in ordered),
                                    frame_of_reference=f.frame_of_reference,
                                    elsewhere=frozenset().union(*(instances[id(g)] for g in siblings))
                                    - instances[id(f)]))
