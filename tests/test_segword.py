@@ -91,8 +91,8 @@ def test_qubiq_rater_label_maps_numbered_after_seg_are_left_out_when_their_heade
     seg = out["case00/task01_seg01.nii.gz"]
     assert isinstance(seg, Excluded) and (seg.stage, seg.why) == ("read", "label_map")
     assert seg.detail.startswith("name ending '_seg01' beside an image of its folder, and the file holds one volume "
-                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 50: "
-                                 "1000, and one per 8 voxels)")
+                                 "of uint8 voxels, unscaled, of 2 distinct values (a label map has at most 128, "
+                                 "and at most one per 8 voxels)")
     assert "name it in a table's mask column" in seg.detail
     assert sum(isinstance(o, Excluded) for o in out.values()) == 6
 
@@ -142,7 +142,10 @@ def test_the_header_and_values_decide_a_weakly_named_file(tmp_path: Path) -> Non
     _save(root / "b_int32_labelmap.nii.gz", _labels(np.int32, classes=8))
     _save(root / "c_float_seg.nii.gz", _labels(np.float32))
     _save(root / "f_fraction_seg.nii.gz", _labels(np.float32) * 0.5)
-    _save(root / "g_parcels_seg.nii.gz", np.arange(16 * 16 * 16, dtype=np.int16).reshape(16, 16, 16) % 400)
+    _save(root / "g_parcels_seg.nii.gz", np.arange(16 * 16 * 16, dtype=np.int16).reshape(16, 16, 16) % 100)
+    # a magnitude LGE peaking at a few hundred: MR units are arbitrary, hundreds of values are an image's
+    lge = np.random.default_rng(2).normal(300, 120, (32, 32, 8)).clip(0, 700).astype(np.int16)
+    _save(root / "h_LGE_PSIR_seg_12.nii.gz", lge)
     _save(root / "d_scaled_seg.nii.gz", _labels(np.int16), slope=0.5)
     _save(root / "e_many_values_seg.nii.gz", _mr(1, dtype=np.uint16))
     out = _probed(_job(tmp_path, root))

@@ -219,7 +219,7 @@ class CachedChunk:
 #: 74: a DICOM cut inside a sequence/item/first element header truncated (was unreadable), a cut
 #: non-image object too (was not_image); Lossy Image Compression 01 makes a frame's overshoot clipped.
 #: 75: a NIfTI named with a segmentation word whose prefix names no image is a label map only where
-#: its voxels say so (one whole-number volume, at most 1000 values), decided when it is read.
+#: its voxels say so (one whole-number volume, at most 128 values), decided when it is read.
 #: 76: a TIFF's (and TIFF mask's) thumbnail IFDs are not judged by the page checks (compression, strips).
 CACHE_FORMAT = 76
 

@@ -584,11 +584,13 @@ def _inflated_voxels(path: str, offset: int, nbytes: int) -> Iterator[memoryview
                           stage="validate")
 
 
-#: The most distinct values a label map holds, as :func:`label_map_content` counts them: the
-#: large label sets (TotalSegmentator's 117 classes, FreeSurfer's aparc.a2009s+aseg's ~190,
-#: Schaefer's 400 parcels) stay under it; an MR or CT volume, of thousands of values, is past it
-#: within its first slices
-LABEL_MAP_MAX_VALUES = 1000
+#: The most distinct values a weakly named label map holds, as :func:`label_map_content` counts
+#: them: TotalSegmentator's 117 classes and FreeSurfer's aseg stay under it. Not more: an MR
+#: volume's values are in arbitrary units, and a magnitude LGE or cine peaking at a few hundred
+#: holds fewer than 1000 distinct ones (a cap of 1000 left such images out); a finer parcellation
+#: (aparc.a2009s, Schaefer's 400) so named is packed, unless a table's mask column or a strong
+#: name rule says what it is
+LABEL_MAP_MAX_VALUES = 128
 
 
 def label_map_content(img: Any, header: NiftiHeader) -> str | None:
@@ -611,7 +613,7 @@ def label_map_content(img: Any, header: NiftiHeader) -> str | None:
     if count is None:
         return None
     return (f"one volume of {dtype.name} voxels, unscaled, of {count} distinct values (a label map has at most "
-            f"{limit}: {LABEL_MAP_MAX_VALUES}, and one per 8 voxels)")
+            f"{LABEL_MAP_MAX_VALUES}, and at most one per 8 voxels)")
 
 
 def _distinct_values(img: Any, dtype: np.dtype, limit: int) -> int | None:
