@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydicom.datadict import dictionary_VR, keyword_for_tag
@@ -36,6 +37,9 @@ _VRS = frozenset({b"AE", b"AS", b"AT", b"CS", b"DA", b"DS", b"DT", b"FL", b"FD",
 _INFLATED_MAX = 1 << 28
 #: Deeper than this no real header nests: the walk gives up (a damaged or crafted file)
 _MAX_DEPTH = 64
+#: More readings of undefined-length UN values than this (each tried up to three ways, nested ones
+#: within each) and the walk gives up: no real header holds that many that read neither way
+_MAX_UN_READINGS = 256
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def _name(tag: int) -> str:
 class _Walk:
     def __init__(self, data: bytes | mmap.mmap, encoding: _Encoding, size: int, where: str) -> None:
         self.data, self.encoding, self.size, self.where = data, encoding, size, where
+        self.un_readings = 0
 
     def _total(self) -> str:
         return f"the file is {self.size:,} bytes{self.where}"
@@ -111,12 +116,8 @@ class _Walk:
             at = pos + head
             vr_text = vr.decode() if explicit else _implicit_vr(tag)
             if length == _UNDEFINED:
-                if vr_text == "UN" and explicit:  # PS3.5 6.2.2: its items are Implicit VR Little Endian
-                    kept, self.encoding = self.encoding, _Encoding(False, "<")
-                    try:
-                        pos, cut = self.sequence(at, None, here, depth)
-                    finally:
-                        self.encoding = kept
+                if vr_text == "UN" and explicit:
+                    pos, cut = self.un_sequence(at, here, depth)
                 elif vr_text == "SQ" or not explicit:
                     pos, cut = self.sequence(at, None, here, depth)
                 else:  # encapsulated pixel data nested in an item (an icon's): fragments, no data sets
@@ -140,13 +141,53 @@ class _Walk:
                          f"(FFFE,E00D) Item Delimitation Item ({self._total()})")
         return pos, None
 
-    def sequence(self, pos: int, end: int | None, name: str, depth: int) -> tuple[int, str | None]:
+    def un_sequence(self, pos: int, name: str, depth: int) -> tuple[int, str | None]:
+        """Walk the items of ``name``, an undefined-length UN value in an explicit VR data set, up to
+        its Sequence Delimitation Item. PS3.5 6.2.2 makes them implicit VR little endian, but a
+        converter or anonymiser that rewrote an SQ's VR to UN leaves them explicit, and pydicom reads
+        each item as its first element's header shows (a VR there: explicit). That reading is walked
+        first, then every item implicit, then every item explicit: the first that reaches the delimiter
+        wins, so a whole file is never called cut for being read the wrong way. Where none does, the
+        first reading's cut is the verdict (the bytes pydicom would read, ending early); none there
+        either: no verdict."""
+        kept = self.encoding
+        implicit = _Encoding(False, "<")
+        readings = ((lambda at: _Encoding(True, kept.order) if self._vr_at(at) else implicit),
+                    (lambda at: implicit), (lambda at: kept))
+        first: tuple[int, str | None] | None = None
+        for number, reading in enumerate(readings):
+            self.un_readings += 1
+            if self.un_readings > _MAX_UN_READINGS:
+                raise _NotACut
+            try:
+                found: tuple[int, str | None] | None = self.sequence(pos, None, name, depth, reading)
+            except (_NotACut, struct.error):
+                found = None
+            finally:
+                self.encoding = kept
+            if found is not None and found[1] is None:
+                return found
+            if number == 0:
+                first = found
+        if first is None:
+            raise _NotACut
+        return first
+
+    def _vr_at(self, at: int) -> bool:
+        """Whether the element header at ``at`` holds a VR (explicit), as pydicom tells it."""
+        return bytes(self.data[at + 4:at + 6]) in _VRS
+
+    def sequence(self, pos: int, end: int | None, name: str, depth: int,
+                 reading: Callable[[int], _Encoding] | None = None) -> tuple[int, str | None]:
         """Walk the items of sequence ``name`` from ``pos`` to ``end`` (None: to its Sequence
-        Delimitation Item). An undefined-length UN value is implicit VR little endian (PS3.5 6.2.2)."""
+        Delimitation Item). ``reading``: an undefined-length UN's, the encoding of the item whose
+        first element is at the offset given (:meth:`un_sequence`)."""
         data, order, count = self.data, self.encoding.order, 0
         limit = len(data) if end is None else min(end, len(data))
         while pos < limit:
             count += 1
+            if reading is not None:
+                self.encoding = reading(pos + 8)
             if limit - pos < 8:
                 return pos, (f"the file ends {limit - pos} byte(s) into the header of item {count} of {name} (an "
                              f"item's tag and length take 8 bytes; {self._total()})")
