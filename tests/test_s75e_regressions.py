@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from pydicom.uid import ImplicitVRLittleEndian
 
 from packer.read.dicom_cut import cut_in_header
 from packer.records import Excluded
@@ -88,3 +89,49 @@ def test_a_whole_sr_with_explicit_items_in_a_un_is_left_out_as_not_image(tmp_pat
     path = appended(write_text_sr(tmp_path / "sr.dcm", "P1"), un_sequence(True))
     result = probe(path)
     assert isinstance(result, Excluded) and result.why == "not_image", result
+
+
+# ---------------------------------------------------------------- 2. padding after the last element
+
+
+@pytest.mark.parametrize("zeros", [2, 3, 4, 6, 7, 8, 10, 100])
+@pytest.mark.parametrize("syntax", [None, ImplicitVRLittleEndian])
+def test_zero_bytes_after_the_last_element_are_padding_not_a_cut(tmp_path: Path, zeros: int,
+                                                                 syntax: str | None) -> None:
+    """Writers pad a file to a word or 4-byte boundary with zeros; group 0000 never appears in a
+    stored data set, so two zero bytes or more start no element: the file is whole (`no_pixel_data`
+    for a CT without pixels, as without the padding), not cut inside a next element's header. (One
+    zero byte may be the start of a tag: (6000,xxxx) Overlay in little endian, (00xx,xxxx) in big.)"""
+    path = appended(ct_without_pixels(tmp_path / "ct.dcm", syntax), b"\0" * zeros)
+    assert cut_in_header(str(path)) is None
+    issue_of(probe(path), "no_pixel_data")
+
+
+def test_a_sr_padded_with_zeros_is_left_out_as_not_image(tmp_path: Path) -> None:
+    path = appended(write_text_sr(tmp_path / "sr.dcm", "P1"), b"\0\0")
+    result = probe(path)
+    assert isinstance(result, Excluded) and result.why == "not_image", result
+
+
+def test_trailing_padding_element_ends_a_whole_data_set(tmp_path: Path) -> None:
+    """(FFFC,FFFC) Data Set Trailing Padding (PS3.10 7.2) is the data set's last element; its
+    bytes mean nothing, so zeros after it or a value cut short inside it are no cut of the header."""
+    padding = struct.pack("<HH2s2xI", 0xFFFC, 0xFFFC, b"OB", 16) + b"\0" * 16
+    whole = appended(ct_without_pixels(tmp_path / "ct.dcm"), padding)
+    assert cut_in_header(str(whole)) is None
+    issue_of(probe(whole), "no_pixel_data")
+    assert cut_in_header(str(appended(whole, b"\0\0"))) is None
+    short = tmp_path / "short.dcm"
+    short.write_bytes(whole.read_bytes()[:-10])
+    assert cut_in_header(str(short)) is None
+
+
+def test_a_non_zero_tail_is_still_a_cut_header(tmp_path: Path) -> None:
+    """Only zeros are padding: 2 bytes of a next element's tag are a cut (the rule README states),
+    and so is one zero byte, the first of an Overlay group's (6000,xxxx) tag."""
+    whole = ct_without_pixels(tmp_path / "ct.dcm").read_bytes()
+    for tail in (b"\x08\x00", b"\x00"):
+        path = tmp_path / "cut.dcm"
+        path.write_bytes(whole + tail)
+        message = issue_of(probe(path), "truncated", "read").message
+        assert f"ends {len(tail)} byte(s) into the header of the element after" in message, message

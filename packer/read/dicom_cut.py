@@ -8,7 +8,8 @@ a word, drops a partial element header, and raises on a partial sequence or item
 :func:`cut_in_header` walks the element headers (values skipped, never read) in the encoding the
 file meta names: explicit or implicit VR, little or big endian, defined and undefined lengths with
 their delimiters, and a deflated data set's inflated bytes. It stops at the top-level pixel data
-element: a file cut inside its pixels is the pixel checks' to judge.
+element: a file cut inside its pixels is the pixel checks' to judge; and at (FFFC,FFFC) Data Set
+Trailing Padding or a tail of zero bytes after a whole top-level element: padding, no cut.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _UNDEFINED = 0xFFFFFFFF
 _ITEM, _ITEM_END, _SEQUENCE_END = 0xFFFEE000, 0xFFFEE00D, 0xFFFEE0DD
 #: The top-level pixel data elements: (7FE0,0008) Float, (7FE0,0009) Double Float, (7FE0,0010) Pixel Data
 _PIXEL_TAGS = frozenset({0x7FE00008, 0x7FE00009, 0x7FE00010})
+#: (FFFC,FFFC) Data Set Trailing Padding (PS3.10 7.2): the data set's last element, its bytes meaningless
+_TRAILING_PADDING = 0xFFFCFFFC
 #: The two-letter value representations (PS3.5 6.2)
 _VRS = frozenset({b"AE", b"AS", b"AT", b"CS", b"DA", b"DS", b"DT", b"FL", b"FD", b"IS", b"LO", b"LT", b"OB", b"OD",
                   b"OF", b"OL", b"OV", b"OW", b"PN", b"SH", b"SL", b"SQ", b"SS", b"ST", b"SV", b"TM", b"UC", b"UI",
@@ -40,6 +43,8 @@ _MAX_DEPTH = 64
 #: More readings of undefined-length UN values than this (each tried up to three ways, nested ones
 #: within each) and the walk gives up: no real header holds that many that read neither way
 _MAX_UN_READINGS = 256
+#: Zero padding after the last element is checked for all zeros this many bytes at a time
+_ZERO_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,10 @@ class _Walk:
         data, order, previous = self.data, self.encoding.order, ""
         limit = len(data) if end is None else min(end, len(data))
         while pos < limit:
+            if top and limit - pos >= 2 and not any(data[pos:pos + 2]):  # group 0000, never stored in a data set
+                if _zeros(data, pos, limit):  # zeros to the end: padding to a word or 4-byte boundary, no cut
+                    return limit, None
+                raise _NotACut  # group 0000, then more: damaged otherwise
             if limit - pos < 4:
                 return pos, self._cut_header(limit - pos, previous, inside, top)
             group, number = struct.unpack_from(order + "HH", data, pos)
@@ -92,7 +101,7 @@ class _Walk:
                     return pos, (f"the file ends {limit - pos} byte(s) into the (FFFE,E00D) Item Delimitation Item "
                                  f"of {inside.removeprefix(' in ')} (8 bytes; {self._total()})")
                 return pos + 8, None
-            if top and tag in _PIXEL_TAGS:
+            if top and (tag in _PIXEL_TAGS or tag == _TRAILING_PADDING):  # the trailing padding is meaningless
                 return len(data), None
             if group == 0xFFFE or (top and group == 0x0002):
                 raise _NotACut  # a delimiter or a file meta element where a data set element belongs
@@ -242,6 +251,14 @@ class _Walk:
         kept = max(len(self.data) - at, 0)
         return (f"the file ends inside {name}, whose value declares {length:,} bytes from byte {at:,} but holds "
                 f"{kept:,} of them ({self._total()})")
+
+
+def _zeros(data: bytes | mmap.mmap, pos: int, end: int) -> bool:
+    """Whether ``data[pos:end]`` is all zero bytes."""
+    for at in range(pos, end, _ZERO_CHUNK):
+        if bytes(data[at:min(at + _ZERO_CHUNK, end)]).strip(b"\0"):
+            return False
+    return True
 
 
 def _implicit_vr(tag: int) -> str:
