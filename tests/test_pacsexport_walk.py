@@ -4,8 +4,9 @@ next element's 8- or 12-byte header"), naming the element, wherever the cut fall
 value, an element's 8- or 12-byte header, a sequence item's 8-byte header, an undefined-length
 sequence or item before its delimiter; in explicit or implicit VR, little or big endian, deflated.
 pydicom raises on some of these cuts ("unpack requires a buffer of 4 bytes", "No tag to read") and
-drops others silently; none of that reaches the record. A cut object of any class (an SR too) is a
-bad sample: a header read short is not judged as what it holds."""
+drops others silently; none of that reaches the record. A cut image-class file is a bad sample: a
+header read short is not judged as what it holds; a non-image object (an SR) only where its header
+cannot be read (its bytes are not walked where pydicom reads it: a 100 MB RTSTRUCT would take seconds)."""
 
 from __future__ import annotations
 
@@ -174,12 +175,14 @@ def top_level_ends(tmp_path: Path, whole: Path) -> set[int]:
 
 
 @pytest.mark.parametrize("undefined", [False, True])
-def test_a_structured_report_cut_at_every_offset_is_truncated_or_left_out_only_when_whole(
+def test_a_structured_report_cut_at_every_offset_is_truncated_or_left_out_never_unreadable(
         tmp_path: Path, undefined: bool) -> None:
-    """A cut SR was not_image (left out) at most offsets and unreadable at others. A header read
-    short is no header to judge: cut anywhere inside it, the SR is a truncated bad sample; cut
-    exactly after a whole top-level element nothing tells it from an SR that ends there, and it is
-    left out as not_image, as the whole one is."""
+    """A cut SR was not_image (left out) at most offsets and unreadable at others, with pydicom's raw
+    error. Cut where pydicom cannot read its header (inside a sequence's or an item's header, an
+    undefined-length sequence or item), the SR is a truncated bad sample, the cut named; cut where
+    pydicom reads it without an error, a non-image object is left out as not_image unwalked, as the
+    whole one is; cut exactly after a whole top-level element nothing tells it from an SR that ends
+    there."""
     whole = write_text_sr(tmp_path / "sr.dcm", "P1")
     if undefined:
         ds = pydicom.dcmread(whole)
@@ -195,14 +198,14 @@ def test_a_structured_report_cut_at_every_offset_is_truncated_or_left_out_only_w
     seen = {"truncated": 0, "not_image": 0}
     for at in range(data_set_start(data) + 1, len(data)):
         result = probe(cut_file(tmp_path, data, at))
-        if at in clean:
+        if at in clean or isinstance(result, Excluded):
             assert isinstance(result, Excluded) and result.why == "not_image", (at, result)
             seen["not_image"] += 1
         else:
             assert isinstance(result, Issue) and result.reason == "truncated", (at, result)
             assert "Basic Text SR" in result.message and not any(raw in result.message for raw in RAW_ERRORS)
             seen["truncated"] += 1
-    assert seen["not_image"] >= 5 and seen["truncated"] > 100
+    assert seen["not_image"] > 100 and seen["truncated"] >= 8
 
 
 def test_cut_inside_the_file_meta_stays_unreadable(tmp_path: Path) -> None:

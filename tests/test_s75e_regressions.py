@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from pydicom.uid import ImplicitVRLittleEndian
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.uid import ImplicitVRLittleEndian, RTStructureSetStorage
 
-from packer.read.dicom_cut import cut_in_header
+import packer.read.dicom as dicom_reader
+from packer.read.dicom_cut import HeaderCut, cut_in_header
 from packer.records import Excluded
 from tests.dicom_files import ct_dataset, save
 from tests.test_dicom_exports import write_text_sr
@@ -135,3 +138,84 @@ def test_a_non_zero_tail_is_still_a_cut_header(tmp_path: Path) -> None:
         path.write_bytes(whole + tail)
         message = issue_of(probe(path), "truncated", "read").message
         assert f"ends {len(tail)} byte(s) into the header of the element after" in message, message
+
+
+# ---------------------------------------------------------------- 3. where the walker runs
+
+
+def rtstruct(path: Path, contours: int) -> Path:
+    """An RT Structure Set: a non-image object whose ROI Contour Sequence grows with its contours
+    (real ones reach 50-200 MB)."""
+    ds = pydicom.dcmread(write_text_sr(path, "P1"))
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = RTStructureSetStorage
+    ds.Modality = "RTSTRUCT"
+    roi = Dataset()
+    roi.ReferencedROINumber = 1
+    items = []
+    for _ in range(contours):
+        item = Dataset()
+        item.ContourGeometricType, item.NumberOfContourPoints, item.ContourData = "CLOSED_PLANAR", 4, [1.0] * 12
+        items.append(item)
+    roi.ContourSequence = DicomSequence(items)
+    ds.ROIContourSequence = DicomSequence([roi])
+    return save(ds, path)
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files the probe walks byte by byte (packer.read.dicom_cut.cut_in_header), recorded."""
+    walked: list[str] = []
+
+    def recorded(path: str) -> HeaderCut | None:
+        walked.append(Path(path).name)
+        return cut_in_header(path)
+
+    monkeypatch.setattr(dicom_reader, "cut_in_header", recorded)
+    return walked
+
+
+def test_a_whole_non_image_object_is_left_out_without_walking_its_bytes(tmp_path: Path, walks: list[str]) -> None:
+    """cae7eec walked every excluded file without pixel data: a 3.8 MB RTSTRUCT's probe went from
+    ~0.01 s to ~0.8 s, a 100 MB one's to tens of seconds. A non-image object whose header pydicom
+    reads is left out as not_image, as before, and its bytes are not walked."""
+    for path in (rtstruct(tmp_path / "rtstruct.dcm", 500), write_text_sr(tmp_path / "sr.dcm", "P1")):
+        result = probe(path)
+        assert isinstance(result, Excluded) and result.why == "not_image", result
+    assert walks == []
+
+
+def test_a_non_image_object_cut_where_pydicom_reads_it_is_left_out_as_not_image(tmp_path: Path,
+                                                                                walks: list[str]) -> None:
+    """Cut inside a contour's (3006,0050) Contour Data value, pydicom reads the header without an
+    error: a non-image object's cut is told only where its header cannot be read."""
+    data = rtstruct(tmp_path / "whole.dcm", 500).read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[:data.index(b"\x06\x30\x50\x00DS", len(data) // 2) + 8 + 10])
+    pydicom.dcmread(cut)  # reads
+    result = probe(cut)
+    assert isinstance(result, Excluded) and result.why == "not_image", result
+    assert walks == []
+
+
+def test_a_non_image_object_cut_where_its_header_cannot_be_read_is_truncated(tmp_path: Path,
+                                                                             walks: list[str]) -> None:
+    """Cut 10 bytes into the (3006,0039) ROI Contour Sequence's 12-byte header, pydicom raises: the
+    walk names the cut."""
+    data = rtstruct(tmp_path / "whole.dcm", 50).read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[:data.index(b"\x06\x30\x39\x00SQ") + 10])
+    message = issue_of(probe(cut), "truncated", "read").message
+    assert "RT Structure Set Storage" in message and "10 byte(s) into the header of the element after" in message
+    assert "(3006,0039) ROIContourSequence, by its tag" in message, message
+    assert walks == ["cut.dcm"]
+
+
+def test_an_image_class_file_without_pixels_is_still_walked(tmp_path: Path, walks: list[str]) -> None:
+    """The scope cae7eec replaced: a CT without its Image Pixel module, cut inside an element's value,
+    is truncated (pydicom keeps the partial value without a word)."""
+    whole = ct_without_pixels(tmp_path / "ct.dcm").read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(whole[:whole.index(b"TestScanner 9000") + 4])
+    message = issue_of(probe(cut), "truncated", "read").message
+    assert "(0008,1090) ManufacturerModelName" in message and "holds 4 of them" in message, message
+    assert walks == ["cut.dcm"]

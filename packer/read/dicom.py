@@ -944,8 +944,11 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
             return _salvaged(ref, empty)
     excluded = _excluded(ref, ds, where, slices=slices, pixels=_pixels_follow(ds, stop))
     if excluded is not None:
-        # a where: judges only a header read whole: one cut short is a bad sample, whatever it holds
-        cut = _cut_issue(ref, str(ds.get("SOPClassUID", "") or "")) if _lacks_pixel_element(ds, stop) else None
+        # a where: judges only a header read whole: an image-class one cut short is a bad sample. A non-image
+        # object (SR, RTSTRUCT, KO, PR) pydicom read is left out unwalked (its cut is told only where its
+        # header cannot be read, above): the walk reads the whole file, seconds for a 100 MB RTSTRUCT
+        cut = (_cut_issue(ref, str(ds.get("SOPClassUID", "") or ""))
+               if _lacks_pixel_element(ds, stop) and classify(ds, (), slices=False).why != "not_image" else None)
         return cut or excluded
     if too_big is not None:  # an image (only an image is read whole), over the limit: never read whole
         return _member(too_big, ds, entity_keyword) if placement else too_big
