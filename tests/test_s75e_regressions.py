@@ -8,8 +8,11 @@ the file to a word or 4-byte boundary, (FFFC,FFFC) Data Set Trailing Padding."""
 
 from __future__ import annotations
 
+import errno
+import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pydicom
 import pytest
@@ -23,6 +26,7 @@ from packer.records import Excluded
 from tests.dicom_files import ct_dataset, save
 from tests.test_dicom_exports import write_text_sr
 from tests.test_dicom_read import issue_of, probe
+from tests.test_interrupts_walk import CLEANUP_LINE, _build, killed_while_writing
 
 PIXEL_MODULE = ("Rows", "Columns", "BitsAllocated", "BitsStored", "HighBit", "PixelRepresentation",
                 "SamplesPerPixel", "PhotometricInterpretation", "PixelData")
@@ -219,3 +223,37 @@ def test_an_image_class_file_without_pixels_is_still_walked(tmp_path: Path, walk
     message = issue_of(probe(cut), "truncated", "read").message
     assert "(0008,1090) ManufacturerModelName" in message and "holds 4 of them" in message, message
     assert walks == ["cut.dcm"]
+
+
+# ---------------------------------------------------------------- 4. stale temporaries the file system keeps
+
+
+def test_a_stale_temporary_the_build_cannot_remove_is_warned_of_not_raised_after_publishing(
+        demo_raw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A killed build's report and registry copy temporaries, in a version folder and a registry
+    folder the file system will not let the next build remove from (read-only: unlink refused;
+    chmod does not stop root, so the refusal is made by patching unlink). The build published
+    first, then raised PermissionError; it now finishes, leaves them, and warns of each, naming it
+    and the fix."""
+    out, registry = tmp_path / "out", tmp_path / "manifests"
+    version = _build(demo_raw.root, out, registry, tmp_path / "job", quiet=True).version_dir
+    report = killed_while_writing(version / "report.html")
+    copy = killed_while_writing(registry / "demo" / f"{version.name}.json")
+    unlink = Path.unlink
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        if self in (report, copy):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    capsys.readouterr()
+    result = _build(demo_raw.root, out, registry, tmp_path / "job", quiet=False)
+    assert result.version_dir == version and result.registry_copy == registry / "demo" / f"{version.name}.json"
+    assert report.exists() and copy.exists()
+    captured = capsys.readouterr()
+    assert CLEANUP_LINE not in captured.out  # nothing was removed
+    for left, fix in ((report, f"run `packer gc {out / 'demo'}`"), (copy, "remove it by hand")):
+        assert f"packer: warning: cannot remove {left}, a temporary file an interrupted build left: Permission " \
+               "denied" in captured.err, captured.err
+        assert fix in captured.err.split(str(left), 1)[1].split("\n", 1)[0]

@@ -674,7 +674,8 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
     # a killed build's (or `packer report`'s) half-written report or manifest in the dataset's version folders,
     # this one's included (it writes its report again): under the lock, only ones whose writer is gone
-    _remove_stale(stale_version_temporaries(dataset_root, lock_held=locked), quiet=options.quiet)
+    _remove_stale(stale_version_temporaries(dataset_root, lock_held=locked), quiet=options.quiet, warned=warned,
+                  fix=f"run `packer gc {dataset_root}` (or remove it by hand)")
     if pointer_error is not None:
         raise pointer_error
     if reused:  # the staged copy is gone: this build's warnings replace (or remove) the earlier build's
@@ -721,7 +722,8 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
         registry_copy = job.registry / job.name / f"{manifest['version']}.json"
         # a killed build's half-written copy: no lock covers the registry (builds of two outputs share it),
         # so only one whose writer is gone
-        _remove_stale(_registry_temporaries(registry_copy.parent), quiet=options.quiet)
+        _remove_stale(_registry_temporaries(registry_copy.parent), quiet=options.quiet, warned=warned,
+                      fix="remove it by hand (it is no manifest: do not commit it)")
         try:
             registry_written = write_manifest_copy(registry_copy, version_dir / MANIFEST_FILE)
         except FileSystemError as err:  # the dataset is out: say so, and that --out moves no registry
@@ -752,13 +754,23 @@ def _registry_temporaries(folder: Path) -> list[Path]:
             and stale_temporary(Path(e.path), lock_held=False)]
 
 
-def _remove_stale(paths: list[Path], *, quiet: bool) -> None:
+def _remove_stale(paths: list[Path], *, quiet: bool, warned: list[tuple[str, str]], fix: str) -> None:
     """Remove the temporaries ``paths`` writers that are gone left, saying so as the build's
-    first cleanup does."""
+    first cleanup does. One the file system refuses to remove (a read-only folder or mount, no
+    permission) is warned of (added to ``warned``), naming it and ``fix``, and left: it runs after
+    the version is published, and a leftover costs disk, not correctness."""
+    removed = 0
     for path in paths:
-        path.unlink(missing_ok=True)
-    if paths and not quiet:
-        print(f"packer: removed {len(paths)} stale temporary file(s) left by an interrupted build", flush=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            _warn("output_folder", f"cannot remove {err.filename or path}, a temporary file an interrupted build "
+                  f"left: {err.strerror or err}; make its folder writable (a read-only mount: remount it read-write; "
+                  f"no permission: run as the folder's owner), then {fix}", warned)
+            continue
+        removed += 1
+    if removed and not quiet:
+        print(f"packer: removed {removed} stale temporary file(s) left by an interrupted build", flush=True)
 
 
 def _placed(samples: SampleTable, shards: Sequence[PlannedShard], written: dict[str, ShardWrite]
