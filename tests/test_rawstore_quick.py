@@ -221,7 +221,7 @@ def test_quick_validate_of_s3_files_gives_the_records_of_local_paths(
     assert {name: reasons[name] for name in ("cut_in_header.dcm", "frames.dcm", "no_pixels.dcm", "notes.dcm",
                                              "zero.dcm", "cut.tif", "app_cut.jpg", "no_sof.jpg", "noise.png",
                                              "huge.png", "missing.png")} == {
-        "cut_in_header.dcm": "no_pixel_data", "frames.dcm": "too_large", "no_pixels.dcm": "no_pixel_data",
+        "cut_in_header.dcm": "truncated", "frames.dcm": "too_large", "no_pixels.dcm": "no_pixel_data",
         "notes.dcm": "not_dicom", "zero.dcm": "unreadable", "cut.tif": "truncated", "app_cut.jpg": "truncated",
         "no_sof.jpg": "decode_failed", "noise.png": "unsupported", "huge.png": "too_large",
         "missing.png": "missing_file"}

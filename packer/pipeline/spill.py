@@ -221,7 +221,9 @@ class CachedChunk:
 #: 75: a NIfTI named with a segmentation word whose prefix names no image is a label map only where
 #: its voxels say so (one whole-number volume, at most 128 values), decided when it is read.
 #: 76: a TIFF's (and TIFF mask's) thumbnail IFDs are not judged by the page checks (compression, strips).
-CACHE_FORMAT = 76
+#: 77: a whole non-image object read by pydicom is not_image again (no byte walk); a file padded with
+#: zeros, or an explicit-VR UN sequence, is no cut; an annotation of a series refused at the probe gets its reason.
+CACHE_FORMAT = 77
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
