@@ -43,6 +43,7 @@ from packer.errors import (
     ConfigError,
     LeakageError,
     PackerError,
+    a_type,
     called_from,
     exhausted,
     out_of_memory,
@@ -90,9 +91,10 @@ def load(job: Job, *, base_dir: str | os.PathLike[str] | None = None) -> JobConf
         return job
     if isinstance(job, Mapping):
         return job_from_mapping(job, base_dir=base_dir)
-    if isinstance(job, (str, os.PathLike)):
+    if isinstance(job, str | os.PathLike) and isinstance(os.fspath(job), str):
         return load_job(Path(job))
-    raise TypeError(f"job: a job file path, a mapping or a JobConfig, not a {type(job).__name__}")
+    raise ConfigError(f"job={reprlib.repr(job)}: give a job file path (a str or a pathlib.Path), a mapping or a "
+                      f"JobConfig, not {a_type(job)}")
 
 
 def run_build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int | None = None,
@@ -358,7 +360,7 @@ def _storage_options(storage_options: object) -> dict[str, Any] | None:
     if isinstance(storage_options, list | tuple) and all(isinstance(pair, str) for pair in storage_options):
         from packer.storage import parse_storage_options
         return parse_storage_options(storage_options)
-    raise ConfigError(f"storage_options: a {type(storage_options).__name__} (not shown: it may hold credentials); "
+    raise ConfigError(f"storage_options: {a_type(storage_options)} (not shown: it may hold credentials); "
                       "give a mapping of the filesystem's options, as in "
                       "storage_options={'endpoint_url': 'http://127.0.0.1:9000'}, or a list of the command line's "
                       "KEY=VALUE strings")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from packer.errors import ConfigError, blocking_file, exhausted
+from packer.errors import ConfigError, a_type, blocking_file, exhausted
 from packer.files import parse_byte_size
 from packer.records import safe_key
 from packer.schemas import joined_surrogate_pairs, schema_defaults, validate_document
@@ -2472,7 +2472,7 @@ def job_from_mapping(doc: Mapping[str, Any], *, base_dir: str | os.PathLike[str]
     """
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{MAPPING_JOB}: a job is a mapping with name, sources, split, pack and output, "
-                          f"not a {type(doc).__name__}")
+                          f"not {a_type(doc)}")
     base = Path.cwd() if base_dir is None else Path(base_dir)
     return parse_job(_as_yaml_values(doc), MAPPING_JOB, base=base.resolve())
 

@@ -257,6 +257,16 @@ def out_of_memory(err: BaseException, path: object = None, *, needed: int | None
                          f"{_RESOURCE_FIXES[errno.ENOMEM][1]}")
 
 
+def a_type(value: object) -> str:
+    """``value``'s type as a message names it, with its article: "an int", "a list", "None"
+    (not "a NoneType"). Messages that refuse a value of the wrong type say "not an int", never
+    "not a int"."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _is_shard(path: object) -> bool:
     """Whether ``path`` names a shard (or its temporary name): the one file ``pack.max_bytes`` sizes."""
     return re.match(r"\.?(train|valid|test)-\d+\.(tar|parquet)", str(path).rsplit("/", 1)[-1]) is not None

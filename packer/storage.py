@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
-from packer.errors import ConfigError, PackerError, surface
+from packer.errors import ConfigError, PackerError, a_type, surface
 from packer.files import TMP_SUFFIX, clone_file
 
 WORK_DIR_ENV = "PACKER_WORK_DIR"
@@ -73,7 +73,7 @@ def local_path(location: Location) -> Path | None:
         given, its = reprlib.repr(location), getattr(location, "location", None)
         also = f"; pass its .location ({reprlib.repr(its)})" if isinstance(its, str) else ""
         raise ConfigError(f"{given}: a dataset's location is a path or a URL (a str or an os.PathLike of one), not "
-                          f"a {type(location).__name__}{also}")
+                          f"{a_type(location)}{also}")
     _refuse_chained(location)
     if not is_url(location):
         return Path(location)

@@ -66,7 +66,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from packer import storage
-from packer.errors import ConfigError, IntegrityError
+from packer.errors import ConfigError, IntegrityError, a_type
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
@@ -322,7 +322,7 @@ def storage_options_given(storage_options: object) -> dict[str, Any]:
         return dict(storage_options)
     if isinstance(storage_options, list | tuple) and all(isinstance(pair, str) for pair in storage_options):
         return storage.parse_storage_options(storage_options)
-    raise ConfigError(f"storage_options: a {type(storage_options).__name__} (not shown: it may hold credentials); "
+    raise ConfigError(f"storage_options: {a_type(storage_options)} (not shown: it may hold credentials); "
                       "give a mapping of the filesystem's options, as in "
                       "storage_options={'endpoint_url': 'http://127.0.0.1:9000'}, or a list of the command line's "
                       "KEY=VALUE strings, as in storage_options=['endpoint_url=http://127.0.0.1:9000']")

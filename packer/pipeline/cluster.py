@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, called_from, exhausted, surface
+from packer.errors import ClusterLostError, ConfigError, PackerError, Surface, a_type, called_from, exhausted, surface
 from packer.manifest import DECODING_ENVIRONMENT, decoding_libraries
 
 T = TypeVar("T")
@@ -1046,7 +1046,7 @@ def check_scheduler(scheduler: str | None) -> None:
     if scheduler is None or scheduler == "sync":
         return
     if not isinstance(scheduler, str):  # packer.api turns a Path, a Client or a cluster into this or its error
-        raise ConfigError(f"{surface().name('scheduler')}: a {type(scheduler).__name__}, not a dask scheduler's "
+        raise ConfigError(f"{surface().name('scheduler')}: {a_type(scheduler)}, not a dask scheduler's "
                           "address (tcp://host:port), its scheduler file or sync")
     _check_scheduler_file(scheduler)
     if "://" not in scheduler and (os.sep in scheduler or scheduler.endswith(".json")):  # a scheduler file
