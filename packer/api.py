@@ -169,7 +169,7 @@ def build(job: Job, *, out: str | os.PathLike[str] | None = None, workers: int |
 
     # what packer build warns of under its summary (an empty split, shapes no batch stacks), under --quiet
     # too: this call prints no summary, so on stderr, as the stages printed theirs, and before a failure
-    _print_warnings(message for _, message in dataset_warnings(result.manifest))
+    _print_warnings(result.manifest["name"], (message for _, message in dataset_warnings(result.manifest)))
     check_built(result)
     if result.published is not None:  # the dataset lives at the URL now; the local folder was the work folder
         return read_manifest(result.published.manifest_url, storage_options=_storage_options(storage_options))
@@ -292,7 +292,7 @@ def validate(job: Job, *, quick: bool = False, workers: int | None = None,
         if surface().python:  # packer validate prints these in its summary; this call prints none
             from packer.pipeline.datacheck import closing_warnings
 
-            _print_warnings(closing_warnings(result.report))
+            _print_warnings(config.name, closing_warnings(result.report))
     return result
 
 
@@ -314,10 +314,12 @@ def open(location: str | os.PathLike[str] | Manifest, *,  # noqa: A001 - packer.
         return read_manifest(where, storage_options=options_given)
 
 
-def _print_warnings(messages: Iterable[str]) -> None:
-    """Print ``messages`` on stderr as warnings, as the stages print theirs (``progress=False`` too)."""
+def _print_warnings(job_name: str, messages: Iterable[str]) -> None:
+    """Print ``messages`` on stderr as warnings of the job ``job_name``, as the stages print theirs
+    (``packer: warning: <job>: ...``, ``progress=False`` too): calls one after another or on threads
+    of one process print into the same stderr, and a line must say whose it is."""
     for message in messages:
-        print(f"packer: warning: {message}", file=sys.stderr, flush=True)
+        print(f"packer: warning: {job_name}: {message}", file=sys.stderr, flush=True)
 
 
 def _refuse_worker_reimport(call: str) -> None:

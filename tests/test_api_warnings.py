@@ -4,8 +4,8 @@ README, From Python: "Progress and warnings are printed as the commands print th
 ``progress=False`` leaves the warnings". ``packer build`` warns under its summary (also under
 ``-q``) of a split that asked for samples and got none, and of samples of several shapes no
 batch stacks; ``packer validate`` in its summary. The Python calls print no summary: they print
-these warnings on stderr as ``packer: warning: <message>``, as the stages' own warnings are
-printed, with or without progress, and the command line still prints each once.
+these warnings on stderr as ``packer: warning: <job>: <message>``, as the stages' own warnings
+are printed, with or without progress, and the command line still prints each once.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def summary_warnings(text: str) -> list[str]:
 
 
 def printed_warnings(err: str) -> list[str]:
-    return [line.removeprefix("packer: warning: ") for line in err.splitlines() if line.startswith("packer: warning: ")]
+    """The messages of the ``packer: warning: photos: ...`` lines on stderr: each names the job."""
+    prefix = "packer: warning: photos: "
+    return [line.removeprefix(prefix) for line in err.splitlines() if line.startswith(prefix)]
 
 
 @pytest.mark.parametrize("progress", [False, True])
