@@ -1,12 +1,15 @@
 """What packer's Python calls promise a long-lived caller (a notebook, an orchestrator's worker),
 as README's "From Python" documents it: a job of the wrong type is a typed ConfigError naming
 the argument, never a bare TypeError; every warning a call prints names its job, as calls on
-threads or one after another in one process print theirs into the same stderr."""
+threads or one after another in one process print theirs into the same stderr; and a job whose
+every file is bad is told so, not told to reseed its split."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,8 @@ from PIL import Image
 
 import packer
 from packer import api
-from packer.errors import ConfigError
+from packer.errors import BadFractionError, ConfigError
+from packer.pipeline.split import empty_splits
 
 
 @pytest.mark.parametrize("call", ["validate", "build", "run_build"])
@@ -76,3 +80,51 @@ def test_the_warnings_a_call_prints_at_its_close_name_its_job(tmp_path: Path, ca
     warned = [line for line in err.getvalue().splitlines() if line.startswith("packer: warning:")]
     assert any("packs samples of 2 shapes" in line for line in warned), warned
     assert all(line.startswith("packer: warning: shapesjob: ") for line in warned), warned
+
+
+def test_a_build_whose_every_file_is_bad_says_no_split_has_a_sample_once_not_reseed_per_split(
+        tmp_path: Path) -> None:
+    """Eight damaged PNGs: the build raised BadFractionError as documented, but printed and kept
+    three warnings, one per split, advising "add entities, change split.ratios, or try another
+    split.seed": no seed or ratio fills a split from 0 samples."""
+    for i in range(8):
+        folder = tmp_path / "img" / "ab"[i % 2]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"x{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(64))
+    (tmp_path / "job.yaml").write_text(
+        "name: allbad\nsources: [{kind: image, root: img, label: folder}]\n"
+        "split: {by: entity, ratios: {train: 0.5, valid: 0.25, test: 0.25}}\n"
+        "pack: {format: webdataset}\noutput: out\nphi: {mode: keep}\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(BadFractionError) as raised:
+        packer.build(str(tmp_path / "job.yaml"), scheduler="sync", progress=False)
+    assert raised.value.version_dir is not None
+    kept = [json.loads(line) for line in (raised.value.version_dir / "warnings.jsonl").read_text().splitlines()]
+    empty = [record["message"] for record in kept if record["code"] == "empty_split"]
+    assert len(empty) == 1, empty
+    assert empty[0].startswith("no split has a sample: the job has 0 samples"), empty
+    assert "bad" in empty[0] and "split.seed" not in empty[0] and "add entities" not in empty[0]
+    printed = [line for line in err.getvalue().splitlines() if "no split has a sample" in line]
+    assert printed == [f"packer: warning: allbad: {empty[0]}"]
+
+
+@pytest.mark.parametrize("split_config", [
+    {"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}},
+    {"by": "time", "cutoffs": {"valid": "2024-01-01", "test": "2024-06-01"}},
+    {"by": "list", "carve": {"valid": {"from": "train", "ratio": 0.2}}},
+])
+def test_no_sample_at_all_is_one_warning_whatever_the_split_kind(split_config: dict[str, Any]) -> None:
+    """By time, it said no entity's first record fell in each split's period; carved, to raise the
+    carve ratio: with no sample at all, neither can help."""
+    nothing = {name: {"samples": 0, "entities": 0} for name in ("train", "valid", "test")}
+    found = empty_splits(split_config, nothing)
+    assert [(w.split, w.to_json().get("split")) for w in found] == [(None, None)]
+    assert found[0].message.startswith("no split has a sample")
+
+
+def test_a_split_left_empty_among_others_with_samples_still_gets_the_split_advice() -> None:
+    found = empty_splits({"by": "entity", "ratios": {"train": 0.8, "valid": 0.1, "test": 0.1}},
+                         {"train": {"samples": 5, "entities": 3}, "valid": {"samples": 2, "entities": 1},
+                          "test": {"samples": 0, "entities": 0}})
+    assert [w.split for w in found] == ["test"]
+    assert "try another split.seed" in found[0].message

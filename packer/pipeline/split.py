@@ -972,13 +972,23 @@ _WHY_NOT_EMPTY = {"train": "there is nothing to train on",
 @dataclass(frozen=True)
 class EmptySplit:
     """A split the job asked samples for (a ratio above 0, or a time cutoff) that got none.
-    ``message`` says why that matters and how to fix it."""
+    ``message`` says why that matters and how to fix it. ``split`` None: no split got a sample,
+    the job has none at all (one warning, not one per split)."""
 
-    split: str
+    split: str | None
     message: str
 
     def to_json(self) -> dict[str, str]:
-        return {"code": "empty_split", "split": self.split, "message": self.message}
+        where = {} if self.split is None else {"split": self.split}
+        return {"code": "empty_split", **where, "message": self.message}
+
+
+#: The one empty-split warning of a job with no sample at all: no seed, ratio, cutoff or carve can
+#: fill a split from nothing, the files are what to look at.
+NO_SAMPLE_AT_ALL = ("no split has a sample: the job has 0 samples in all (every input file was bad or left out), "
+                    "so there is nothing to split; the bad samples and the files left out say why each file was "
+                    "refused (bad_samples.jsonl and "
+                    "excluded.jsonl beside the shards; bad_samples and excluded in packer validate's report)")
 
 
 def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[str, Any]]) -> list[EmptySplit]:
@@ -989,6 +999,8 @@ def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[s
     ``entities`` counts (the manifest's ``splits``, or ``packer validate``'s). With ``by: time``
     train always asks and valid/test ask when they have a cutoff; otherwise a split asks when its
     ratio is above 0. A split with ratio 0 (or no cutoff) that is empty is what the job said.
+    When no split has a sample (every file bad or left out) one warning says so, with no split's
+    advice: a split's advice (reseed, move the ratios) cannot fill a split from nothing.
     """
     by_time = split_config.get("by") == "time"
     ratios = split_config.get("ratios") or {}
@@ -1019,4 +1031,6 @@ def empty_splits(split_config: Mapping[str, Any], splits: Mapping[str, Mapping[s
                        "Each entity goes whole to one split, so a few entities can leave a split empty: add "
                        "entities, change split.ratios, or try another split.seed")
         found.append(EmptySplit(split=split, message=message))
+    if found and not any(int(entry.get("samples", 0)) for entry in splits.values()):
+        return [EmptySplit(split=None, message=NO_SAMPLE_AT_ALL)]
     return found
