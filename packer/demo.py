@@ -28,7 +28,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cv2
 import numpy as np
 import pydicom
 from numpy.typing import NDArray
@@ -44,6 +43,7 @@ from pydicom.uid import (
 )
 
 from packer.errors import ConfigError
+from packer.opencv import cv2
 
 if TYPE_CHECKING:
     from packer.demo_annotations import AnnotatedDemo

@@ -57,6 +57,6 @@ class OpenCVThreads(WorkerPlugin):  # type: ignore[misc]  # distributed's plugin
         self.threads = threads
 
     def setup(self, worker: Any) -> None:
-        import cv2
+        from packer.opencv import cv2
 
         cv2.setNumThreads(self.threads)

@@ -2,7 +2,8 @@
 as README's "From Python" documents it: a job of the wrong type is a typed ConfigError naming
 the argument, never a bare TypeError; every warning a call prints names its job, as calls on
 threads or one after another in one process print theirs into the same stderr; and a job whose
-every file is bad is told so, not told to reseed its split."""
+every file is bad is told so, not told to reseed its split; and a call leaves the process's
+environment as it found it, OpenCV's import included."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import packer
 from packer import api
 from packer.errors import BadFractionError, ConfigError
 from packer.pipeline.split import empty_splits
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize("call", ["validate", "build", "run_build"])
@@ -128,3 +132,61 @@ def test_a_split_left_empty_among_others_with_samples_still_gets_the_split_advic
                           "test": {"samples": 0, "entities": 0}})
     assert [w.split for w in found] == ["test"]
     assert "try another split.seed" in found[0].message
+
+
+#: Run in a fresh process (OpenCV is imported once per process): ``import packer``, then a
+#: validate of an image job with a size (the reader and the transforms import OpenCV), printing
+#: the variables OpenCV's import sets after each step and whether OpenCV was imported at all.
+CALL_IN_A_FRESH_PROCESS = """
+import json, os, sys
+from pathlib import Path
+import numpy as np
+from PIL import Image
+names = ("LD_LIBRARY_PATH", "PATH", "QT_QPA_PLATFORM_PLUGIN_PATH", "QT_QPA_FONTDIR")
+seen = {"before": {n: os.environ.get(n) for n in names}}
+import packer
+seen["import"] = {n: os.environ.get(n) for n in names}
+root = Path(sys.argv[1])
+rng = np.random.default_rng(0)
+for i in range(6):
+    folder = root / "img" / "ab"[i % 2]
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(folder / f"i{i}.png")
+(root / "job.yaml").write_text("name: envjob\\nsources: [{kind: image, root: img, label: folder}]\\n"
+                               "split: {by: entity, ratios: {train: 0.5, valid: 0.25, test: 0.25}}\\n"
+                               "transform: {image: {size: [16, 16]}}\\n"
+                               "pack: {format: webdataset}\\noutput: out\\nphi: {mode: keep}\\n")
+packer.validate(str(root / "job.yaml"), scheduler="sync", progress=False)
+seen["call"] = {n: os.environ.get(n) for n in names}
+seen["cv2"] = "cv2" in sys.modules
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("ld_library_path", [None, "/opt/site/lib"])
+def test_a_call_that_imports_opencv_leaves_the_environment_as_it_found_it(
+        tmp_path: Path, ld_library_path: str | None) -> None:
+    """OpenCV's cv2/__init__.py prepends its library folder and a ':' to LD_LIBRARY_PATH: after a
+    packer.validate it was '<venv>/site-packages/cv2/../../lib64:' in the caller's process, where it
+    was unset, and every subprocess the caller started later inherited it (the trailing empty
+    element makes the dynamic loader search the current folder)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if ld_library_path is not None:
+        env["LD_LIBRARY_PATH"] = ld_library_path
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", CALL_IN_A_FRESH_PROCESS, str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["cv2"], "the call did not import OpenCV: this test would check nothing"
+    assert seen["before"]["LD_LIBRARY_PATH"] == ld_library_path
+    assert seen["import"] == seen["before"]
+    assert seen["call"] == seen["before"]
+
+
+def test_packer_imports_opencv_only_through_the_module_that_restores_the_environment() -> None:
+    """A module that imported cv2 itself, loaded first in a process, would set LD_LIBRARY_PATH again."""
+    direct = [str(path.relative_to(REPO)) for path in sorted((REPO / "packer").rglob("*.py"))
+              if path.name != "opencv.py"
+              and re.search(r"^\s*(import cv2\b|from cv2\b)", path.read_text(encoding="utf-8"), re.MULTILINE)]
+    assert direct == []

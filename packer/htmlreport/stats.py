@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cv2
 import numpy as np
 
 from packer.htmlreport.thumbs import as_chw, to_display
+from packer.opencv import cv2
 
 SATURATION_SHARE = 0.5
 VALUE_BINS = 24  # bins of a numeric target's histogram

@@ -31,9 +31,9 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-import cv2
 import numpy as np
 
+from packer.opencv import cv2
 from packer.read.kinds import shows_rgb
 
 MAX_SIDE = 128

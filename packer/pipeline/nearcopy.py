@@ -60,9 +60,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import cv2
 import numpy as np
 
+from packer.opencv import cv2
 from packer.pipeline.cluster import LazySequence
 from packer.pipeline.dedup import is_blank
 from packer.pipeline.nearscreen import BLOCK as SCREEN_BLOCK

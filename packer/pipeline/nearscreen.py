@@ -40,8 +40,9 @@ test passes is turned away.
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
+
+from packer.opencv import cv2
 
 #: Side of the half-resolution view (the 64×64 thumbnail area-averaged 2×2).
 HALF = 32

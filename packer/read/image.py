@@ -37,11 +37,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig, LimitsConfig
 from packer.keys import make_key, page_key
+from packer.opencv import cv2
 from packer.read import ReadProgress, at_boundary
 from packer.read.image_structure import (
     FORMATS,

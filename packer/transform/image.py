@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from math import isfinite
 from typing import Any
 
-import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig
 from packer.errors import ConfigError
+from packer.opencv import cv2
 from packer.transform.resize import POLICIES, content_box, resize_image
 
 COLORS = ("rgb", "gray")

@@ -22,10 +22,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import cv2
 import numpy as np
 
 from packer.config import ImageTransformConfig
+from packer.opencv import cv2
 from packer.transform.dicom import spacing_size
 from packer.transform.image import OPENCV_SCALED_TIFF_BITS, opencv_misreads_planar_tiff, orient_image, tile_origins
 from packer.transform.resize import POLICIES, resize_image, resize_plan

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import cv2
 import numpy as np
+
+from packer.opencv import cv2
 
 POLICIES = ("stretch", "fit", "crop")
 INTERPOLATIONS = ("auto", "nearest")

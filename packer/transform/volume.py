@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
+from packer.opencv import cv2
 from packer.transform.dicom import quantise
 
 
