@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from functools import cache
 from pathlib import Path
@@ -192,6 +192,10 @@ def _key_path(error: jsonschema.ValidationError, doc: Any = None) -> str:
 #: difflib.get_close_matches' default cutoff: a key less similar than this is not suggested.
 _CLOSE = 0.6
 
+#: A key this few edits from one its section takes is a typo of it (``window`` for ``windows``),
+#: even where a section beside it takes the key as written (``transform.image.window``).
+_TYPO_EDITS = 2
+
 
 def _edits(a: str, b: str) -> int:
     """The Damerau-Levenshtein distance (optimal string alignment) between ``a`` and ``b``: insertions,
@@ -221,6 +225,10 @@ class _UnknownKey:
     key: str
     allowed: tuple[str, ...]  # in the schema's order
     present: frozenset[str]
+    #: the other sections of the same parent that take the key (``transform.dicom`` for
+    #: ``transform.nifti.modality_windows``), and the start of its description there
+    elsewhere: tuple[str, ...] = ()
+    what: str = ""
 
     @property
     def suggestion(self) -> str | None:
@@ -244,7 +252,18 @@ class _UnknownKey:
 
     def message(self, source: str) -> str:
         suggestion = self.suggestion
-        if suggestion is None:
+        typo = suggestion is not None and _edits(self.key.lower(), suggestion.lower()) <= _TYPO_EDITS
+        if self.elsewhere and not typo:  # a key of a sibling section, given where it does nothing
+            here = _path_text(self.where)
+            what = f" ({self.what})" if self.what else ""
+            if suggestion is None:
+                fix = f"the keys it takes are {', '.join(sorted(self.allowed)) or '(none)'}"
+            elif suggestion in self.present:
+                fix = f"{here}.{suggestion} is given: keep it and remove {self.key}"
+            else:
+                fix = f"give {here}.{suggestion}"
+            hint = f"{self.key} is a {' and '.join(self.elsewhere)} key{what}; {here} does not take it: {fix}"
+        elif suggestion is None:
             where = "at the top level" if not self.where else f"in {_path_text(self.where)}"
             hint = f"the keys allowed {where} are {', '.join(sorted(self.allowed)) or '(none)'}"
         elif suggestion in self.present:
@@ -252,6 +271,52 @@ class _UnknownKey:
         else:
             hint = f"did you mean {suggestion!r}?"
         return f"{source}: {_path_text((*self.where, self.key))}: unknown key ({hint})"
+
+
+def _schema_at(root: dict[str, Any], path: Sequence[str | int]) -> dict[str, Any] | None:
+    """The object schema a document's ``path`` (mapping keys only) leads to in ``root``, following
+    ``properties`` and ``$ref`` within it, or None where the path takes another turn (a list, a
+    ``oneOf``)."""
+    def resolved(node: Any) -> dict[str, Any] | None:
+        reference = node.get("$ref") if isinstance(node, dict) else None
+        if isinstance(reference, str) and reference.startswith("#/$defs/"):
+            node = root.get("$defs", {}).get(reference.removeprefix("#/$defs/"))
+        return node if isinstance(node, dict) else None
+
+    node = resolved(root)
+    for part in path:
+        properties = node.get("properties") if node is not None else None
+        if not isinstance(part, str) or not isinstance(properties, dict) or part not in properties:
+            return None
+        node = resolved(properties[part])
+    return node
+
+
+def _first_words(description: Any) -> str:
+    """A description's first clause (to its first full stop or colon), as a message quotes it."""
+    if not isinstance(description, str) or not description:
+        return ""
+    clause = re.split(r"\.\s|:\s|\.$", description, maxsplit=1)[0].strip()
+    return clause[:1].lower() + clause[1:] if clause[1:2].islower() else clause
+
+
+def _with_elsewhere(unknown: _UnknownKey, schema: dict[str, Any]) -> _UnknownKey:
+    """``unknown`` with the sections beside its own that take its key: ``transform.nifti`` given
+    ``modality_windows``, which only ``transform.dicom`` takes, was suggested ``windows``, as if a
+    typo, never told where the key belongs."""
+    if not unknown.where or not isinstance(unknown.where[-1], str):
+        return unknown
+    parent = _schema_at(schema, unknown.where[:-1])
+    siblings = parent.get("properties") if parent is not None else None
+    if not isinstance(siblings, dict):
+        return unknown
+    found = [(name, section) for name in siblings if name != unknown.where[-1]
+             for section in [_schema_at(schema, (*unknown.where[:-1], name))]
+             if section is not None and unknown.key in (section.get("properties") or {})]
+    if not found:
+        return unknown
+    what = _first_words(found[0][1]["properties"][unknown.key].get("description"))
+    return replace(unknown, elsewhere=tuple(_path_text((*unknown.where[:-1], name)) for name, _ in found), what=what)
 
 
 def _extras(error: jsonschema.ValidationError) -> list[str]:
@@ -383,7 +448,8 @@ def validate_document(doc: Any, schema_name: str, *, source: str) -> Any:
     errors = sorted(validator.iter_errors(plain), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:
         return _whole_numbers_as_int(plain, validator_cls, schema_name)
-    found = [(error, _unknown_keys(error)) for error in errors]
+    found = [(error, [_with_elsewhere(u, load_schema(schema_name)) for u in _unknown_keys(error)])
+             for error in errors]
     unknown = [u for _, keys in found for u in keys]
     if unknown:
         # a required key the suggestion supplies is the same mistake, not one more
