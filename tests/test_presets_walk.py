@@ -77,6 +77,17 @@ def test_a_plain_typo_is_still_a_typo(tmp_path: Path) -> None:
     assert message.endswith("transform.nifti.windowz: unknown key (did you mean 'windows'?)"), message
 
 
+@pytest.mark.parametrize("value", ["lung", "mediastinum", ["lung"], 40])
+def test_an_image_window_it_cannot_take_lists_the_forms_it_takes(tmp_path: Path, value: Any) -> None:
+    """transform.image.window: lung got jsonschema's bare "'lung' is not valid under any of the
+    given schemas": no word of what an image window is, nor that presets are HU windows."""
+    message = _load_error(tmp_path, _image_job(tmp_path, {"window": value}))
+    assert "transform.image.window" in message, message
+    assert "{center, width}" in message and "{percentiles: [low, high]}" in message, message
+    assert "presets (lung, mediastinum, ...) are ct windows in hu" in message.lower(), message
+    assert "transform.dicom and transform.nifti" in message, message
+
+
 def test_a_one_letter_typo_of_a_key_here_is_a_typo_though_a_section_beside_takes_it(tmp_path: Path) -> None:
     """transform.dicom.window is transform.image's key, and one letter from transform.dicom's windows."""
     doc = _nifti_job(tmp_path, {"windows": ["lung"]})
