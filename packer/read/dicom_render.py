@@ -661,6 +661,9 @@ def render_samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTr
         outputs.append((array, meta))
         boxes.append(output_content(*pixels.shape[1:3], pixel_spacing=spacing, spacing=cfg.spacing, size=cfg.size,
                                     policy=cfg.resize))
+    presets = _hu_presets_note(ds, cfg, outputs)
+    if presets is not None:
+        base_metadata = {**base_metadata, "warnings": [*base_metadata.get("warnings", ()), presets]}
     samples = _samples(ref, ds, pixels, cfg, outputs, base_metadata, blank, stack, boxes)
     if luma:  # what with_channels records where it maps the channels itself
         return [replace(s, metadata={**s.metadata, "channels": {"from": 3, "rule": "luma"}}) for s in samples]
@@ -686,6 +689,39 @@ def _unapplied_windows(ds: Dataset, cfg: DicomTransformConfig, photometric: str,
     packed = "as the luma of its stored colour" if luma else "as stored colour"
     return (f"{' and '.join(asked)}: windows do not apply to colour ({photometric}) pixels: packed {packed}, no "
             "window applied (metadata.windows is empty); a window maps grey values, which a colour file does not hold")
+
+
+#: The Modality (0008,0060) whose stored values, rescaled, are Hounsfield units: the unit window presets are in.
+HU_MODALITY = "CT"
+
+
+def _hu_presets_note(ds: Dataset, cfg: DicomTransformConfig,
+                     outputs: Sequence[tuple[np.ndarray, dict[str, Any]]]) -> str | None:
+    """The warning for a file whose Modality is not CT (an MR, a radiograph: values of no unit, or
+    of another) that was windowed by a preset, CT's windows in HU (lung, mediastinum), from the job's
+    windows or its fallback_window: its values are on another scale, so the channel shows
+    nothing a CT's would (an MR above lung's top at 150 HU is one level throughout); None where no
+    preset was applied, the Modality is CT or absent, or (0028,1054) Rescale Type says HU (a
+    secondary capture of a CT). The sample is packed: the user picks its windows."""
+    modality = (text_value(ds, "Modality") or "").strip().upper()
+    if not modality or modality == HU_MODALITY or (text_value(ds, "RescaleType") or "").strip().upper() == "HU":
+        return None
+    applied = {str(w.get("name")): str(w.get("source")) for _, meta in outputs for w in meta.get("windows", ())
+               if w.get("source") in ("preset", "fallback_preset")}
+    if not applied:
+        return None
+    asked = []
+    chosen = [name for name, source in applied.items() if source == "preset"]
+    if chosen:
+        key = (f"transform.dicom.modality_windows.{modality}"
+               if any(name == modality for name, _ in cfg.modality_windows) else "transform.dicom.windows")
+        asked.append(f"{key} [{', '.join(chosen)}]")
+    if any(source == "fallback_preset" for source in applied.values()):
+        asked.append(f"transform.dicom.fallback_window {cfg.fallback_window.name if cfg.fallback_window else ''}")
+    return (f"{' and '.join(asked)}: preset windows are CT windows in Hounsfield units (HU), and this file's "
+            f"Modality {modality} stores no HU: packed through them, a channel may be one level throughout; give "
+            f"its Modality its own windows: transform.dicom.modality_windows: {{{modality}: [zscore]}} (output: "
+            f"float16), {{{modality}: [{{percentiles: [0.5, 99.5]}}]}} or {{{modality}: [file]}}")
 
 
 def _samples(ref: SampleRef, ds: Dataset, pixels: np.ndarray, cfg: DicomTransformConfig,
