@@ -223,7 +223,8 @@ class CachedChunk:
 #: 76: a TIFF's (and TIFF mask's) thumbnail IFDs are not judged by the page checks (compression, strips).
 #: 77: a whole non-image object read by pydicom is not_image again (no byte walk); a file padded with
 #: zeros, or an explicit-VR UN sequence, is no cut; an annotation of a series refused at the probe gets its reason.
-CACHE_FORMAT = 77
+#: 78: a non-CT DICOM file rendered through a CT preset says so in its metadata.warnings.
+CACHE_FORMAT = 78
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
