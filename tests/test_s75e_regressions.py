@@ -257,3 +257,45 @@ def test_a_stale_temporary_the_build_cannot_remove_is_warned_of_not_raised_after
         assert f"packer: warning: cannot remove {left}, a temporary file an interrupted build left: Permission " \
                "denied" in captured.err, captured.err
         assert fix in captured.err.split(str(left), 1)[1].split("\n", 1)[0]
+
+
+# -- many whole UN sequences, and a UN in a big-endian file: a later cut is still told (s75j) ----------
+
+
+def _un_item(body: bytes) -> bytes:
+    return struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF) + body + struct.pack("<HHI", 0xFFFE, 0xE00D, 0)
+
+
+def test_a_cut_after_hundreds_of_whole_un_sequences_is_still_truncated(tmp_path: Path) -> None:
+    """A Philips enhanced MR converted to explicit VR without the vendor dictionary holds a private
+    UN of undefined length in each of its per-frame items, implicit VR inside (PS3.5 6.2.2). Every
+    one reads whole: the bound on readings counts only readings that fail, so the 300th UN does not
+    end the walk, and a cut after them is named."""
+    creator = b"Philips MR Imaging DD 005 "
+    un = (struct.pack("<HH2s2xI", 0x2005, 0x140F, b"UN", 0xFFFFFFFF)
+          + _un_item(struct.pack("<HHI", 0x0008, 0x0100, 4) + b"ABCD") + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
+    frame = _un_item(struct.pack("<HH2sH", 0x2005, 0x0010, b"LO", len(creator)) + creator + un)
+    path = ct_without_pixels(tmp_path / "ct.dcm")
+    whole = path.read_bytes() + (struct.pack("<HH2s2xI", 0x5200, 0x9230, b"SQ", 0xFFFFFFFF) + frame * 300
+                                 + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0)
+                                 + struct.pack("<HH2s2xI", 0x6001, 0x1000, b"OB", 1000) + b"\x01" * 1000)
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(whole[:-500])
+    issue_of(probe(cut), "truncated")
+
+
+def test_a_un_in_a_big_endian_file_is_read_little_endian_and_a_later_cut_is_truncated(tmp_path: Path) -> None:
+    """A UN's value is implicit VR little endian, item tags included, in an Explicit VR Big Endian
+    file too (PS3.5 6.2.2): its items are read so, and a cut after it is still named."""
+    path = ct_without_pixels(tmp_path / "ct.dcm", "1.2.840.10008.1.2.2")
+    inner = struct.pack("<HHI", 0x0008, 0x0100, 4) + b"ABCD"
+    un = (struct.pack(">HH2sH", 0x0041, 0x0010, b"LO", 4) + b"ACME"
+          + struct.pack(">HH2s2xI", 0x0041, 0x1001, b"UN", 0xFFFFFFFF)
+          + _un_item(inner) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
+    whole = (path.read_bytes() + un + struct.pack(">HH2sH", 0x0043, 0x0010, b"LO", 4) + b"ACME"
+             + struct.pack(">HH2s2xI", 0x0043, 0x1000, b"OB", 1000) + b"\x01" * 1000)
+    (tmp_path / "whole.dcm").write_bytes(whole)
+    assert cut_in_header(str(tmp_path / "whole.dcm")) is None
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(whole[:-500])
+    issue_of(probe(cut), "truncated")

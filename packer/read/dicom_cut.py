@@ -40,8 +40,9 @@ _VRS = frozenset({b"AE", b"AS", b"AT", b"CS", b"DA", b"DS", b"DT", b"FL", b"FD",
 _INFLATED_MAX = 1 << 28
 #: Deeper than this no real header nests: the walk gives up (a damaged or crafted file)
 _MAX_DEPTH = 64
-#: More readings of undefined-length UN values than this (each tried up to three ways, nested ones
-#: within each) and the walk gives up: no real header holds that many that read neither way
+#: More failed readings of undefined-length UN values than this (each tried up to three ways, nested
+#: ones within each; a reading that reaches the delimiter is not counted) and the walk gives up: no
+#: real header holds that many that read neither way
 _MAX_UN_READINGS = 256
 #: Zero padding after the last element is checked for all zeros this many bytes at a time
 _ZERO_CHUNK = 1 << 20
@@ -165,9 +166,6 @@ class _Walk:
                     (lambda at: implicit), (lambda at: kept))
         first: tuple[int, str | None] | None = None
         for number, reading in enumerate(readings):
-            self.un_readings += 1
-            if self.un_readings > _MAX_UN_READINGS:
-                raise _NotACut
             try:
                 found: tuple[int, str | None] | None = self.sequence(pos, None, name, depth, reading)
             except (_NotACut, struct.error):
@@ -178,6 +176,9 @@ class _Walk:
                 return found
             if number == 0:
                 first = found
+            self.un_readings += 1  # a reading that did not reach the delimiter: only these are bounded
+            if self.un_readings > _MAX_UN_READINGS:
+                raise _NotACut
         if first is None:
             raise _NotACut
         return first
@@ -190,13 +191,16 @@ class _Walk:
                  reading: Callable[[int], _Encoding] | None = None) -> tuple[int, str | None]:
         """Walk the items of sequence ``name`` from ``pos`` to ``end`` (None: to its Sequence
         Delimitation Item). ``reading``: an undefined-length UN's, the encoding of the item whose
-        first element is at the offset given (:meth:`un_sequence`)."""
+        first element is at the offset given (:meth:`un_sequence`), its item tags read in that
+        encoding's byte order too (PS3.5 6.2.2: a UN's items are implicit VR little endian, in a
+        big-endian file as well)."""
         data, order, count = self.data, self.encoding.order, 0
         limit = len(data) if end is None else min(end, len(data))
         while pos < limit:
             count += 1
             if reading is not None:
                 self.encoding = reading(pos + 8)
+                order = self.encoding.order
             if limit - pos < 8:
                 return pos, (f"the file ends {limit - pos} byte(s) into the header of item {count} of {name} (an "
                              f"item's tag and length take 8 bytes; {self._total()})")
