@@ -56,7 +56,8 @@ def write_warnings(folder: Path, warnings: Iterable[tuple[str, str]]) -> Path | 
     records = [BuildWarning(code, message).to_json() for code, message in warnings]
     path = folder / WARNINGS_FILE
     if not records:
-        path.unlink(missing_ok=True)
+        if path.exists():  # asked only where there is one: a read-only published version holds none to remove
+            path.unlink()
         return None
     for record in records:
         _record_validator().validate(record)

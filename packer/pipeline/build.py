@@ -674,7 +674,10 @@ def _build(job: JobConfig, options: BuildOptions, watched: list[_Watched], begun
     reused, restored, rewritten = _publish(staging, version_dir, manifest)
     # a killed build's (or `packer report`'s) half-written report or manifest in the dataset's version folders,
     # this one's included (it writes its report again): under the lock, only ones whose writer is gone
-    _remove_stale(stale_version_temporaries(dataset_root, lock_held=locked), quiet=options.quiet, warned=warned,
+    # A leftover it cannot remove is printed on stderr but kept out of the version's
+    # warnings.jsonl: it is the folder's state, not the dataset's, and a published version left as it was
+    # (a read-only one) must not be written into to record it.
+    _remove_stale(stale_version_temporaries(dataset_root, lock_held=locked), quiet=options.quiet, warned=[],
                   fix=f"run `packer gc {dataset_root}` (or remove it by hand)")
     if pointer_error is not None:
         raise pointer_error
