@@ -224,7 +224,8 @@ class CachedChunk:
 #: 77: a whole non-image object read by pydicom is not_image again (no byte walk); a file padded with
 #: zeros, or an explicit-VR UN sequence, is no cut; an annotation of a series refused at the probe gets its reason.
 #: 78: a non-CT DICOM file rendered through a CT preset says so in its metadata.warnings.
-CACHE_FORMAT = 78
+#: 79: a cut after many whole UN sequences, or after a UN in a big-endian file, is truncated again.
+CACHE_FORMAT = 79
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
