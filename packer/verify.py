@@ -307,7 +307,7 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings,
     the listed shards by their recorded sha256: a shard whose bytes are another's (two files
     swapped, or one overwritten with a copy of another) is named as that shard's copy, and its
     samples, intact, are not named as damaged; one of another's size is hashed to tell."""
-    others = {sha: other for sha, other in (recorded or {}).items() if other["file"] != entry["file"]}
+    recorded = recorded or {}
     path = folder.where(entry["file"])
     try:
         size = folder.size(entry["file"])
@@ -318,10 +318,9 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings,
     except OSError as err:
         found.add(entry["file"], f"cannot stat {path} ({_why(err)})")
         return False
-    if size != entry["bytes"] and not any(other["bytes"] == size for other in others.values()):
-        kind = "truncated" if size < entry["bytes"] else "grown"
-        found.damaged.add(entry["file"])  # its sha256 cannot match either: name the samples it lost or changed
-        found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
+    if size != entry["bytes"] and not any(other["bytes"] == size and other["file"] != entry["file"]
+                                          for other in recorded.values()):
+        _wrong_size(entry, size, found)
         return True
     try:
         size, digest = folder.sha256(entry["file"])
@@ -330,23 +329,30 @@ def _check_file(folder: VersionFolder, entry: dict[str, Any], found: _Findings,
         return False
     found.files += 1
     found.bytes += size
-    if digest != entry["sha256"] and digest in others:
+    copy_of = recorded.get(digest) if digest != entry["sha256"] else None
+    if copy_of is not None and copy_of["file"] != entry["file"]:
         found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: this "
-                                 f"file is {others[digest]['file']}'s bytes (the sha256 the manifest records for it): "
+                                 f"file is {copy_of['file']}'s bytes (the sha256 the manifest records for it): "
                                  "shard files were swapped, or this one overwritten with a copy of that one; restore "
                                  f"{entry['file']} from the version's own copy, or rebuild the version with "
                                  "`packer build`")
         return True
     if size != entry["bytes"]:  # of another shard's size, but not its bytes
-        kind = "truncated" if size < entry["bytes"] else "grown"
-        found.damaged.add(entry["file"])
-        found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
+        _wrong_size(entry, size, found)
         return True
     if digest != entry["sha256"]:
         found.damaged.add(entry["file"])
         found.add(entry["file"], f"sha256 {digest[:16]}… does not match the manifest's {entry['sha256'][:16]}…: "
                                  f"the file was modified or corrupted after the build; {_REBUILD}")
     return True
+
+
+def _wrong_size(entry: dict[str, Any], size: int, found: _Findings) -> None:
+    """A listed file of another size than the manifest records: damaged (its sha256 cannot match
+    either: the samples it lost or changed are named), truncated or grown."""
+    kind = "truncated" if size < entry["bytes"] else "grown"
+    found.damaged.add(entry["file"])
+    found.add(entry["file"], f"{size} bytes, the manifest records {entry['bytes']} ({kind}); {_REBUILD}")
 
 
 def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[tuple[str, dict[str, Any]]],

@@ -913,10 +913,10 @@ def index_places(split: SplitInfo) -> IndexPlaces | str:
     if stamp in _PLACES:
         return _PLACES[stamp]
     try:
-        data = _index_bytes(split, verify=True)
-        names = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.names
-        columns = ["key", "shard", "split", "position", *([INDEX_COLUMN] if INDEX_COLUMN in names else [])]
-        rows = pq.ParquetFile(pa.BufferReader(data)).read(columns=columns, use_threads=False).to_pylist()
+        index = pq.ParquetFile(pa.BufferReader(_index_bytes(split, verify=True)))
+        columns = ["key", "shard", "split", "position",
+                   *([INDEX_COLUMN] if INDEX_COLUMN in index.schema_arrow.names else [])]
+        rows = index.read(columns=columns, use_threads=False).to_pylist()
     except IntegrityError as err:
         return str(err)
     except (pa.ArrowException, KeyError) as err:

@@ -122,6 +122,10 @@ class Codestream:
     precision: int
 
 
+#: A JPEG 2000 codestream's first bytes: SOC, then SIZ's marker (ITU T.800 A.5.1)
+_J2K_START = b"\xff\x4f\xff\x51"
+
+
 def codestream_header(frame: bytes) -> Codestream | None:
     """The header of a JPEG / JPEG-LS (SOFn) or JPEG 2000 (SIZ) codestream.
 
@@ -130,7 +134,7 @@ def codestream_header(frame: bytes) -> Codestream | None:
     (comments, application segments: a size check that gave up after 64 let a frame of any size
     be decoded), never the scan after them.
     """
-    if frame[:4] == b"\xff\x4f\xff\x51" and len(frame) >= 43:  # SOC then SIZ (ITU T.800 A.5.1)
+    if frame[:4] == _J2K_START and len(frame) >= 43:
         xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", frame, 8)
         ssiz = frame[42]  # component 0: bit 7 the sign, the rest the precision minus 1
         return Codestream(max(0, ysiz - yosiz), max(0, xsiz - xosiz), (ssiz & 0x7F) + 1)
@@ -146,7 +150,7 @@ def codestream_components(frame: bytes) -> int | None:
     """The component count a JPEG / JPEG-LS frame's SOFn header (Nf, ITU T.81 B.2.2; T.87 keeps
     it) or a JPEG 2000 codestream's SIZ (Csiz, T.800 A.5.1) declares; None where the frame is
     neither or the header is cut short. Only the headers are read, never the scan."""
-    if frame[:4] == b"\xff\x4f\xff\x51":  # SOC then SIZ
+    if frame[:4] == _J2K_START:
         return struct.unpack_from(">H", frame, 40)[0] if len(frame) >= 42 else None
     pos = _jpeg_sof(frame)
     return frame[pos + 9] if pos is not None and pos + 10 <= len(frame) else None
@@ -172,7 +176,6 @@ def _jpeg_sof(frame: bytes) -> int | None:
     return None
 
 
-
 #: JPEG 2000 markers (ITU T.800 A.2): start of tile-part and of data, coding style default and
 #: component; the JP2 file format's signature box and its contiguous-codestream box type.
 _J2K_SOT, _J2K_SOD, _J2K_COD, _J2K_COC = 0xFF90, 0xFF93, 0xFF52, 0xFF53
@@ -192,7 +195,7 @@ def codestream_lossy(frame: bytes) -> bool | None:
     lossless, None where the frame is neither, or its COD / SOS cannot be read (cut short)."""
     if frame.startswith(_JP2_SIGNATURE):
         frame = _jp2_codestream(frame)
-    if frame[:4] == b"\xff\x4f\xff\x51":
+    if frame[:4] == _J2K_START:
         return _j2k_lossy(frame)
     sof = _jpeg_sof(frame)
     if sof is not None and frame[sof + 1] == 0xF7:  # SOF55: JPEG-LS
