@@ -146,6 +146,9 @@ def test_a_bad_series_is_refused_with_its_own_reason_for_every_file(bad: Any, re
     (lambda fs: fs[:3] + fs[4:], ("/raw/2.dcm and /raw/4.dcm", "restore the missing file")),         # the gap's sides
     (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, orientation=_oblique(10.0)))], ("/raw/50.dcm has",)),
     (lambda fs: fs[:-1] + [(_ref(50), _geometry(17.5, rows=32))], ("1 file(s), e.g. /raw/50.dcm",)),
+    # a slice without Pixel Spacing was shown as "16×16 at None", naming no attribute
+    (lambda fs: fs[:-1] + [(_ref(50), replace(_geometry(17.5), spacing=None))],
+     ("16×16 at (0.5, 0.5) (7 file(s)", "16×16 without (0028,0030) Pixel Spacing (1 file(s), e.g. /raw/50.dcm)")),
 ])
 def test_a_refusal_names_the_files_that_cause_it(bad: Any, named: tuple[str, ...]) -> None:
     """A gap, a turned slice, a slice of another grid: the records said "between slices 2 and 3"

@@ -434,6 +434,13 @@ def _left_out(members: Sequence[tuple[SampleRef, SliceGeometry]], cfg: SeriesCon
             for ref, g in members if _is_localizer(g)]
 
 
+def _spacing_text(spacing: Any) -> str:
+    """A slice's pixel spacing as a geometry refusal names it: ``at (0.5, 0.5)``, or that it has none."""
+    if spacing is None:
+        return "without (0028,0030) Pixel Spacing"
+    return f"at {tuple(round(float(v), 6) for v in spacing)}"
+
+
 def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, uid_key: str,
            part: str = "") -> Series | list[Issue]:
     refs = [ref for ref, _ in members]
@@ -520,7 +527,7 @@ def _check(members: list[tuple[SampleRef, SliceGeometry]], cfg: SeriesConfig, ui
         for ref, g in members:
             for spacing in dict.fromkeys((g.spacing, *g.frame_spacings)):
                 counts.setdefault((g.rows, g.columns, spacing), []).append(ref.path)
-        shown = ", ".join(f"{r}×{c} at {s} ({len(paths)} file(s), e.g. {paths[0]})"
+        shown = ", ".join(f"{r}×{c} {_spacing_text(s)} ({len(paths)} file(s), e.g. {paths[0]})"
                           for (r, c, s), paths in sorted(counts.items(), key=lambda item: -len(item[1])))
         return _fail(refs, "series_geometry", f"its slices differ in rows, columns or pixel spacing ({shown})",
                      uid_key, part)
