@@ -697,3 +697,26 @@ def test_a_copy_groups_example_shows_the_crossing_and_says_what_it_left_out() ->
     assert six.startswith("img/P0.png [train] = img/P3.png [valid] = img/P5.png [test] = ") and six.endswith(
         " and 1 more"), six
     assert finding_text("exact_duplicates_across_splits", finding, members=7).count("[") == 7
+
+
+@pytest.mark.parametrize("target", ["-", "/dev/stdout"])
+def test_a_report_on_stdout_is_the_only_thing_there(tmp_path: Path, target: str) -> None:
+    """`--json -` wrote a file named "-" in the working folder, and `--json /dev/stdout` put the
+    opening line ("packer: NAME: N input files ...") in front of the JSON, so stdout did not parse."""
+    import subprocess
+    import sys
+
+    job = image_job(tmp_path, base_rows(4))
+    run = subprocess.run([sys.executable, "-m", "packer.cli", "validate", str(job), "--quick", "--scheduler", "sync",
+                          "--json", target], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["passed"] is True
+    assert "input files" in run.stderr and not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("same", ["-", "report.out"])
+def test_json_and_junit_cannot_both_go_to_one_place(tmp_path: Path, same: str) -> None:
+    job = image_job(tmp_path, base_rows(4))
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", "--json", same,
+                                       "--junit", same])
+    assert result.exit_code == 2 and "--json and --junit both write" in result.output, result.output

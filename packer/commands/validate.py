@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -14,12 +17,13 @@ from packer.commands import exits
 @click.option("--quick", is_flag=True, help="Read headers only (labels, entities, times, unreadable files); "
               "skips decoding, so duplicate and pixel checks do not run: their rules are reported as skipped.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a machine-readable report (schemas/validate.schema.json) to this file. It lists the "
-                   "bad and left-out files' raw paths and messages: keep it local.")
+              help="Write a machine-readable report (schemas/validate.schema.json) to this file ('-': stdout, "
+                   "which then holds the report alone). It lists the bad and left-out files' raw paths and "
+                   "messages: keep it local.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write JUnit XML (a test case for bad_fraction, one per audit rule, and empty_splits) for CI "
                    "dashboards; under PHI pseudonymization it names bad files by sample key only, so it may be "
-                   "published.")
+                   "published ('-': stdout).")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local dask cluster.")
 @click.option("--scheduler", metavar="ADDRESS",
               help="Run on an existing dask.distributed scheduler (tcp://host:port or a scheduler file), "
@@ -55,8 +59,16 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
     from packer.api import validate
     from packer.storage import parse_storage_options
 
-    result = validate(job, quick=quick, workers=workers, scheduler=scheduler, progress=not quiet,
-                      storage_options=parse_storage_options(storage_option))
+    json_path, junit_path = _stdout_dash(json_path), _stdout_dash(junit_path)
+    if json_path is not None and junit_path is not None and (os.path.abspath(json_path) == os.path.abspath(junit_path)
+                                                             or _is_stdout(json_path) and _is_stdout(junit_path)):
+        raise click.UsageError(f"--json and --junit both write {json_path}: one report would replace or run into the "
+                               "other; give each its own file")
+    # a report on stdout stays one document: the opening line, stdout's only other text, goes to stderr
+    to_stdout = any(p is not None and _is_stdout(p) for p in (json_path, junit_path))
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        result = validate(job, quick=quick, workers=workers, scheduler=scheduler, progress=not quiet,
+                          storage_options=parse_storage_options(storage_option))
     click.echo(result.summary(), err=True)
     if json_path is not None:
         result.write_json(json_path)
@@ -66,3 +78,18 @@ def validate_command(job: Path, quick: bool, json_path: Path | None, junit_path:
         # the summary above already says what failed: exit with its code and no "packer: error:" line
         # (a PackerError would add one); ``exits`` lets click's Exit through, click exits with its code
         raise click.exceptions.Exit(result.exit_code)
+
+
+def _stdout_dash(path: Path | None) -> Path | None:
+    """``-`` for a report file means stdout, as for most command-line tools (else a file named ``-``)."""
+    return Path("/dev/stdout") if path is not None and str(path) == "-" else path
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether writing ``path`` writes this process's stdout (``/dev/stdout``, ``/proc/self/fd/1``, or
+    the very file stdout was redirected to)."""
+    try:
+        named, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):  # no such file yet (a report to write), or stdout closed/not a file descriptor
+        return False
+    return (named.st_dev, named.st_ino) == (out.st_dev, out.st_ino)
