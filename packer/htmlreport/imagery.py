@@ -220,9 +220,11 @@ def render_intensities(data: ReportData) -> str:
     counted = " · ".join(f"{esc(s)} {c:,} of {t:,}" for s, (c, t) in
                          ((s, data.histogram_totals[s]) for s in data.splits if s in data.histogram_totals))
     lead = (f"Packed values per channel, 256 bins, over at most {data.limits.histogram_samples:,} samples per split "
-            f"(the same seeded order as the contact sheets; counted: {counted}). Square-root count axis scaled to the "
-            "inner bins: a taller bin at 0 or 255 is cut at the top, and its share is listed under the chart. A "
-            "channel is flagged as saturated when more than half of its pixels sit at 0 or 255.")
+            f"(the same seeded order as the contact sheets{f'; counted: {counted}' if counted else ''}).")
+    if blocks:  # the rest describes the charts: none is drawn where no sample was packed
+        lead += (" Square-root count axis scaled to the inner bins: a taller bin at 0 or 255 is cut at the top, and "
+                 "its share is listed under the chart. A channel is flagged as saturated when more than half of its "
+                 "pixels sit at 0 or 255.")
     summary = (note(f"<strong>{flagged_total} saturated channel(s)</strong> flagged below.", "warn") if flagged_total
                else note("No saturated channel.", "ok"))
     return section("intensities", summary + "".join(blocks) if blocks else note("No packed samples.", "muted"), lead)
