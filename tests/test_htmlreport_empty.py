@@ -2,7 +2,7 @@
 file bad).
 
 A report of zero samples says so where there is nothing to show, instead of an empty list after
-"counted:"."""
+"counted:" or a label table with a header and no rows."""
 
 from __future__ import annotations
 
@@ -46,3 +46,13 @@ def test_the_intensities_lead_of_a_build_without_samples_lists_no_empty_count(ze
     assert "(the same seeded order as the contact sheets)" in lead.group(1)
     assert "under the chart" not in lead.group(1)  # no chart is drawn, so the lead does not describe one
     assert "No packed samples." in intensities
+
+
+def test_the_splits_section_of_a_build_without_samples_draws_no_empty_label_balance(zero_sample_page: str) -> None:
+    splits = _section(zero_sample_page, "splits")
+    assert 'id="label-counts"' not in splits  # no "Samples per label and split" table with no rows
+    assert '<div class="legend"></div>' not in splits
+    assert "Samples per label and split" not in splits
+    assert "<h3>Label balance</h3>" in splits
+    assert "No labelled sample was packed, so there is no balance to show." in splits
+    assert 'id="splits-table"' in splits  # the splits themselves are still listed, with their zeros

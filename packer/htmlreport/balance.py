@@ -60,6 +60,10 @@ def _class_balance(data: ReportData) -> str:
     labels = list(data.manifest.get("label_map", {}))
     for split in data.splits:
         labels += [k for k in splits[split].get("class_counts", {}) if k not in labels]
+    if not any(int(count) for s in data.splits for count in splits[s].get("class_counts", {}).values()):
+        # no split counts a labelled sample (every input file bad): no legend, bars or table to draw
+        return ('<h3>Label balance</h3><p class="muted" data-field="no-labelled-samples">No labelled sample was '
+                "packed, so there is no balance to show.</p>")
     colors = palette(labels)
     share = share_chart([(s, [(lab, int(splits[s].get("class_counts", {}).get(lab, 0))) for lab in labels])
                          for s in data.splits], colors, label="label balance per split")
