@@ -309,7 +309,7 @@ def test_copies_two_rules_found_are_one_duplicate_group_naming_both_rules(built:
     text = render_html_report(built.version_dir, manifest=planted)
     parsed = parse(text)
     assert parsed.body_rows["duplicate-groups"] == 1
-    assert "Duplicates <span class=\"muted\">(1 groups)</span>" in text
+    assert "Duplicates <span class=\"muted\">(1 group)</span>" in text
     assert "duplicates span entities, exact duplicates within split" in text  # one card naming both rules
 
 
@@ -855,7 +855,7 @@ def test_one_samples_damaged_npy_header_loses_that_sample_alone_and_is_a_finding
     alerts = text.split('<p class="alert" role="alert">')
     assert any(a.split("</p>")[0].startswith("1 of the ") and "could not be read" in a for a in alerts[1:]), alerts[:2]
     assert in_shard > 1
-    assert "1 selected samples could not be read" in text  # that sample alone, not the rest of its shard
+    assert "1 selected sample could not be read" in text  # that sample alone, not the rest of its shard
     total = built.manifest["splits"]["train"]["samples"]
     counted = re.search(r"counted: train ([0-9,]+) of ([0-9,]+)", text)
     assert counted is not None and int(counted[2].replace(",", "")) == total

@@ -34,7 +34,7 @@ from packer.allocator import system_arrow_pool
 from packer.errors import IntegrityError
 from packer.htmlreport.collect import DamagedSample, ReportData, ReportLimits, collect_report_data
 from packer.htmlreport.imagery import render_contact_sheets, render_intensities
-from packer.htmlreport.markup import esc
+from packer.htmlreport.markup import esc, plural
 from packer.htmlreport.sections import (
     SECTION_IDS,
     render_bad_samples,
@@ -104,7 +104,7 @@ def _render(manifest_path_or_dir: str | Path, *, manifest: dict[str, Any] | None
     name, version = str(manifest.get("name", "?")), str(manifest.get("version", "?"))
     samples = int(manifest.get("inputs", {}).get("samples", 0))
     digest = esc(str(manifest.get("dataset_hash", "?"))[:16])
-    subtitle = (f"{samples:,} samples · {esc(manifest.get('format', '?'))} · "
+    subtitle = (f"{samples:,} {plural(samples, 'sample')} · {esc(manifest.get('format', '?'))} · "
                 f"created {esc(manifest.get('created_at', '?'))} · "
                 f'dataset_hash <span class="mono">{digest}…</span>')
     shows = esc(report_privacy(manifest))

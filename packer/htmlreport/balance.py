@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packer.htmlreport.collect import NO_LABEL, ReportData
-from packer.htmlreport.markup import esc, note, num, palette, split_color, swatch_legend, table
+from packer.htmlreport.markup import esc, note, num, palette, plural, split_color, swatch_legend, table
 from packer.htmlreport.stats import ValueHistogram
 from packer.htmlreport.svg import histogram_chart, prevalence_chart, share_chart
 from packer.targets import ClassTarget, MultiLabelTarget, NoTarget, NumericTarget
@@ -72,12 +72,18 @@ def _class_balance(data: ReportData) -> str:
         cells = [int(splits[s].get("class_counts", {}).get(lab, 0)) for s in data.splits]
         label_rows.append(f'<tr><th scope="row"><i class="dot" style="background:{colors[lab]}"></i>{esc(lab)}</th>'
                           + "".join(num(c) for c in cells) + num(sum(cells)) + "</tr>")
-    more = note(f"{len(labels) - LABEL_ROWS:,} more labels not listed.", "muted") if len(labels) > LABEL_ROWS else ""
+    more = _more_labels(len(labels))
     counts = table(["label", *data.splits, "total"], label_rows, table_id="label-counts", cls="data compact",
                    numeric=tuple(range(1, len(data.splits) + 2)))
     legend = swatch_legend({k: colors[k] for k in labels[:LABEL_ROWS]})
     return (f"<h3>Label balance</h3>{legend}{share}"
             f"<details><summary>Samples per label and split</summary>{counts}{more}</details>")
+
+
+def _more_labels(labels: int) -> str:
+    """The note under a label table cut at :data:`LABEL_ROWS` rows; empty where it is not cut."""
+    rest = labels - LABEL_ROWS
+    return note(f"{rest:,} more {plural(rest, 'label')} not listed.", "muted") if rest > 0 else ""
 
 
 def multilabel_counts(data: ReportData) -> dict[str, dict[str, int]]:
@@ -117,7 +123,7 @@ def _multilabel_balance(data: ReportData) -> str:
                     + _share_cell(sum(cells), sum(samples.values())) + "</tr>")
     foot = ('<tr><th scope="row">samples</th>' + "".join(num(samples[s]) for s in data.splits)
             + num(sum(samples.values())) + "</tr>")
-    more = note(f"{len(labels) - LABEL_ROWS:,} more labels not listed.", "muted") if len(labels) > LABEL_ROWS else ""
+    more = _more_labels(len(labels))
     table_html = table(["label", *data.splits, "total"], rows, table_id="label-counts", cls="data compact",
                        foot=foot, numeric=tuple(range(1, len(data.splits) + 2)))
     return (f"<h3>Label balance</h3><p class=\"muted\">Multi-label: per label, the share of each split's samples "
@@ -153,10 +159,11 @@ def _value_card(hist: ValueHistogram, split: str, stats: tuple[float, float, flo
                              width=326, ticks=ticks, clip_ends=False)
              if counts is not None and counts.sum() else note("no values", "muted"))
     counted = hist.stats.get(split)
+    samples = int(counted[0]) if counted else 0
     facts = ("min {} · mean {} · max {}".format(*map(_number, stats)) if stats else "-")
     return (f'<div class="card" data-split="{esc(split)}" data-target="{esc(hist.name)}"><div class="card-title">'
             f'<i class="dot" style="background:{split_color(split)}"></i>{esc(split)} '
-            f'<span class="muted">{counted[0] if counted else 0:,} samples</span></div>{chart}'
+            f'<span class="muted">{samples:,} {plural(samples, "sample")}</span></div>{chart}'
             f'<p class="muted">{facts}</p></div>')
 
 

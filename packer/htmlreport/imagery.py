@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from packer.htmlreport.collect import NO_LABEL, ReportData, SheetItem
-from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, split_color
+from packer.htmlreport.markup import CHANNEL_COLORS, esc, note, plural, split_color
 from packer.htmlreport.masks import render_mask_legend
 from packer.htmlreport.sections import section
 from packer.htmlreport.stats import ChannelHistograms
@@ -118,15 +118,16 @@ def render_contact_sheets(data: ReportData) -> str:
                          f'shown{extra}</span></h4>{"<br>".join(legends)}'
                          f'<div class="grid">{"".join(_cell(i, small, target) for i in shown)}</div></div>')
         hidden = len(totals) - min(len(totals), limits.labels_per_split)
-        more = note(f"{hidden} less frequent {group}s not shown.", "muted") if hidden > 0 else ""
+        more = note(f"{hidden} less frequent {plural(hidden, group)} not shown.", "muted") if hidden > 0 else ""
         samples = data.split_totals.get(split, sum(totals.values()))
         blocks.append(f'<details open class="split"><summary><i class="dot" style="background:{split_color(split)}">'
-                      f'</i>{esc(split)} <span class="muted">{samples:,} samples</span></summary>'
+                      f'</i>{esc(split)} <span class="muted">{samples:,} {plural(samples, "sample")}</span></summary>'
                       f'{"".join(parts)}{more}</details>')
     unreadable = ""
     if data.unreadable:
         first = "; ".join(f"{esc(k)} ({esc(r)})" for k, r in data.unreadable[:10])
-        unreadable = note(f"{len(data.unreadable):,} selected samples could not be read: {first}", "warn")
+        n = len(data.unreadable)
+        unreadable = note(f"{n:,} selected {plural(n, 'sample')} could not be read: {first}", "warn")
     lead = (f"Up to {limits.sheet_columns}×{limits.sheet_rows} samples per split and {group}, picked by "
             f"sha256(dataset_hash, key) so the same dataset always shows the same samples.{grouping} Multi-channel "
             f"DICOM samples show each window in grey, then a colour composite. Hover a thumbnail for its key, {hover}, "
@@ -181,7 +182,7 @@ def _histogram_card(split: str, hist: ChannelHistograms) -> str:
     scaled = "" if dtypes == "uint8" else f" · scaled to 0-255 from {esc(dtypes)}"
     return (f'<div class="card{" flagged" if flagged else ""}" data-split="{esc(split)}"><div class="card-title">'
             f'<i class="dot" style="background:{split_color(split)}"></i>{esc(split)} '
-            f'<span class="muted">{hist.samples:,} samples{scaled}</span></div>'
+            f'<span class="muted">{hist.samples:,} {plural(hist.samples, "sample")}{scaled}</span></div>'
             f'{histogram_chart(series, label=f"{split} histogram", width=326)}'
             f"{_saturation_note(hist.saturation(), flagged)}{_normalisation_note(hist)}</div>")
 

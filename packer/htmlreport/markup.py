@@ -51,5 +51,11 @@ def swatch_legend(colors: dict[str, str]) -> str:
     return f'<div class="legend">{items}</div>'
 
 
+def plural(count: int, one: str, many: str = "") -> str:
+    """The noun for ``count`` things: ``one`` for a count of 1, else ``many`` (``one`` + "s"
+    unless given), as in ``f"{n:,} {plural(n, 'group')}"``: "1 group", "2 groups", "0 entities"."""
+    return one if count == 1 else many or one + "s"
+
+
 def note(text: str, cls: str = "note") -> str:
     return f'<p class="{esc(cls)}">{text}</p>'

@@ -11,7 +11,7 @@ text says which).
 from __future__ import annotations
 
 from packer.htmlreport.collect import MaskSchema, ReportData
-from packer.htmlreport.markup import esc, note, num, table
+from packer.htmlreport.markup import esc, note, num, plural, table
 from packer.htmlreport.stats import MaskCounts
 from packer.htmlreport.thumbs import MASK_ALPHA, MASK_COLORS, mask_color
 
@@ -70,7 +70,8 @@ def render_mask_legend(data: ReportData) -> str:
     drawn = [i for i in ids if i and i != mask.pad_only]
     repeat = (f' <span class="muted">(colours repeat every {len(MASK_COLORS)} ids)</span>'
               if drawn and max(drawn) > len(MASK_COLORS) else "")
-    more = f' <span class="muted">… {len(ids) - MASK_ROWS:,} more ids</span>' if len(ids) > MASK_ROWS else ""
+    rest = len(ids) - MASK_ROWS
+    more = f' <span class="muted">… {rest:,} more {plural(rest, "id")}</span>' if rest > 0 else ""
     return (f'<div class="legend" id="mask-legend"><strong>Mask overlay</strong> <span class="muted">'
             f"({MASK_ALPHA:.0%} opaque; 0 is not drawn)</span>{keys}{more}{repeat}{_pad_class_note(mask)}</div>")
 
@@ -127,8 +128,9 @@ def render_mask_classes(data: ReportData) -> str:
     pad = f" and the pad id {mask.pad_only}" if mask.pad_only else ""
     padded = (f" The pixels of {esc(_name(mask.pad or 0, mask))} include fit's padding where a resize padded: the "
               "job pads masks with its id." if mask.pad_class is not None else "")
-    more = note(f"{len(ids) - MASK_ROWS:,} more class ids not listed.", "muted") if len(ids) > MASK_ROWS else ""
-    unread = note(f"{len(data.unreadable):,} selected samples could not be read and are not counted.", "warn") \
-        if data.unreadable else ""
+    rest, unreadable = len(ids) - MASK_ROWS, len(data.unreadable)
+    more = note(f"{rest:,} more class {plural(rest, 'id')} not listed.", "muted") if rest > 0 else ""
+    unread = (note(f"{unreadable:,} selected {plural(unreadable, 'sample')} could not be read and "
+                   f"{plural(unreadable, 'is', 'are')} not counted.", "warn") if unreadable else "")
     return (f'<h3 id="masks">Masks</h3><p class="muted">Share of mask pixels per class id (every frame counted) and '
             f"masks that hold no id but 0{pad} (empty), per split, over {over}.{padded}</p>{shares}{more}{unread}")

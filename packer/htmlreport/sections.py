@@ -18,7 +18,7 @@ from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
 from packer.htmlreport.findings import AuditFindings, DuplicateGroup
-from packer.htmlreport.markup import esc, note, num, split_color, table
+from packer.htmlreport.markup import esc, note, num, plural, split_color, table
 from packer.htmlreport.masks import mask_fact, render_mask_classes
 from packer.htmlreport.svg import bar_chart, timeline_chart
 from packer.htmlreport.thumbs import Pane
@@ -142,6 +142,7 @@ def render_summary(data: ReportData) -> str:
     splits = m.get("splits", {})
     bad = m.get("bad_samples", {})
     inputs = m.get("inputs", {})
+    files = int(inputs.get("files", 0))
     schema = m.get("sample_schema", {})
     dtypes = schema.get("dtypes") or {}  # each source's, where they differ
     shapes = "; ".join(f"{esc(src)} {' / '.join('×'.join(map(str, s)) for s in shp)}"
@@ -156,7 +157,7 @@ def render_summary(data: ReportData) -> str:
         _fact("Dataset hash", esc(m.get("dataset_hash", "?")), field="dataset_hash", mono=True),
         _fact("Config hash", esc(m.get("config_hash", "?")), field="config_hash", mono=True),
         _fact("Samples", f'{int(inputs.get("samples", 0)):,} <span class="muted">from '
-              f'{int(inputs.get("files", 0)):,} input files{_left_out(inputs)}{_constant_slices(inputs)}'
+              f'{files:,} input {plural(files, "file")}{_left_out(inputs)}{_constant_slices(inputs)}'
               f'{_non_finite_filled(inputs)}</span>', field="inputs.samples"),
         _fact("Bad samples", f'{int(bad.get("total", 0)):,} ({float(bad.get("fraction", 0)):.1%}, '
               f'limit {float(bad.get("max_fraction", 0)):.1%})', field="bad_samples.total"),
@@ -385,8 +386,9 @@ def render_bad_samples(data: ReportData) -> str:
                    f"</span></h3><p class=\"muted\">{where}</p>"
                    + table(["#", "path", "reason", "stage", "message"], rows, table_id="bad-samples-table",
                            cls="data bad", numeric=(0,))
-                   + (note(f'<span data-field="bad-rows-not-shown">{rest:,}</span> more records not shown '
-                           f"(first {len(shown):,} listed).", "muted") if rest > 0 else ""))
+                   + (note(f'<span data-field="bad-rows-not-shown">{rest:,}</span> more '
+                           f"{plural(rest, 'record')} not shown (first {len(shown):,} listed).", "muted")
+                      if rest > 0 else ""))
     return section("bad-samples", banner + status + charts + listing + _render_excluded(data))
 
 
@@ -408,7 +410,7 @@ def _render_excluded(data: ReportData) -> str:
             counts.append(f"<div><h4>{title}</h4>"
                           + table([title, "files"], rows, table_id=f"excluded-{key}", cls="data", numeric=(1,))
                           + "</div>")
-    head = (f'<h3 id="excluded">Left out on purpose <span class="muted">({total:,} files)</span></h3>'
+    head = (f'<h3 id="excluded">Left out on purpose <span class="muted">({total:,} {plural(total, "file")})</span></h3>'
             '<p class="muted">Files the job does not pack by design: not bad samples, never counted against '
             "max_bad_fraction. not_image: a DICOM object without an image (report, presentation state, plan, "
             "structure set, segmentation); not_requested: an image packed only when the source's where: asks (RT "
@@ -446,8 +448,8 @@ def _render_excluded(data: ReportData) -> str:
                else ["#", "path", "why", "modality", "SOP class", "detail"])
     rest = len(records) - len(shown)
     return (head + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
-            + (note(f"{rest:,} more records not shown (first {len(shown):,} listed; all in excluded.jsonl).",
-                    "muted") if rest > 0 else ""))
+            + (note(f"{rest:,} more {plural(rest, 'record')} not shown (first {len(shown):,} listed; all in "
+                    "excluded.jsonl).", "muted") if rest > 0 else ""))
 
 
 #: What the time-order table shows for a record's date that PHI pseudonymization keeps out of the
@@ -501,6 +503,11 @@ def _counted(audit: AuditFindings, kind: str) -> str:
     return f"{total:,}" if exact else f"at least {total:,}"
 
 
+def _counted_noun(audit: AuditFindings, kind: str, one: str, many: str = "") -> str:
+    """:func:`_counted` with its noun, in the number the count takes: ``1 group``, ``at least 210 groups``."""
+    return f"{_counted(audit, kind)} {plural(audit.total(kind)[0], one, many)}"
+
+
 def _listed(audit: AuditFindings, kind: str, sep: str = "; ") -> str:
     """``; first 200 listed`` (after ``sep``) where ``leakage.json`` lists only the first
     findings of ``kind``; empty where it lists them all."""
@@ -508,15 +515,18 @@ def _listed(audit: AuditFindings, kind: str, sep: str = "; ") -> str:
     return f"{sep}first {listed:,} listed" if total > listed else ""
 
 
-def _not_listed(audit: AuditFindings, kind: str, shown: int, what: str) -> str:
-    """The note under a table of ``shown`` findings of ``kind``: how many more there are, and
-    where they are listed (``leakage.json`` lists the first of each rule's findings)."""
+def _not_listed(audit: AuditFindings, kind: str, shown: int, one: str, many: str = "") -> str:
+    """The note under a table of ``shown`` findings of ``kind``: how many more there are (``one``
+    or ``many`` of them), and where they are listed (``leakage.json`` lists the first of each
+    rule's findings)."""
     listed, (total, exact) = len(getattr(audit, kind)), audit.total(kind)
     if total <= shown:
         return ""
     where = ("all in leakage.json" if total == listed else
              f"leakage.json lists the first {listed:,} of {_counted(audit, kind)}, and counts them all")
-    return note(f"{'at least ' if not exact else ''}{total - shown:,} more {what} not listed ({where}).", "muted")
+    rest = total - shown
+    return note(f"{'at least ' if not exact else ''}{rest:,} more {plural(rest, one, many)} not listed ({where}).",
+                "muted")
 
 
 def _conflicts_table(audit: AuditFindings, limit: int) -> str:
@@ -534,8 +544,8 @@ def _conflicts_table(audit: AuditFindings, limit: int) -> str:
                         f'<td class="mono">{esc(member.key)}</td><td>{esc(label)}</td>'
                         f'<td>{esc(member.split or "-")}</td><td class="mono">{esc(member.entity_id or "")}</td>'
                         f'<td class="muted">{esc(", ".join(facts)) if k == 0 else ""}</td></tr>')
-    more = _not_listed(audit, "conflicts", min(limit, len(conflicts)), "groups")
-    return (f'<h3>Label conflicts <span class="muted">({_counted(audit, "conflicts")} groups'
+    more = _not_listed(audit, "conflicts", min(limit, len(conflicts)), "group")
+    return (f'<h3>Label conflicts <span class="muted">({_counted_noun(audit, "conflicts", "group")}'
             f'{_listed(audit, "conflicts")})</span></h3>'
             '<p class="muted">Exact duplicates or verified near copies whose targets (or masks) differ: label noise, '
             "or two patients mixed up (split.duplicates.label_conflict says what the build did).</p>"
@@ -553,10 +563,10 @@ def _lookalikes_table(audit: AuditFindings, limit: int) -> str:
             rows.append(f'<tr data-group="{number}"><td class="num">{number if k == 0 else ""}</td>'
                         f'<td class="mono">{esc(member.entity_id or "")}</td><td>{esc(" + ".join(splits))}</td>'
                         f'<td class="mono">{esc(member.key)}</td><td class="muted">{esc(crosses)}</td></tr>')
-    more = _not_listed(audit, "lookalikes", min(limit, len(groups)), "groups")
+    more = _not_listed(audit, "lookalikes", min(limit, len(groups)), "group")
     crossing = sum(g.across_splits for g in groups)
     listed = _listed(audit, "lookalikes", "")
-    return (f'<h3>Lookalike entity ids <span class="muted">({_counted(audit, "lookalikes")} lookalike groups, '
+    return (f'<h3>Lookalike entity ids <span class="muted">({_counted_noun(audit, "lookalikes", "lookalike group")}, '
             + (f"{listed}, {crossing:,} of them" if listed else f"{crossing:,}") + " across splits)</span></h3>"
             '<p class="muted">Entity ids that differ only in case, spacing or leading zeros: likely one patient '
             "exported by two systems, split as two entities. packer never merges them: make the ids agree at the "
@@ -594,13 +604,16 @@ def render_leakage(data: ReportData) -> str:
                      + (" and no duplicate rule found anything" if audit.rules else "") + ".</p>")
     else:
         # counted from the rules' counts: leakage.json lists only the first findings of a rule
-        found = [f"{_counted(audit, kind)} {what}" + (f" ({listed})" if (listed := _listed(audit, kind, "")) else "")
+        found = [_counted_noun(audit, kind, one, many)
+                 + (f" ({listed})" if (listed := _listed(audit, kind, "")) else "")
                  if getattr(audit, kind) else ""
-                 for kind, what in (("overlap", "entities in more than one split"), ("groups", "duplicate groups"),
-                                    ("conflicts", "label conflicts"), ("lookalikes", "groups of lookalike entity ids"),
-                                    ("time_order", "time-order findings"))]
+                 for kind, one, many in (
+                     ("overlap", "entity in more than one split", "entities in more than one split"),
+                     ("groups", "duplicate group", ""), ("conflicts", "label conflict", ""),
+                     ("lookalikes", "group of lookalike entity ids", "groups of lookalike entity ids"),
+                     ("time_order", "time-order finding", ""))]
         counted = sum(r.count for r in audit.rules)
-        text = "; ".join(f for f in found if f) or f"{counted:,} findings counted"
+        text = "; ".join(f for f in found if f) or f"{counted:,} {plural(counted, 'finding')} counted"
         verdict = "the audit failed" if audit.passed is False else "reported, not failing the build"
         parts.append(f'<p class="warn" id="leakage-status"><strong>Findings: {esc(text)}</strong> ({verdict}).</p>')
     if audit.note:
@@ -612,7 +625,7 @@ def render_leakage(data: ReportData) -> str:
                 for e, s in audit.overlap[:limit]]
         parts.append("<h3>Entity overlap</h3>" + table(["entity_id", "splits"], rows, table_id="entity-overlap",
                                                        cls="data compact"))
-        parts.append(_not_listed(audit, "overlap", min(limit, len(audit.overlap)), "entities"))
+        parts.append(_not_listed(audit, "overlap", min(limit, len(audit.overlap)), "entity", "entities"))
     if audit.groups:
         budget, cards = int(data.limits.image_bytes * data.limits.duplicate_share), list[str]()
         for group in audit.groups[: data.limits.duplicate_thumbs]:
@@ -627,15 +640,15 @@ def render_leakage(data: ReportData) -> str:
                 f'</td><td>{esc(" + ".join(sorted({m.split for m in g.members if m.split})))}</td>'
                 f'<td>{esc(g.evidence or "")}</td></tr>'
                 for g in audit.groups[:limit]]
-        parts.append(f'<h3>Duplicates <span class="muted">({_counted(audit, "groups")} groups'
+        parts.append(f'<h3>Duplicates <span class="muted">({_counted_noun(audit, "groups", "group")}'
                      f'{_listed(audit, "groups")})</span></h3>'
                      f'<div class="pairs">{"".join(cards)}</div><details><summary>All groups</summary>'
                      + table(["rule", "keys", "splits", "evidence"], rows, table_id="duplicate-groups",
                              cls="data compact") + "</details>")
-        parts.append(_not_listed(audit, "groups", min(limit, len(audit.groups)), "groups"))
+        parts.append(_not_listed(audit, "groups", min(limit, len(audit.groups)), "group"))
         shown = len(cards)
         if len(audit.groups) > shown:
-            parts.append(note(f"Thumbnails for the first {shown} groups.", "muted"))
+            parts.append(note(f"Thumbnails for the first {shown} {plural(shown, 'group')}.", "muted"))
     if audit.conflicts:
         parts.append(_conflicts_table(audit, limit))
     if audit.lookalikes:
@@ -652,13 +665,13 @@ def render_leakage(data: ReportData) -> str:
                     f"<td>{esc(earlier)}</td><td>{esc(f.get('latest_' + earlier, WITHHELD_DATE))}</td>"
                     f"<td>{esc(more)}</td><td>{esc(keys)}{' ...' if isinstance(more, int) and more > 5 else ''}"
                     "</td></tr>")
-        heading = (f'Time order <span class="muted">({_counted(audit, "time_order")} findings'
+        heading = (f'Time order <span class="muted">({_counted_noun(audit, "time_order", "finding")}'
                    f'{_listed(audit, "time_order")})</span>')
         parts.append(f"<h3>{heading}</h3>" + table(["split", "its period starts", "earlier split",
                                                      "its latest record", "its records in the period",
                                                      "first of them (keys)"], rows,
                                                     table_id="time-order", cls="data compact")
-                     + _not_listed(audit, "time_order", min(limit, len(audit.time_order)), "findings"))
+                     + _not_listed(audit, "time_order", min(limit, len(audit.time_order)), "finding"))
     parts.append(f'<details><summary>Audit record <span class="muted">(manifest "audit", raw paths left out)</span>'
                  "</summary>"
                  f'<pre class="json">{_pretty(without_paths(data.manifest.get("audit", {})))}</pre></details>')
