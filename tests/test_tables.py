@@ -1807,3 +1807,23 @@ def test_rows_of_one_file_agree_on_a_time_written_two_ways_and_not_on_another_ti
     assert sorted(r.relpath for r in found.refs) == ["a.png", "b.png"]
     assert [(Path(i.path).name, i.reason) for i in found.issues] == [("c.png", "bad_target")]
     assert "with time '2024-03-05' and '2024-03-06'" in found.issues[0].message
+
+
+@pytest.mark.parametrize("mode", ["keep", "pseudonymize"])
+def test_a_table_without_a_header_row_is_named_so_and_its_first_row_not_quoted_under_pseudonymize(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """An export without a header row: the missing-column error quoted its first row as "the header
+    row has Doe_John_1960/img_0.png, circle, MRN12345", a patient's folder name and record number
+    printed into a CI log under phi: pseudonymize, and it never said the row was data."""
+    from packer.redact import job_scope
+
+    monkeypatch.setenv("PACKER_PHI_KEY", "0123456789abcdef" * 4)
+    _files(tmp_path / "raw" / "Doe_John_1960", ["img_0.png", "img_1.png"])
+    (tmp_path / "t.csv").write_text("".join(f"Doe_John_1960/img_{i}.png,circle,MRN12345\n" for i in range(2)))
+    job = _job(tmp_path, {"root": "raw", "table": "t.csv"}, phi={"mode": mode})
+    with job_scope(), pytest.raises(ConfigError) as err:
+        discover(load_job(job))
+    message = str(err.value)
+    assert "its first row reads as data, not as a header (a cell names a file): add a header row" in message
+    assert ("MRN12345" in message) == ("Doe_John" in message) == (mode == "keep"), message
+    assert mode == "keep" or "the header row has 3 cell(s), not quoted under phi: pseudonymize" in message

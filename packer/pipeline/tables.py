@@ -51,6 +51,7 @@ from packer.pipeline.labels import Refused, from_row, target_columns
 from packer.pipeline.rawstore import read_remote_bytes
 from packer.progress import stage_progress
 from packer.read.kinds import source_kind
+from packer.redact import redacting
 from packer.storage import remote_errors, storage_error
 from packer.targets import SEPARATOR, target_class
 from packer.targets.base import DECIMAL
@@ -809,6 +810,12 @@ def closest(name: str, choices: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
+#: A header cell that names a file (a name ending in an image file's extension: ``.png``, ``.dcm``,
+#: ``.nii.gz``; not a separator alone, which headers hold: CheXpert's ``Frontal/Lateral``): a table
+#: exported without a header row, whose first row is data.
+_DATA_CELL = re.compile(r"\.(?:png|jpe?g|tiff?|bmp|dcm|dicom|ima|nii|nii\.gz|nrrd|mha|npy|npz)$", re.IGNORECASE)
+
+
 def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
                    header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None,
                    label_columns: Sequence[str] = ()) -> None:
@@ -824,14 +831,21 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   f"{columns.count(column)} times, and only the last one's cells would be read; "
                                   "rename the others")
             continue
-        near = closest(column, columns)
+        headerless = any(_DATA_CELL.search(c) for c in columns)  # a file's name: the first row is data
+        near = None if headerless else closest(column, columns)
         hint = f"; did you mean {near!r}? ({_column_fix(key, column, near, label_columns)})" if near else \
-            f"; {fixes[key]}" if fixes and key in fixes else ""
+            f"; {fixes[key]}" if fixes and key in fixes and not headerless else ""
         said = header_hint(column).strip().strip("()") if key == "where" and header_hint is not None else ""
         if said:
             hint += f"; or, {said}"
-        raise ConfigError(f"{path}: missing column {column!r} (named by {key}){hint}; the header row has "
-                          f"{', '.join(columns) or 'nothing'}")
+        if headerless:
+            hint = ("; its first row reads as data, not as a header (a cell names a file): add a header row "
+                    f"naming the columns{hint}")
+        # a header row that is data holds a patient's folder names, ids and notes: under phi: pseudonymize
+        # (a CI log is not local) its cells are counted, not quoted
+        shown = (f"{len(columns)} cell(s), not quoted under phi: pseudonymize" if headerless and redacting()
+                 else ", ".join(columns) or "nothing")
+        raise ConfigError(f"{path}: missing column {column!r} (named by {key}){hint}; the header row has {shown}")
 
 
 def _check_repeated(path: Path | str, columns: Sequence[str]) -> None:
