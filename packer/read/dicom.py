@@ -1588,7 +1588,11 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issu
             note = _overshoot_note(clipped, _stored_range(decoded.dtype, geometry.bits_stored), geometry) \
                 if clipped else None
         else:
-            arr = pixel_array(ds, decoding_plugin=plugin, **unsigned)
+            # Native: the frames the header declares too. Bytes past them were checked above (the
+            # raw value, not what pydicom returns): data is bad_shape, zeros are padding, dropped
+            # here (_excess_padding_note); pydicom's default would return zero padding of a
+            # frame's size or more as extra frames (and mis-slice 1-bit data)
+            arr = pixel_array(ds, decoding_plugin=plugin, allow_excess_frames=False, **unsigned)
         if geometry.photometric == PALETTE:
             arr = apply_color_lut(arr, ds)
         if encapsulated and (short := _frames_cut_short(ds, geometry)) is not None:
