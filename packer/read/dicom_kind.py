@@ -396,9 +396,22 @@ class DicomKind(SourceKind):
         entity = _entity(ref, source, header.entity)
         if header.annotation is not None:  # a SEG or RTSTRUCT: the mask of the series it references
             return Probed(ref=replace(ref, entity=entity, time=header.time), state=header.annotation)
+        # the header-only probe keeps the header itself: what sample_keys counts frames by
         return Probed(ref=replace(ref, entity=entity, time=header.time),
-                      state=header.geometry if placement else header.dataset, attribute=header.label_value,
-                      time_note=header.time_note)
+                      state=header.geometry if placement else header.dataset if keep else header,
+                      attribute=header.label_value, time_note=header.time_note)
+
+    def sample_keys(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
+        """As :func:`~packer.read.dicom_render.render_samples` keys them, from the header's
+        (0028,0008) Number of Frames: one per frame (``<id>-f0000`` ...) of a multi-frame file
+        under ``frames: split``, else the file's id. Files packed as series (``sample:`` other than
+        ``slice``) and SEG/RTSTRUCT objects keep the default (one per file)."""
+        from packer.read.dicom import DicomHeader
+
+        if not isinstance(state, DicomHeader) or job.dicom.by_series or job.dicom.frames == "stack" \
+                or state.frames <= 1:
+            return (ref.sample_id,)
+        return tuple(frame_key(ref.sample_id, i, state.frames) for i in range(state.frames))
 
     @quiet
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
