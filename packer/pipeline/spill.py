@@ -225,7 +225,8 @@ class CachedChunk:
 #: zeros, or an explicit-VR UN sequence, is no cut; an annotation of a series refused at the probe gets its reason.
 #: 78: a non-CT DICOM file rendered through a CT preset says so in its metadata.warnings.
 #: 79: a cut after many whole UN sequences, or after a UN in a big-endian file, is truncated again.
-CACHE_FORMAT = 79
+#: 80: native multi-frame Pixel Data padded with a frame's worth of zeros or more is read (was bad_shape).
+CACHE_FORMAT = 80
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
