@@ -1810,16 +1810,20 @@ def test_rows_of_one_file_agree_on_a_time_written_two_ways_and_not_on_another_ti
 
 
 @pytest.mark.parametrize("mode", ["keep", "pseudonymize"])
+@pytest.mark.parametrize("name", ["img_{i}.png", "IM00000{i}", "img_{i}.dcm.gz"])  # a PACS name has no extension
 def test_a_table_without_a_header_row_is_named_so_and_its_first_row_not_quoted_under_pseudonymize(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, name: str) -> None:
     """An export without a header row: the missing-column error quoted its first row as "the header
     row has Doe_John_1960/img_0.png, circle, MRN12345", a patient's folder name and record number
     printed into a CI log under phi: pseudonymize, and it never said the row was data."""
     from packer.redact import job_scope
 
     monkeypatch.setenv("PACKER_PHI_KEY", "0123456789abcdef" * 4)
-    _files(tmp_path / "raw" / "Doe_John_1960", ["img_0.png", "img_1.png"])
-    (tmp_path / "t.csv").write_text("".join(f"Doe_John_1960/img_{i}.png,circle,MRN12345\n" for i in range(2)))
+    names = [name.format(i=i) for i in range(2)]
+    for each in names:
+        (tmp_path / "raw" / "Doe_John_1960").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "raw" / "Doe_John_1960" / each).write_bytes(b"x")
+    (tmp_path / "t.csv").write_text("".join(f"Doe_John_1960/{each},circle,MRN12345\n" for each in names))
     job = _job(tmp_path, {"root": "raw", "table": "t.csv"}, phi={"mode": mode})
     with job_scope(), pytest.raises(ConfigError) as err:
         discover(load_job(job))
