@@ -20,14 +20,15 @@ from packer.config import SPLITS, PackConfig
 from packer.files import canonical_json
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
-from packer.shards.encode import encode_sample
+from packer.shards.encode import EncodedSample, encode_sample
 from packer.shards.members import npy_header
 from packer.shards.tar import BLOCK, RECORD, member_bytes, npy_bytes
 from packer.targets import Target
 
 #: Bytes a sample adds beyond the sizes :func:`shard_bounds` is given: none for a tar shard,
 #: whose sizes are already each sample's exact bytes in the file (:func:`tar_sizes`),
-#: and Parquet's per-row share of page and column overhead beyond pixels, metadata and mask.
+#: and Parquet's per-row share of page and column overhead and of the record's fixed fields
+#: beyond what :func:`parquet_sizes` counts (pixels, metadata, mask, target cells and fields, extras).
 PER_SAMPLE_OVERHEAD = {"webdataset": 0, "parquet": 64}
 #: Bytes a Parquet shard adds once, whatever its samples: the footer (schema, column chunk
 #: metadata and statistics) and each column's page headers. An estimate: 3.2 KB measured for
@@ -173,21 +174,12 @@ def tar_sizes(samples: SampleTable, target: Target, *, raw_paths: bool = False) 
     JSON spells it, with the spilled metadata's bytes (canonical JSON already, written into the
     record as they are). Per row it is numpy over the table's buffers; per distinct label,
     shape, dtype, source and so on a few Python calls."""
-    label_codes, label_texts = samples.codes("label")
+    label_codes, label_texts, templates = _label_templates(samples, target, raw_paths=raw_paths)
     members = np.zeros(samples.size, dtype=np.int64)
     record = np.zeros(samples.size, dtype=np.int64)
-    used = np.flatnonzero(np.bincount(label_codes, minlength=len(label_texts)))
     base_record = np.zeros(len(label_texts), dtype=np.int64)
     label_members = np.zeros(len(label_texts), dtype=np.int64)
-    for code in used.tolist():
-        text = label_texts[code]
-        if text is None:
-            row = int(np.flatnonzero(label_codes == code)[0])
-            raise ValueError(f"plan_shards: sample {samples.value('key', row)!r} has no label; only samples with "
-                             "one are packed (discovery gives each packed sample its target)")
-        ref = SampleRef(sample_id="", source="", kind="", path="", relpath="", label=text, entity="")
-        encoded = encode_sample(key="", ref=ref, shape=(), dtype="", pixels=b"", metadata={}, split="",
-                                target=target, relpath="" if raw_paths else None)
+    for code, encoded in templates.items():
         base_record[code] = len(canonical_json(encoded.info))
         label_members[code] = ((member_bytes(len(str(encoded.label).encode())) if encoded.label is not None else 0)
                                + (member_bytes(len(npy_bytes(encoded.target))) if encoded.target is not None else 0)
@@ -207,10 +199,7 @@ def tar_sizes(samples: SampleTable, target: Target, *, raw_paths: bool = False) 
     shape_codes, shapes = samples.codes("shape")
     if shapes:
         record += np.array([_json_value_bytes(list(s)) - 2 for s in shapes], dtype=np.int64)[shape_codes]
-    extra_codes, extras = samples.codes("extra")
-    if extras:  # an extra field where a sample has any: its name, value and comma
-        record += np.array([len(canonical_json({"extra": dict(e)})) - 1 if e else 0 for e in extras],
-                           dtype=np.int64)[extra_codes]
+    record += _extra_bytes(samples)
     record += samples.array("meta_bytes") - 2  # the template's metadata is {}
     dtype_codes, dtypes = samples.codes("dtype")
     if shapes and dtypes:  # the pixels' member: numpy.save's header, then the raw pixels
@@ -223,6 +212,71 @@ def tar_sizes(samples: SampleTable, target: Target, *, raw_paths: bool = False) 
     mask = samples.array("mask_bytes")
     members += np.where(mask > 0, BLOCK + -(-mask // BLOCK) * BLOCK, 0)  # a sample without a mask has no member
     return TarSizes(record=record, members=members)
+
+
+def _label_templates(samples: SampleTable, target: Target, *,
+                     raw_paths: bool) -> tuple[np.ndarray, Sequence[str | None], dict[int, EncodedSample]]:
+    """Each row's label code, the labels' texts, and per label code a sample holds the sample
+    :func:`~packer.shards.encode.encode_sample` makes of it with every other field's text empty
+    and metadata ``{}``: its target cells and record fields are those of every sample of that label."""
+    label_codes, label_texts = samples.codes("label")
+    templates: dict[int, EncodedSample] = {}
+    for code in np.flatnonzero(np.bincount(label_codes, minlength=len(label_texts))).tolist():
+        text = label_texts[code]
+        if text is None:
+            row = int(np.flatnonzero(label_codes == code)[0])
+            raise ValueError(f"plan_shards: sample {samples.value('key', row)!r} has no label; only samples with "
+                             "one are packed (discovery gives each packed sample its target)")
+        ref = SampleRef(sample_id="", source="", kind="", path="", relpath="", label=text, entity="")
+        templates[code] = encode_sample(key="", ref=ref, shape=(), dtype="", pixels=b"", metadata={}, split="",
+                                        target=target, relpath="" if raw_paths else None)
+    return label_codes, label_texts, templates
+
+
+def _extra_bytes(samples: SampleTable) -> np.ndarray:
+    """Bytes each row's ``extra`` field (a table's other cells) takes in its record: its name,
+    value and comma where a sample has any, else 0 (int64)."""
+    extra_codes, extras = samples.codes("extra")
+    if not extras:
+        return np.zeros(samples.size, dtype=np.int64)
+    return np.array([len(canonical_json({"extra": dict(e)})) - 1 if e else 0 for e in extras],
+                    dtype=np.int64)[extra_codes]
+
+
+def _list_cell_bytes(values: np.ndarray | None) -> int:
+    """An upper bound on the bytes a ``target``/``target_mask`` cell takes in a Parquet shard:
+    those columns are stored uncompressed (:func:`~packer.shards.parquet.write_parquet_shard`),
+    as the raw values plus their repetition (1 bit) and definition (2 bits) levels, bit-packed
+    at worst, with a few bytes of run headers."""
+    if values is None:
+        return 0
+    return values.nbytes + -(-3 * values.size // 8) + 8
+
+
+def parquet_sizes(samples: SampleTable, target: Target | None) -> np.ndarray:
+    """Each sample's bytes in a Parquet shard beyond :data:`PER_SAMPLE_OVERHEAD` (int64): an
+    upper bound on what :func:`~packer.shards.parquet.write_parquet_shard` writes of it that
+    grows with the data. Its pixels, spilled metadata and mask (:attr:`SampleTable.nbytes`);
+    where ``target`` gives the sample a vector (multi-label, numeric), its ``target`` and
+    ``target_mask`` cells (:func:`_list_cell_bytes`) and the record fields that name it in the
+    ``metadata`` cell (uncompressed: a 300-column numeric target is ~1.2 KB of cells and ~7 KB
+    of names and numbers); the record's ``extra`` field (a table's other cells, such as a
+    free-text report) as :func:`tar_sizes` counts it. The record's fixed fields (key, ids,
+    source, split, shape, a class's name and index) are within the row's 64 bytes with the
+    spilled metadata counted uncompressed, so a class dataset without extra columns is sized
+    by its pixels, metadata and mask alone. ``target`` None: no target cells or fields."""
+    sizes = samples.nbytes + _extra_bytes(samples)
+    if target is None:
+        return sizes
+    label_codes, label_texts, templates = _label_templates(samples, target, raw_paths=False)
+    vector = np.zeros(len(label_texts), dtype=np.int64)
+    for code, encoded in templates.items():
+        if encoded.target is None:
+            continue  # a class label (or no target): its name and index are in the row's share
+        fields = target.record_fields(str(label_texts[code]), encoded.label, encoded.target)
+        named = len(canonical_json(fields)) - 1 if fields else 0  # its fields, less the braces, and a comma
+        vector[code] = named + _list_cell_bytes(encoded.target) + _list_cell_bytes(encoded.target_mask)
+    return sizes + vector[label_codes]
 
 
 def sample_budget(fmt: str, max_bytes: int) -> int:
@@ -337,21 +391,24 @@ def plan_shards(samples: SampleTable, split_of: SplitOf, pack: PackConfig, targe
     ``pack.order`` (:func:`order_ranks`), cut by :func:`shard_bounds` under ``pack``'s limits.
     ``split_of``: each sample's split (:func:`row_splits`). A tar plan (``webdataset``) counts
     each sample's exact bytes in the file (:func:`tar_sizes`), which depend on the dataset's
-    ``target`` and on ``raw_paths`` (records name their raw files, ``phi.mode: keep``)."""
+    ``target`` and on ``raw_paths`` (records name their raw files, ``phi.mode: keep``); a Parquet
+    plan an upper bound on what grows with the data (:func:`parquet_sizes`: its target cells and
+    fields where ``target`` is given)."""
     codes = row_splits(samples, split_of)
     if pack.format == "webdataset":
         if target is None:
             raise ValueError("plan_shards: a webdataset plan needs the dataset's target: a sample's .cls, .json and "
                              ".target.npy bytes depend on it; pass target=")
         sizes = tar_sizes(samples, target, raw_paths=raw_paths)
-    nbytes = samples.nbytes
+    else:
+        parquet = parquet_sizes(samples, target)
     ranks = order_ranks(samples, pack.order)
     shards: list[PlannedShard] = []
     for code, split in enumerate(SPLITS):
         mine = np.flatnonzero(codes == code).astype(np.int64)
         if ranks is not None:
             mine = mine[np.argsort(ranks[mine], kind="stable")]
-        bytes_of = sizes.of(mine, split) if pack.format == "webdataset" else nbytes[mine]
+        bytes_of = sizes.of(mine, split) if pack.format == "webdataset" else parquet[mine]
         bounds = _bounds(row_cut_hashes(samples, mine), bytes_of, fmt=pack.format,
                          max_samples=pack.max_samples, max_bytes=pack.max_bytes)
         shards.extend(PlannedShard(file=shard_file(split, index, pack.format), split=split, index=index,
