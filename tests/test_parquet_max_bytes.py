@@ -12,6 +12,7 @@ without extra columns) a sample's size, and so every shard's bytes, is what it w
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import cv2
@@ -26,6 +27,9 @@ from packer.pipeline.build import BuildOptions, build
 from packer.pipeline.plan import parquet_sizes
 from packer.pipeline.sampletable import SampleTable
 from packer.records import SampleRef, SpilledSample
+from packer.shards.encode import EncodedSample
+from packer.shards.parquet import shard_compression, shard_schema, write_parquet_shard
+from packer.shards.tar import npy_bytes
 from packer.targets import Target
 
 MAX_BYTES = 40 * 1024
@@ -110,3 +114,41 @@ def test_a_vector_target_adds_its_cells_and_its_record_fields() -> None:
     added = int((parquet_sizes(table, Target("numeric", ("w", "h", "d"))) - table.nbytes)[0])
     record = len(',"target":{"d":-3.0,"h":2.0,"w":1.5}')
     assert record + 3 * 4 <= added <= record + 3 * 4 + 16  # the record's fields, 3 float32 and their list levels
+
+
+# -- which columns are compressed ---------------------------------------------------------------
+
+def _codecs(tmp_path: Path) -> dict[str, str]:
+    """Each column chunk's codec (by its path in the Parquet schema) of a shard with every column."""
+    mask = npy_bytes(np.zeros((1, 4, 4), dtype=np.uint8))
+    sample = EncodedSample(key="s-0", split="train", label=None, label_name=None, entity_id="e", source="src",
+                           shape=(1, 4, 4), dtype="uint8", pixels=bytes(16), info={"k": 1},
+                           target=np.arange(50, dtype=np.float32), target_mask=np.ones(50, dtype=np.uint8), mask=mask)
+    write_parquet_shard(tmp_path / "train-000000.parquet", [sample])
+    group = pq.ParquetFile(tmp_path / "train-000000.parquet").metadata.row_group(0)
+    return {group.column(i).path_in_schema: group.column(i).compression for i in range(group.num_columns)}
+
+
+def test_the_writer_names_each_columns_codec_by_the_path_parquet_stores_it_under(tmp_path: Path) -> None:
+    # pyarrow keys a list column's codec by its leaf (shape.list.element): a codec under the
+    # column's own name is ignored, so the writer names none that way
+    codecs = _codecs(tmp_path)
+    schema = shard_schema(has_label=False, target=np.dtype(np.float32), mask=True, target_mask=True)
+    assert sorted(shard_compression(schema)) == sorted(codecs)
+    assert {path: codec.upper().replace("NONE", "UNCOMPRESSED")
+            for path, codec in shard_compression(schema).items()} == codecs
+    # the list columns are uncompressed, as every Parquet shard packer wrote has them (their bytes kept)
+    assert {path for path, codec in codecs.items() if codec == "UNCOMPRESSED"} == {
+        "image", "mask", "shape.list.element", "target.list.element", "target_mask.list.element",
+        "mask_shape.list.element"}
+
+
+def test_the_readme_calls_compressed_only_columns_that_are(tmp_path: Path) -> None:
+    codecs = {path.removesuffix(".list.element"): codec for path, codec in _codecs(tmp_path).items()}
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"A damaged compressed page of (.+?) \(zstd.*?a damaged page of (.+?) can still cost", readme)
+    assert said is not None, "README names the columns whose damaged page costs its rows, compressed or not"
+    compressed, uncompressed = (set(re.findall(r"`([a-z_]+)`", part)) for part in said.groups())
+    assert compressed and {name: codecs[name] for name in compressed} == dict.fromkeys(compressed, "ZSTD")
+    assert {name: codecs[name] for name in uncompressed} == dict.fromkeys(uncompressed, "UNCOMPRESSED")
+    assert uncompressed >= {"shape", "target", "target_mask", "mask_shape", "image", "mask"}

@@ -92,6 +92,23 @@ def _as_stored(vector: np.ndarray | None, schema: pa.Schema, name: str) -> np.nd
     return np.asarray(vector, dtype=schema.field(name).type.value_type.to_pandas_dtype())
 
 
+#: The columns written with zstd: the small ones, ``metadata`` and ``mask_dtype``.
+_ZSTD_COLUMNS = frozenset([*_SMALL_COLUMNS, "metadata", "mask_dtype"])
+
+
+def shard_compression(schema: pa.Schema) -> dict[str, str]:
+    """Each column's codec as ``pq.write_table`` takes it: by the path Parquet stores the column's
+    values under, which for a list column is its leaf (``shape.list.element``; a codec given
+    under the column's own name is ignored). zstd for :data:`_ZSTD_COLUMNS`; none for ``image``
+    and ``mask`` (raw bytes a reader maps straight into tensors) and for the list columns
+    (``shape``, ``target``, ``target_mask``, ``mask_shape``). The list columns were once meant to
+    be zstd but were named by their columns' names, so every Parquet shard packer has written
+    holds them uncompressed; they stay so, since compressing them would change every shard's bytes."""
+    return {f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name:
+            "zstd" if field.name in _ZSTD_COLUMNS else "none"
+            for field in schema}
+
+
 def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWrite:
     """Write ``samples`` as one Parquet file at ``path``; return its size, sha256 and, per
     sample, its row number, the size and sha256 of its ``image`` cell and the checksum of the
@@ -130,9 +147,7 @@ def write_parquet_shard(path: Path, samples: Iterable[EncodedSample]) -> ShardWr
         pq.write_table(
             table, fh,
             row_group_size=max(1, table.num_rows),
-            compression={name: ("zstd" if name in _SMALL_COLUMNS + ["metadata", "shape", "target", "target_mask",
-                                                                  "mask_shape", "mask_dtype"] else "none")
-                         for name in schema.names},
+            compression=shard_compression(schema),
             use_dictionary=_SMALL_COLUMNS,
             write_statistics=_SMALL_COLUMNS,
             data_page_version="2.0",
