@@ -717,6 +717,7 @@ def test_a_report_on_stdout_is_the_only_thing_there(tmp_path: Path, target: str)
 @pytest.mark.parametrize("same", ["-", "report.out"])
 def test_json_and_junit_cannot_both_go_to_one_place(tmp_path: Path, same: str) -> None:
     job = image_job(tmp_path, base_rows(4))
-    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", "--json", same,
-                                       "--junit", same])
+    place = same if same == "-" else str(tmp_path / same)  # never a file in the working folder
+    result = CliRunner().invoke(main, ["validate", str(job), "--scheduler", "sync", "-q", "--quick", "--json", place,
+                                       "--junit", place])
     assert result.exit_code == 2 and "--json and --junit both write" in result.output, result.output
