@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 
-from packer.commands import exits, local_folder_argument, refuse_registry_copy
+from packer.commands import exits, json_document, local_folder_argument, refuse_registry_copy
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+    click.echo(json_document(value))
 
 
 @click.command("inspect")
