@@ -71,9 +71,44 @@ def parent_folder(path: Path) -> Path:
     return parent if path.is_absolute() else Path(os.path.relpath(parent))
 
 
+#: A lone surrogate: how Python holds a byte of a file name that is not UTF-8 (``\\udce9`` for the
+#: Latin-1 0xE9, PEP 383), which no UTF-8 document can hold as itself
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_undecoded(json_text: str) -> str:
+    """``json_text`` (``json.dumps(..., ensure_ascii=False)``) with each lone surrogate written as its
+    JSON escape (``\\udce9``), so the text encodes as UTF-8 while every other character stays itself:
+    a Latin-1 ``caf\\xe9`` reads ``"caf\\udce9"`` (as ``packer gc --json`` and ``packer locate`` print
+    it; ``os.fsencode(json.loads(...))`` gives the name's bytes back), ``café`` stays ``"café"``. A
+    surrogate is only ever inside a JSON string, where the escape means the same character."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json_text)
+
+
+@contextlib.contextmanager
+def arrow_readable(path: str | os.PathLike[str]) -> Iterator[str | BinaryIO]:
+    """``path`` as a pyarrow reader (``pq.read_table``, ``pq.ParquetFile``, ``pq.read_schema``) opens
+    it: its text where that is UTF-8, so pyarrow opens (and may memory-map) the file itself; else
+    the file opened here, closed on leaving. pyarrow encodes every path it is given as UTF-8 and
+    so dies on the lone surrogate by which Python holds a byte that is not (a version under the
+    Latin-1 folder ``r\\xe9s``: ``UnicodeEncodeError ... surrogates not allowed``)."""
+    text = os.fspath(path)
+    if _SURROGATE.search(text) is None:
+        yield text
+        return
+    with open(text, "rb") as fh:
+        yield fh
+
+
 def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """Sorted keys, no whitespace, UTF-8: the one JSON spelling packer hashes and writes. A byte of a
+    path that is not UTF-8 is its escape (:func:`escape_undecoded`), so the bytes stay UTF-8 and
+    ``json.loads`` gives the path back; any other text is spelled as it always was."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: rare, so the common text is not scanned for one
+        return escape_undecoded(text).encode()
 
 
 def human_bytes(size: float) -> str:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from packer.badsamples import failed_build
 from packer.config import SPLITS
 from packer.errors import ConfigError, IntegrityError
-from packer.files import TMP_SUFFIX, file_sha256, human_bytes
+from packer.files import TMP_SUFFIX, arrow_readable, file_sha256, human_bytes
 from packer.manifest import Manifest, read_manifest
 from packer.targets import Target, TargetValues
 
@@ -68,7 +68,8 @@ def total_entities(manifest: Mapping[str, Any], splits_table: Path | None = None
         return None
     import pyarrow.compute as pc  # only here: its import builds every compute function (0.1 s)
 
-    entities = pq.read_table(splits_table, columns=["entity_id"]).column("entity_id")
+    with arrow_readable(splits_table) as source:
+        entities = pq.read_table(source, columns=["entity_id"]).column("entity_id")
     return len(pc.unique(entities.drop_null()))
 
 
@@ -601,14 +602,15 @@ def read_sample_index(manifest: Manifest, *, target_masks: bool = True) -> dict[
         return None
     target = Target.of_manifest(manifest.data)
     try:
-        names = pq.read_schema(path).names
-        columns = (["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
-                   + (["xxh3"] if "xxh3" in names else [])
-                   + (["target_mask"] if target_masks and "target_mask" in names else []))
-        if target.has_vector and "target" not in names:
-            raise IntegrityError(f"{path}: no target column, but the manifest's target kind is {target.kind}; "
-                                 f"rebuild the version with this packer")
-        rows = pq.read_table(path, columns=columns).to_pylist()
+        with arrow_readable(path) as source:
+            names = pq.read_schema(source).names
+            columns = (["key", "split", "label", "sha256"] + (["target"] if target.has_vector else [])
+                       + (["xxh3"] if "xxh3" in names else [])
+                       + (["target_mask"] if target_masks and "target_mask" in names else []))
+            if target.has_vector and "target" not in names:
+                raise IntegrityError(f"{path}: no target column, but the manifest's target kind is {target.kind}; "
+                                     f"rebuild the version with this packer")
+            rows = pq.read_table(source, columns=columns).to_pylist()
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
     out: dict[str, dict[str, Any]] = {}
@@ -630,7 +632,8 @@ def _records_target_masks(manifest: Manifest) -> bool | None:
     if not Target.of_manifest(manifest.data).masked or not path.is_file():
         return False
     try:
-        return True if "target_mask" in pq.read_schema(path).names else None
+        with arrow_readable(path) as source:
+            return True if "target_mask" in pq.read_schema(source).names else None
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
 
@@ -670,8 +673,9 @@ def read_assignment(manifest: Manifest) -> dict[str, tuple[Any, ...]] | None:
     if path is None:
         return None
     try:
-        present = [c for c in _ASSIGNMENT_COLUMNS if c in pq.read_schema(path).names]
-        table = pq.read_table(path, columns=["key", *present]).to_pydict()
+        with arrow_readable(path) as source:
+            present = [c for c in _ASSIGNMENT_COLUMNS if c in pq.read_schema(source).names]
+            table = pq.read_table(source, columns=["key", *present]).to_pydict()
     except (pa.ArrowException, OSError) as err:
         raise IntegrityError(f"{path}: unreadable as Parquet ({err}); rebuild the version") from err
     values = [table.get(c, [None] * len(table["key"])) for c in _ASSIGNMENT_COLUMNS]
@@ -695,19 +699,22 @@ def as_tar_digests(manifest: Manifest, rows: dict[str, dict[str, Any]]) -> tuple
     for _, shard in _manifest_shards(manifest):
         path = Path(manifest.locate(shard["file"]))
         try:
-            batches = pq.ParquetFile(path).iter_batches(columns=["key", "shape", "dtype", "image"], batch_size=64)
-            for batch in batches:
-                for key, shape, dtype, image in zip(*(batch.column(n).to_pylist() for n in batch.schema.names),
-                                                    strict=True):
-                    found = pixels_digest(image, shape=tuple(shape), dtype=dtype, fmt=PARQUET).hexdigest()
-                    row = rows.get(key)
-                    if row is None or row["sha256"] != found:
-                        why = "_index.parquet has no row for it" if row is None else "not what _index.parquet records"
-                        raise IntegrityError(
-                            f"{path}: sample {key}: its image cell hashes to sha256 {found[:16]}…, {why}; run "
-                            f"`packer verify {manifest.folder}` and rebuild the version")
-                    row["sha256"] = pixels_digest(image, shape=tuple(shape), dtype=dtype,
-                                                  fmt="webdataset").hexdigest()
+            with arrow_readable(path) as source:
+                batches = pq.ParquetFile(source).iter_batches(columns=["key", "shape", "dtype", "image"],
+                                                              batch_size=64)
+                for batch in batches:
+                    cells = zip(*(batch.column(n).to_pylist() for n in batch.schema.names), strict=True)
+                    for key, shape, dtype, image in cells:
+                        found = pixels_digest(image, shape=tuple(shape), dtype=dtype, fmt=PARQUET).hexdigest()
+                        row = rows.get(key)
+                        if row is None or row["sha256"] != found:
+                            why = ("_index.parquet has no row for it" if row is None
+                                   else "not what _index.parquet records")
+                            raise IntegrityError(
+                                f"{path}: sample {key}: its image cell hashes to sha256 {found[:16]}…, {why}; run "
+                                f"`packer verify {manifest.folder}` and rebuild the version")
+                        row["sha256"] = pixels_digest(image, shape=tuple(shape), dtype=dtype,
+                                                      fmt="webdataset").hexdigest()
         except (pa.ArrowException, OSError) as err:
             raise IntegrityError(f"{path}: shard unreadable as Parquet ({err}); diff across formats reads the "
                                  f"Parquet side's pixels: pass a version folder that holds its shards") from err

@@ -130,7 +130,9 @@ def build_cache_dir(name: str, location: str, base: Path | None = None, *, work:
     the same job into the same output finds its cache again. The folder's name holds only
     the job's name and the digest: the cache's raw paths and ids never reach a file name.
     """
-    digest = hashlib.sha256(f"{location}\n{name}".encode()).hexdigest()[:12]
+    # surrogateescape: a byte of a path that is not UTF-8 (Python's \udce9 for a Latin-1 0xE9) hashes as that
+    # byte; any other path gives the UTF-8 bytes, and so the digest, it always gave
+    digest = hashlib.sha256(f"{location}\n{name}".encode("utf-8", "surrogateescape")).hexdigest()[:12]
     root = Path(base).expanduser() if base is not None else work_dir(work) / CACHE_FOLDER
     return root.resolve() / f"{name}-{digest}"
 

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 from packer.config import SPLITS
 from packer.errors import ConfigError, PackerError
-from packer.files import TMP_SUFFIX
+from packer.files import TMP_SUFFIX, arrow_readable
 from packer.manifest import INDEX_FILE, INDEX_SCHEMA, read_manifest, resolve_manifest_path
 from packer.progress import Progress
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
@@ -364,7 +364,8 @@ def _check_index(folder: VersionFolder, manifest: dict[str, Any], shards: list[t
         return None
     try:
         if folder.local is not None:
-            table = pq.read_table(folder.local / INDEX_FILE)
+            with arrow_readable(folder.local / INDEX_FILE) as source:
+                table = pq.read_table(source)
         else:
             table = pq.read_table(pa.BufferReader(folder.read_bytes(INDEX_FILE)))
     except (pa.ArrowException, OSError) as err:
@@ -747,8 +748,12 @@ def _parquet_source(folder: VersionFolder, shard: str, size: int, stack: context
     is at its end (as the loader reads it; the size finding is said once, by the shard check)."""
     grown = folder.size(shard) > size > 0
     if folder.local is not None:
-        path = folder.local / shard
-        return pa.BufferReader(pa.memory_map(str(path), "r").read_buffer(size)) if grown else path
+        source = stack.enter_context(arrow_readable(folder.local / shard))
+        if not grown:
+            return source
+        if isinstance(source, str):
+            return pa.BufferReader(pa.memory_map(source, "r").read_buffer(size))
+        return FilePrefix(source, size)
     handle = stack.enter_context(folder.open(shard))
     return FilePrefix(handle, size) if grown else handle
 

@@ -100,6 +100,59 @@ def test_a_utf8_name_stays_readable_utf8_in_ls_json(latin1: tuple[Path, Path, Pa
     assert any(s.endswith("café") for s in _strings(strict_json(result)))
 
 
+def test_diff_json_of_a_latin1_version_with_itself_is_empty_utf8_json(latin1: tuple[Path, Path, Path]) -> None:
+    _, dataset, _ = latin1
+    version = _version(dataset)
+    diff = strict_json(cli("diff", version, version, "--json"))
+    assert diff["empty"] is True and diff["samples"]["compared"] is True
+
+
+def test_verify_reads_the_index_of_a_version_under_a_latin1_folder(latin1: tuple[Path, Path, Path]) -> None:
+    _, dataset, _ = latin1
+    result = cli("verify", _version(dataset), "--json")
+    report = strict_json(result)
+    assert report["ok"] is True, report
+
+
+def test_build_out_under_a_latin1_folder_builds_there(latin1: tuple[Path, Path, Path]) -> None:
+    from packer.api import run_build
+    from packer.config import load_job
+
+    job, dataset, _ = latin1
+    out = Path(os.fsdecode(os.fsencode(dataset.parent.parent) + b"/out2"))
+    result = run_build(load_job(job), out=out, scheduler="sync", progress=False, report=True)
+    assert result.version_dir.parent == out / "t" and result.version_dir.name == _version(dataset).name
+    assert strict_json(cli("verify", result.version_dir, "--json"))["ok"] is True
+    assert (result.version_dir / "report.html").is_file()
+
+
+def test_a_parquet_version_under_a_latin1_folder_builds_rebuilds_verifies_and_diffs(
+        latin1: tuple[Path, Path, Path]) -> None:
+    from packer.api import run_build
+    from packer.config import load_job
+
+    _, dataset, tmp = latin1
+    out = Path(os.fsdecode(os.fsencode(dataset.parent.parent) + b"/out3"))
+    doc = _job_doc(tmp, tmp / "unused")
+    job = load_job(write_job(tmp / "parquet", {**doc, "pack": {"format": "parquet", "max_samples": 4}}))
+    first = run_build(job, out=out, scheduler="sync", progress=False, report=True).version_dir
+    again = run_build(job, out=out, scheduler="sync", progress=False, report=True).version_dir  # reuses first
+    assert again == first and (first / "report.html").is_file()
+    assert strict_json(cli("verify", first, "--deep", "--json"))["ok"] is True
+    across = strict_json(cli("diff", _version(dataset), first, "--json"))   # webdataset vs parquet: pixels compared
+    assert across["samples"]["compared"] is True and across["samples"]["changed"] == []
+
+
+def test_the_build_cache_key_of_a_utf8_output_is_the_bytes_it_always_was(tmp_path: Path) -> None:
+    import hashlib
+
+    from packer.storage import build_cache_dir
+
+    location = str(tmp_path / "café")
+    cache = build_cache_dir("t", location, tmp_path / "cache")
+    assert cache.name == "t-" + hashlib.sha256(f"{location}\nt".encode()).hexdigest()[:12]
+
+
 def _strings(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]

@@ -11,7 +11,6 @@ import errno
 import io
 import json
 import os
-import re
 import select
 import signal
 import sys
@@ -25,6 +24,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from packer.errors import COMMAND_LINE, PackerError, called_from, exhausted, out_of_memory, refused_write
+from packer.files import escape_undecoded
 from packer.redact import RAW_TRACEBACK_ENV, forget_jobs, format_exception, redact_names, redacting
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,20 +233,6 @@ def _internal_error() -> NoReturn:
     if err is not None:
         click.echo(format_exception(err), err=True, nl=False)
     sys.exit(1)
-
-
-#: A lone surrogate: how Python holds a byte of a file name that is not UTF-8 (``\\udce9`` for the
-#: Latin-1 0xE9, PEP 383), which no UTF-8 document can hold as itself
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def escape_undecoded(json_text: str) -> str:
-    """``json_text`` (``json.dumps(..., ensure_ascii=False)``) with each lone surrogate written as its
-    JSON escape (``\\udce9``), so the text encodes as UTF-8 while every other character stays itself:
-    a Latin-1 ``caf\\xe9`` reads ``"caf\\udce9"`` (as ``packer gc --json`` and ``packer locate`` print
-    it; ``os.fsencode(json.loads(...))`` gives the name's bytes back), ``café`` stays ``"café"``. A
-    surrogate is only ever inside a JSON string, where the escape means the same character."""
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json_text)
 
 
 def json_document(value: Any) -> str:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from packer.files import arrow_readable
 from packer.manifest import INDEX_SCHEMA
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
 from packer.shards.members import SampleDefect, decode_mask_member, load_npy
@@ -205,11 +206,12 @@ def load_index(folder: Path, manifest: dict[str, Any]) -> tuple[SampleIndex, str
 def _read_columns(path: Path, columns: list[str], *, optional: Sequence[str] = (), **options: Any) -> pa.Table:
     """``columns`` of the Parquet file ``path``, and those of ``optional`` that it has; ValueError
     naming any of ``columns`` that it lacks (``ParquetFile.read`` would silently leave it out)."""
-    names = pq.read_schema(path).names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ValueError(f"no column {', '.join(missing)}")
-    return pq.ParquetFile(path, **options).read(columns=columns + [c for c in optional if c in names])
+    with arrow_readable(path) as source:
+        names = pq.read_schema(source).names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ValueError(f"no column {', '.join(missing)}")
+        return pq.ParquetFile(source, **options).read(columns=columns + [c for c in optional if c in names])
 
 
 def _shard_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer.errors import PackerError
-from packer.files import canonical_json, clone_file, file_sha256
+from packer.files import arrow_readable, canonical_json, clone_file, file_sha256
 from packer.manifest import FORMAT_VERSION, MANIFEST_FILE, read_manifest
 from packer.records import SpilledSample
 from packer.shards.encode import encode_sample
@@ -162,7 +162,8 @@ def _read_index_rows(path: Path, sha256: str) -> dict[str, dict[str, list[Any]]]
     try:
         if file_sha256(path)[1] != sha256:
             return None
-        table = pq.read_table(path, columns=_INDEX_COLUMNS)
+        with arrow_readable(path) as source:
+            table = pq.read_table(source, columns=_INDEX_COLUMNS)
     except OSError:
         return None
     table = table.take(pc.sort_indices(table, [("shard", "ascending"), ("position", "ascending")]))

@@ -54,7 +54,7 @@ import xxhash
 
 from packer.config import JobConfig, SourceConfig
 from packer.errors import FileSystemError, IntegrityError, output_elsewhere, surface
-from packer.files import TMP_SUFFIX, atomic_output, canonical_json, punch_hole
+from packer.files import TMP_SUFFIX, arrow_readable, atomic_output, canonical_json, punch_hole
 from packer.pipeline.nearcopy import read_signatures, write_signatures
 from packer.pipeline.rawstore import RawObject
 from packer.records import REF_FIELDS, Excluded, Issue, SampleRef, SpilledSample
@@ -751,7 +751,8 @@ class SpillReader(contextlib.AbstractContextManager["SpillReader"]):
             table = self._tables.get(str(path))
             if table is None:
                 self._tables.clear()
-                table = self._tables[str(path)] = pq.read_table(path, memory_map=True)
+                with arrow_readable(path) as source:
+                    table = self._tables[str(path)] = pq.read_table(source, memory_map=True)
             if table["key"][position].as_py() != sample.key:
                 raise KeyError(f"{path}: row {position} is not sample {sample.key}")
             pixels = table["image"][position].as_py()
