@@ -383,7 +383,8 @@ class DatasetDiff:
     ``rekeyed``: a removed and an added sample with the same per-sample sha256, paired
     (:func:`pair_by_content`) and in neither ``removed`` nor ``added``: the same bytes under a new
     key (a file moved to another class folder, renamed), whose split was drawn afresh.
-    ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why).
+    ``samples_compared`` is False when an ``_index.parquet`` was not available (``notes`` says why);
+    ``content_compared`` whether the per-sample sha256s were compared: never without the samples.
     ``inputs``: the input files, samples, files left out on purpose (by why) and bad samples (in
     all and by reason) whose counts differ (:func:`diff_inputs`): new rows refused as bad samples
     change no sample, yet the versions differ. ``hash_fields``: where the dataset_hashes differ,
@@ -758,8 +759,10 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                    "alone: none of its version's files is beside it): samples not compared; pass the version folders")
         if rows is None and missing not in notes:  # two registry copies of one folder: one note, not two
             notes.append(missing)
-    content = same_format = old["format"] == new["format"]
-    if not content and old_rows is not None and new_rows is not None:
+    samples_compared = old_rows is not None and new_rows is not None
+    same_format = old["format"] == new["format"]
+    content = same_format and samples_compared   # no sha256 compared where either index was not read
+    if not same_format and old_rows is not None and new_rows is not None:
         parquet = old_manifest if old["format"] == PARQUET else new_manifest
         shards, size = as_tar_digests(parquet, old_rows if parquet is old_manifest else new_rows)
         content = True
@@ -818,7 +821,7 @@ def diff_datasets(old_path: str | Path, new_path: str | Path) -> DatasetDiff:
                            {"packer_version": new["packer_version"], "libraries": new["libraries"],
                             "decoders": new["decoders"], "format_version": new["format_version"]})
     return DatasetDiff(old=_side(old_manifest), new=_side(new_manifest),
-                       samples_compared=old_rows is not None and new_rows is not None, content_compared=content,
+                       samples_compared=samples_compared, content_compared=content,
                        added=tuple(lists["added"]), removed=tuple(lists["removed"]), changed=tuple(lists["changed"]),
                        moved=tuple(lists["moved"]), relabeled=tuple(lists["relabeled"]),
                        config=diff_values(old["config"], new["config"]), versions=versions, notes=tuple(notes),

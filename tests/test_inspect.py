@@ -248,6 +248,18 @@ def test_diff_of_registry_copies_compares_config_only(builds: Builds) -> None:
     assert result.output.count("samples not compared") == 1  # both copies' folder, said once
 
 
+def test_diff_json_of_a_registry_copy_and_its_version_says_content_was_not_compared(builds: Builds) -> None:
+    # content_compared was true whenever the formats matched, so a script gating on it read `changed: []` as
+    # "no pixels changed" though no per-sample sha256 was read: one side is a manifest alone
+    copy = builds.registry / "demo" / f"{builds.grown.name}.json"
+    result = invoke("diff", copy, builds.grown, "--json")
+    assert result.exit_code == 0, result.output
+    samples = json.loads(result.output)["samples"]
+    assert samples["compared"] is False and samples["content_compared"] is False and samples["changed"] == []
+    text = invoke("diff", copy, builds.grown).output
+    assert "samples not compared" in text and "changed" not in text.replace("not compared", "")
+
+
 def test_ls_lists_registry_versions_newest_first(builds: Builds, tmp_path: Path) -> None:
     registry = Path(shutil.copytree(builds.registry, tmp_path / "manifests"))
     order = [builds.first.name, builds.grown.name, builds.reseeded.name]
