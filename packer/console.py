@@ -48,4 +48,15 @@ def main() -> None:
     finally:
         if sigterm_default:  # the command's handler (packer.commands) takes SIGTERM only from the default
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _print_undecodable_names()
     cli()
+
+
+def _print_undecodable_names() -> None:
+    """Under a strict UTF-8 stdout (``en_US.UTF-8``: Python prints strictly there, while C.UTF-8 and
+    UTF-8 mode escape), a file name that is not UTF-8 (a Latin-1 ``r\\xe9s``, held as the surrogate
+    ``\\udce9``) crashed a command's text output with a UnicodeEncodeError (exit 1, "internal error"):
+    it is printed as its own bytes instead, as ``ls`` prints it. stderr already backslash-escapes."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="surrogateescape")

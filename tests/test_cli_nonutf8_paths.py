@@ -161,3 +161,17 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
+
+
+def test_text_output_under_a_strict_utf8_stdout_prints_the_name_as_its_bytes(latin1: tuple[Path, Path, Path]) -> None:
+    """Under en_US.UTF-8 Python prints strictly (C.UTF-8 and UTF-8 mode escape), so `packer ls`
+    of a dataset under ``r\\xe9s`` ended in a UnicodeEncodeError traceback (exit 1); the name is printed
+    as its own bytes, as ``ls`` prints it."""
+    import subprocess
+    import sys
+
+    _, dataset, _ = latin1
+    run = subprocess.run([sys.executable, "-c", "from packer.console import main; main()", "ls", dataset],
+                         capture_output=True, env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, timeout=120)
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    assert b"r\xe9s" in run.stdout and b"Traceback" not in run.stderr
