@@ -1831,3 +1831,21 @@ def test_a_table_without_a_header_row_is_named_so_and_its_first_row_not_quoted_u
     assert "its first row reads as data, not as a header (a cell names a file): add a header row" in message
     assert ("MRN12345" in message) == ("Doe_John" in message) == (mode == "keep"), message
     assert mode == "keep" or "the header row has 3 cell(s), not quoted under phi: pseudonymize" in message
+
+
+def test_a_headerless_table_of_bare_pacs_names_found_below_the_root_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A headerless table of bare names (find: name) or paths under a path_base: its first row named
+    files that are not at root/cell, so it was taken for a header and quoted, MRN and all."""
+    from packer.redact import job_scope
+
+    monkeypatch.setenv("PACKER_PHI_KEY", "0123456789abcdef" * 4)
+    deep = tmp_path / "raw" / "DICOM" / "Doe_John_1960" / "ST000000"
+    deep.mkdir(parents=True)
+    for i in range(2):
+        (deep / f"IM00000{i}").write_bytes(b"x")
+    (tmp_path / "t.csv").write_text("".join(f"IM00000{i},circle,MRN12345\n" for i in range(2)))
+    job = _job(tmp_path, {"root": "raw", "table": "t.csv"}, phi={"mode": "pseudonymize"})
+    with job_scope(), pytest.raises(ConfigError) as err:
+        discover(load_job(job))
+    assert "its first row reads as data" in str(err.value) and "MRN12345" not in str(err.value), err.value

@@ -817,29 +817,51 @@ _DATA_CELL = re.compile(r"\.(?:png|jpe?g|tiff?|bmp|dcm|dicom|dic|ima|nii|nrrd|mh
                         re.IGNORECASE)
 
 
-def _names_a_file(cell: str, root: Path | str | None) -> bool:
+def _names_a_file(cell: str, bases: Sequence[Path | str | None]) -> bool:
     """Whether a header cell reads as a data row's file: a name with an image file's extension
-    (:data:`_DATA_CELL`), or, under a local source ``root``, a file that is there (a PACS export's
-    ``IM000001``, a UID, without an extension)."""
+    (:data:`_DATA_CELL`), or, under a local folder of ``bases`` (the table's ``path_base``, the
+    source root), a file there by that relative path, or one of that name anywhere below it (a
+    table of bare names, ``find: name``): a PACS export's ``IM000001``, a UID, without an extension.
+    Only asked once a named column is missing, so the walk (at most :data:`_WALK_LIMIT` entries)
+    costs nothing in a build that runs."""
     if _DATA_CELL.search(cell):
         return True
-    if root is None or isinstance(root, str) or not cell.strip() or "\0" in cell:
+    if not cell.strip() or "\0" in cell:
         return False
+    local = [Path(b) for b in dict.fromkeys(bases) if b is not None and not isinstance(b, str)]
     try:
-        return (Path(cell) if os.path.isabs(cell) else Path(root) / cell).is_file()
+        if os.path.isabs(cell):
+            return Path(cell).is_file()
+        if any((base / cell).is_file() for base in local):
+            return True
     except (OSError, ValueError):  # a name the file system refuses (too long): no file there
         return False
+    name, seen = posixpath.basename(cell.replace("\\", "/")), 0
+    for base in local:
+        for _, _, files in os.walk(base):
+            if name in files:
+                return True
+            seen += len(files) + 1
+            if seen > _WALK_LIMIT:
+                return False
+    return False
+
+
+#: How many entries :func:`_names_a_file` looks through for a bare name before it gives up.
+_WALK_LIMIT = 200_000
+
 
 
 def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str, str],
                    header_hint: Callable[[str], str] | None = None, fixes: Mapping[str, str] | None = None,
-                   label_columns: Sequence[str] = (), root: Path | str | None = None) -> None:
+                   label_columns: Sequence[str] = (), roots: Sequence[Path | str | None] = ()) -> None:
     """Raise ConfigError for the first column of ``wanted`` (column → the job key naming it)
     the header lacks, with the closest column the header has, else the fix ``fixes`` gives for
     its key; ``header_hint``: for a ``where`` key, the source kind's hint at a header attribute
     it may have meant (DICOM keywords); ``label_columns``: the label's column list, which the fix
-    for a ``label.columns`` key writes out; ``root``: the source's root, where a header cell that
-    names a file there shows the table has no header row (:func:`_names_a_file`)."""
+    for a ``label.columns`` key writes out; ``roots``: the folders the table's paths are found in
+    (its ``path_base``, the source's root), where a header cell that names a file there shows the
+    table has no header row (:func:`_names_a_file`)."""
     for column, key in wanted.items():
         if column in columns:
             if columns.count(column) > 1:  # a CSV reader keeps the last one's cells: never a guess
@@ -847,7 +869,7 @@ def _check_columns(path: Path | str, columns: Sequence[str], wanted: Mapping[str
                                   f"{columns.count(column)} times, and only the last one's cells would be read; "
                                   "rename the others")
             continue
-        headerless = any(_names_a_file(c, root) for c in columns)  # a file's name: the first row is data
+        headerless = any(_names_a_file(c, roots) for c in columns)  # a file's name: the first row is data
         near = None if headerless else closest(column, columns)
         hint = f"; did you mean {near!r}? ({_column_fix(key, column, near, label_columns)})" if near else \
             f"; {fixes[key]}" if fixes and key in fixes and not headerless else ""
@@ -1094,7 +1116,7 @@ def read_records(source: SourceConfig, storage_options: Mapping[str, Any] | None
     joined = _join(table, table.file, columns, rows, storage_options, hide_values=hide_values,
                    number_columns=numbers)
     _check_columns(table.file, joined.columns, wanted_columns(source), source_kind(source.kind).header_key_hint,
-                   _column_fixes(source), source.target.columns, source.root)
+                   _column_fixes(source), source.target.columns, (table.path_base, source.root))
     _check_repeated(table.file, columns)  # after the named columns' check, whose message names the job key
     return joined
 
