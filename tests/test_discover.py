@@ -528,6 +528,25 @@ def test_a_mask_or_channel_file_linked_from_outside_the_root_is_outside_root(tmp
     assert [r.relpath for r in found.refs] == ["a.png", "b.png", "c.png"]
 
 
+def test_a_root_whose_every_file_name_is_not_utf8_says_so_not_that_there_are_no_files(tmp_path: Path) -> None:
+    """Every class folder a Latin-1 name (caf\\xe9/0.png): the error said "no image files under
+    raw ... Check the root", though the folder held the images, named in a form no record holds."""
+    job = yaml.safe_load(make_tree(tmp_path, ["a.png,cat,S1,"], ["a.png"]).read_text())
+    folder = os.fsencode(tmp_path / "latin") + b"/caf\xe9"
+    os.makedirs(folder)
+    for i in range(2):
+        with open(folder + b"/%d.png" % i, "wb") as fh:
+            fh.write(b"\x89PNG fake")
+    job["sources"] = [{"kind": "image", "root": str(tmp_path / "latin"), "label": "folder", "entity": "image"}]
+    job_path = tmp_path / "latin.yaml"
+    job_path.write_text(yaml.safe_dump(job))
+    with pytest.raises(ConfigError) as err:
+        discover(load_job(job_path))
+    message = str(err.value)
+    assert "has a name that is not valid UTF-8 (2 file(s), e.g. '" in message and "caf\\xe9/" in message, message
+    assert "no image files" not in message and "convmv" in message
+
+
 def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_bytes_escaped(tmp_path: Path) -> None:
     # A Latin-1 name from an old export (b"caf\xe9.png") used to crash discovery with a
     # UnicodeEncodeError (exit 1) when its sample id was hashed: a bad file must be a record.
