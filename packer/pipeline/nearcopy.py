@@ -176,13 +176,15 @@ def signature(image: np.ndarray, *, blank: bool = False) -> Any:
 
 def packed_signature(image: np.ndarray, content: tuple[int, int, int, int] | None = None) -> Any:
     """The :func:`signature` of a packed output, C×H×W (or C×D×H×W: a volume's is its middle
-    slice's), drawn from ``content`` alone: the (top, left, height, width) box the source image
-    lies in (:attr:`packer.records.Sample.content`; ``None``: the whole output), resized to the
-    thumbnail as a ``stretch`` output would be. ``resize: fit``'s letterbox padding is no evidence:
-    counted, two different photos of one unusual aspect (4:1 panoramas, whose content is a quarter
-    of a square output) agreed on the three quarters of constant border and verified as copies
-    (η² 0.99 for two noise textures). Blank where the box's height or width is under
-    :data:`MIN_SIDE` (a wide panorama in a small output included), so the sample gets exact copies only."""
+    slice's, so a copy of a series that lost slices at one end, whose middle is another source
+    slice, is often missed: a limit README's "Near copies" names), drawn from ``content`` alone:
+    the (top, left, height, width) box the source image lies in (:attr:`packer.records.Sample.content`;
+    ``None``: the whole output), resized to the thumbnail as a ``stretch`` output would be.
+    ``resize: fit``'s letterbox padding is no evidence: counted, two different photos of one unusual
+    aspect (4:1 panoramas, whose content is a quarter of a square output) agreed on the three
+    quarters of constant border and verified as copies (η² 0.99 for two noise textures). Blank where
+    the box's height or width is under :data:`MIN_SIDE` (a wide panorama in a small output
+    included), so the sample gets exact copies only."""
     plane = image if image.ndim == 3 else image[:, image.shape[1] // 2]
     if content is not None:
         top, left, height, width = content
