@@ -226,8 +226,7 @@ class CachedChunk:
 #: 78: a non-CT DICOM file rendered through a CT preset says so in its metadata.warnings.
 #: 79: a cut after many whole UN sequences, or after a UN in a big-endian file, is truncated again.
 #: 80: native multi-frame Pixel Data padded with a frame's worth of zeros or more is read (was bad_shape).
-#: 81: a colour sample's near-copy thumbnail is its luminance (greyscale copies link), not its channel mean.
-CACHE_FORMAT = 81
+CACHE_FORMAT = 80
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
