@@ -87,16 +87,8 @@ VERIFY_SHIFT = 6
 _HANN = np.outer(np.hanning(THUMB), np.hanning(THUMB)).astype(np.float32)
 
 
-#: The weights of R, G and B in a colour sample's grey (ITU-R BT.601 luminance, as
-#: ``cv2.COLOR_BGR2GRAY`` and PIL's ``convert('L')`` make it): a colour photo saved again in
-#: greyscale is its luminance, which the channel mean is no function of (such a pair scored η² 0.84).
-#: A 3-channel output is packed RGB (an image's ``color: rgb``, colour DICOM).
-LUMINANCE = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-
-
 def thumbnail(image: np.ndarray) -> np.ndarray:
-    """The sample as a 64×64 uint8 grey thumbnail: grey (:data:`LUMINANCE` of 3 channels, the
-    channel mean of any other count), area-resized, min-max scaled.
+    """The sample as a 64×64 uint8 grey thumbnail: channel mean, area-resized, min-max scaled.
 
     ``image`` is C×H×W or H×W of any numeric dtype. A blank image (:func:`~packer.pipeline.dedup.is_blank`:
     constant, or a uint8 one within 2 levels) gives zeros, as it shows nothing: min-max scaling would
@@ -108,12 +100,7 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
         raise ValueError(f"a thumbnail needs a non-empty H×W or C×H×W array, got shape {arr.shape}")
     if is_blank(arr):
         return np.zeros((THUMB, THUMB), dtype=np.uint8)
-    if arr.ndim == 2:
-        gray = arr.astype(np.float32)
-    elif arr.shape[0] == 3:  # equal channels (a grey image as RGB) give their value, as the mean does
-        gray = np.tensordot(LUMINANCE, arr.astype(np.float32), axes=1)
-    else:
-        gray = arr.mean(axis=0, dtype=np.float32)
+    gray = arr.mean(axis=0, dtype=np.float32) if arr.ndim == 3 else arr.astype(np.float32)
     if not np.isfinite(gray).all():
         raise ValueError("a thumbnail needs finite pixel values; the array holds NaN or inf")
     small = cv2.resize(np.ascontiguousarray(gray), (THUMB, THUMB), interpolation=cv2.INTER_AREA)
@@ -690,9 +677,8 @@ def _vertex(left: float, centre: float, right: float) -> tuple[float, float]:
 #: pair's :class:`Evidence` is. 2: a task may turn a pair away by the first stage (:data:`SCREENED`).
 #: 3: intensity bins are at most 4 levels wide (:class:`_Bins`). 4: a ``resize: fit`` sample's
 #: thumbnail is its content box's, not its letterbox's (:func:`packed_signature`): the pairs a
-#: fit build verified compared padding, and are verified again. 5: a 3-channel sample's thumbnail
-#: is its luminance, not its channel mean (:data:`LUMINANCE`).
-VERIFY_VERSION = 5
+#: fit build verified compared padding, and are verified again.
+VERIFY_VERSION = 4
 #: A zoom other than 1 must match this much better to be chosen: most copies are not magnified.
 _ZOOM_PREFERENCE = 0.005
 
