@@ -545,6 +545,13 @@ def test_a_root_whose_every_file_name_is_not_utf8_says_so_not_that_there_are_no_
     message = str(err.value)
     assert "has a name that is not valid UTF-8 (2 file(s), e.g. '" in message and "caf\\xe9/" in message, message
     assert "no image files" not in message and "convmv" in message
+    for i in range(3):  # beside files of a format it does not read, the usual message says both
+        (tmp_path / "latin" / f"{i}.webp").write_bytes(b"RIFF....WEBP")
+    with pytest.raises(ConfigError) as err:
+        discover(load_job(job_path))
+    message = str(err.value)
+    assert "no image files under" in message and "2 file(s) whose names are not valid UTF-8" in message, message
+    assert "3 .webp" in message
 
 
 def test_a_file_name_that_is_not_utf8_is_an_unreadable_sample_named_with_its_bytes_escaped(tmp_path: Path) -> None:

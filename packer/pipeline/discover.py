@@ -1652,18 +1652,21 @@ def _source_refs(source: SourceConfig, phi: Pseudonymizer | None, allow_outside:
     if table is None and kind.names_masks:  # never all of them: a mask is left out only beside its image
         files, masks_out, maybe_label_maps = _without_mask_named(source, files, phi,
                                                                  by_content=kind.label_maps_by_content)
-    if not files and (unnamed or unnamed_out):  # there are files, but no name is text: say so, not "none"
-        said = unnamed[0].path if unnamed else unnamed_out[0].path
-        # a folder name may be a patient's: under pseudonymization the message names no file
-        example = "" if phi is not None and phi.active else f", e.g. '{said}'"
-        raise ConfigError(f"{where}.root (source {source.name!r}): every {source.kind} file under {source.root} "
-                          f"({as_written}) has a name that is not valid UTF-8 ({len(unnamed) + len(unnamed_out)} "
-                          f"file(s){example}), which no record can hold; rename them (e.g. convmv -r -f latin1 "
-                          "-t utf-8 --notest ROOT)")
     if not files:  # a typo in root would otherwise build an empty dataset and exit 0
+        undecodable = len(unnamed) + len(unnamed_out)
+        # a folder name may be a patient's: under pseudonymization the message names no file
+        example = ("" if not undecodable or phi is not None and phi.active
+                   else f", e.g. '{unnamed[0].path if unnamed else unnamed_out[0].path}'")
+        named = (f"{undecodable} file(s) whose names are not valid UTF-8{example}, which no record can hold: "
+                 "rename them (e.g. convmv -r -f latin1 -t utf-8 --notest ROOT). " if undecodable else "")
+        if undecodable and not unsupported and not versions:  # there are files, only no name is text
+            raise ConfigError(f"{where}.root (source {source.name!r}): every {source.kind} file under {source.root} "
+                              f"({as_written}) has a name that is not valid UTF-8 ({undecodable} file(s){example}), "
+                              "which no record can hold; rename them (e.g. convmv -r -f latin1 -t utf-8 --notest "
+                              "ROOT)")
         raise ConfigError(f"{where}.root (source {source.name!r}): no {source.kind} files under {source.root} "
                           f"({as_written}); looked for {kind.looked_for}, in subfolders too. "
-                          + _unsupported_note(unsupported) + _versions_note(versions)
+                          + named + _unsupported_note(unsupported) + _versions_note(versions)
                           + "Check the root, or remove the source from the job")
     relpaths = [rel for rel, _ in files]
     if phi is not None and phi.active:  # a folder or file name may be a patient's: no message prints it bare
