@@ -13,7 +13,10 @@ A warning that says pixels were made up (:data:`LOSSY_WARNINGS`) is a :class:`De
 refusal (a warning that loses no pixel, such as ``N extraneous bytes before marker``, or a file
 TurboJPEG cannot open: unusual sampling factors, CMYK, 12-bit or lossless JPEG) gives ``None``:
 the caller decodes as before, without the check (libjpeg stops at its first warning in strict mode,
-so a lost scan after a harmless warning goes unseen there).
+so a lost scan after a harmless warning goes unseen there). For a standalone JPEG that caller is
+OpenCV, whose libjpeg-turbo (not strict) refuses a file it cannot decode at all; a DICOM frame is
+decoded by pylibjpeg's libjpeg, which decodes some of those anyway (a damaged Huffman table segment:
+wrong tables, garbage pixels), so :func:`check_scan` asks OpenCV the same question of such a frame.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import simplejpeg
 
+from packer.opencv import cv2
 from packer.read.image_structure import Defect
 
 #: libjpeg-turbo's warnings (jerror.h, JWRN_*) after which the decoder made pixels up, lower case,
@@ -74,23 +78,60 @@ def strict_decode(data: bytes) -> np.ndarray | None:
     (H×W uint8 grey, H×W×3 BGR; not oriented), or None where TurboJPEG cannot open it or stops at a
     warning that loses no pixel (decode it with OpenCV then). Raises Defect where a warning says the
     scan lost pixels (:data:`LOSSY_WARNINGS`)."""
+    return _strict(data)[0]
+
+
+def _strict(data: bytes) -> tuple[np.ndarray | None, str]:
+    """:func:`strict_decode`'s image and ``""``, or None and why TurboJPEG did not decode ``data``
+    (its message, or the colour space it does not convert)."""
     try:
-        space = _OUTPUT.get(simplejpeg.decode_jpeg_header(data)[2])
+        space_name = simplejpeg.decode_jpeg_header(data)[2]
+        space = _OUTPUT.get(space_name)
         if space is None:
-            return None
+            return None, f"TurboJPEG does not convert {space_name} JPEG data"
         image = simplejpeg.decode_jpeg(data, colorspace=space, strict=True)
     except ValueError as err:
         lost = _lost(err)
         if lost is not None:
             raise lost from err
-        return None
-    return image.reshape(image.shape[:2]) if space == "GRAY" else image
+        return None, str(err)
+    return (image.reshape(image.shape[:2]) if space == "GRAY" else image), ""
 
 
 def check_scan(data: bytes) -> None:
     """Raise Defect where the JPEG codestream ``data`` (a DICOM frame) loses pixels in its scan
-    (:data:`LOSSY_WARNINGS`): a check only, the pixels decoded here are thrown away."""
-    strict_decode(data)
+    (:data:`LOSSY_WARNINGS`), or does not decode at all: where strict mode stops at a warning that
+    loses no pixel, or TurboJPEG does not open the frame, libjpeg-turbo decodes it without strict
+    mode through OpenCV, as a standalone JPEG is decoded (:func:`strict_decode`'s caller), and a
+    frame OpenCV refuses is ``decode_failed``. Extraneous bytes between two whole segments, which
+    some writers leave, decode so and pass; extraneous bytes because a segment (a Huffman table,
+    say) lost bytes and no longer ends where its length says do not, where pylibjpeg's libjpeg
+    decodes the frame with the wrong tables. A check only: the pixels decoded here are thrown
+    away."""
+    image, stopped = _strict(data)
+    if image is not None or _opencv_decodes(data):
+        return
+    # libjpeg's "N extraneous bytes before marker" on a frame that then does not decode: bytes a
+    # segment's length leaves out, or a segment that lost bytes and runs into the next one
+    damage = (" (a marker segment is damaged: one, a Huffman or quantisation table say, that does not end where its "
+              "length says gives wrong tables)") if "extraneous bytes" in stopped.lower() else ""
+    raise Defect("decode_failed", f"JPEG data does not decode: libjpeg-turbo stops with \"{stopped}\" and fails "
+                                  f"without strict mode too, as OpenCV does on the same bytes as a .jpg{damage}, "
+                                  "which is not packed; copy or export the file again")
+
+
+def _opencv_decodes(data: bytes) -> bool:
+    """Whether OpenCV (libjpeg-turbo, not strict) decodes the JPEG ``data``, its log silenced."""
+    before = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    try:
+        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) is not None
+    except cv2.error as err:
+        if getattr(err, "code", None) == cv2.Error.StsNoMem:  # the machine is short of memory, not the file
+            raise MemoryError(f"OpenCV: {str(err).strip()}") from err
+        return False
+    finally:
+        cv2.utils.logging.setLogLevel(before)
 
 
 def check_stream(data: bytes) -> None:

@@ -1,0 +1,100 @@
+"""Mutants of valid files (one byte deleted or flipped) that packer read as the wrong thing.
+
+Each test starts from a good file, damages it the way a fuzzer did, and states what the record
+must say: damage is ``decode_failed`` (the file is broken, copy it again), a cut is ``truncated``,
+a header that disagrees with whole pixel data is ``bad_shape``, and only a foreign format is
+``unsupported``. Where the same bytes reach packer as another kind (a DICOM frame and a ``.jpg``),
+both readers reach the same verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dicom_files import config, image_dataset, make_ref, save, window
+from pydicom.encaps import encapsulate
+from pydicom.uid import JPEGBaseline8Bit, SecondaryCaptureImageStorage
+
+from packer.config import ImageTransformConfig
+from packer.opencv import cv2
+from packer.read.dicom import read_dicom
+from packer.read.image import read_image
+from packer.records import Issue, Sample, SampleRef
+
+# ------------------------------------------------------------------ DICOM JPEG frame, damaged DHT
+
+
+def _photo() -> np.ndarray:
+    """A smooth 32×32 grey image (a blurred noise field)."""
+    noise = np.random.default_rng(3).integers(0, 255, (32, 32)).astype(np.uint8)
+    return cv2.GaussianBlur(noise, (5, 5), 0)
+
+
+def _jpeg(image: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    assert ok
+    return encoded.tobytes()
+
+
+def _dicom_jpeg(frame: bytes, path: Path) -> Path:
+    """A Secondary Capture grey 8-bit slice whose one frame is the JPEG Baseline ``frame``."""
+    ds = image_dataset(np.zeros((32, 32), np.uint8), modality="OT", sop_class=SecondaryCaptureImageStorage)
+    ds.file_meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds.PixelData = encapsulate([frame + b"\0" * (len(frame) % 2)])
+    ds["PixelData"].VR = "OB"
+    return save(ds, path)
+
+
+def _read_dicom(path: Path) -> list[Sample] | Issue:
+    return read_dicom(make_ref(path), config(window(128.0, 256.0)))
+
+
+def _read_photo(path: Path) -> list[Sample] | Issue:
+    ref = SampleRef(sample_id="img", source="src", kind="image", path=str(path), relpath=path.name,
+                    label="a", entity="e", time=None)
+    return read_image(ref, ImageTransformConfig())
+
+
+def _without(data: bytes, at: int) -> bytes:
+    return data[:at] + data[at + 1:]
+
+
+@pytest.mark.parametrize("offset", [21, 22, 24, 26, 28, 30])
+def test_a_dicom_jpeg_frame_whose_huffman_table_lost_a_byte_is_decode_failed_as_the_same_jpg_is(
+        tmp_path: Path, offset: int) -> None:
+    """One byte deleted from the first DHT segment (its code counts or values): the segment's
+    length now runs into the next one, libjpeg-turbo warns "N extraneous bytes before marker" and
+    then cannot decode (strict or not), and OpenCV refuses the same bytes as a .jpg. pylibjpeg's
+    libjpeg decoded the frame with the wrong Huffman tables: garbage (or all zeros, recorded as
+    constant_image) packed as a good sample. The frame is decode_failed, naming the damage."""
+    good = _jpeg(_photo())
+    damaged = _without(good, good.index(b"\xff\xc4") + offset)
+    photo = tmp_path / "same.jpg"
+    photo.write_bytes(damaged)
+    as_photo = _read_photo(photo)
+    assert isinstance(as_photo, Issue) and as_photo.reason == "decode_failed"  # the reference
+    found = _read_dicom(_dicom_jpeg(damaged, tmp_path / "sc.dcm"))
+    assert isinstance(found, Issue), "the damaged frame packed"
+    assert (found.reason, found.stage) == ("decode_failed", "read"), found.message
+    assert "frame 0" in found.message and "does not decode" in found.message, found.message
+    assert "copy or export the file again" in found.message, found.message
+
+
+@pytest.mark.parametrize("where", ["before DQT", "before SOS", "before EOI"])
+def test_a_dicom_jpeg_frame_with_stray_bytes_between_whole_segments_still_packs(tmp_path: Path, where: str) -> None:
+    """Zero bytes between two whole marker segments, as some writers leave them: libjpeg-turbo
+    warns "N extraneous bytes before marker" (strict mode stops) but decodes the frame right
+    without strict mode, as OpenCV reads the same bytes as a .jpg. Not damage: the frame packs,
+    with the pixels of the frame without them."""
+    image = _photo()
+    good = _jpeg(image)
+    marker = {"before DQT": b"\xff\xdb", "before SOS": b"\xff\xda", "before EOI": b"\xff\xd9"}[where]
+    at = good.rindex(marker)
+    padded = good[:at] + b"\0\0\0\0" + good[at:]
+    clean = _read_dicom(_dicom_jpeg(good, tmp_path / "clean.dcm"))
+    found = _read_dicom(_dicom_jpeg(padded, tmp_path / "padded.dcm"))
+    assert not isinstance(clean, Issue), clean.message
+    assert not isinstance(found, Issue), found.message
+    np.testing.assert_array_equal(found[0].image, clean[0].image)
