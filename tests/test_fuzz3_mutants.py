@@ -13,9 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dicom_files import config, image_dataset, make_ref, save, window
+from dicom_files import config, ct_dataset, image_dataset, make_ref, save, window
 from pydicom.encaps import encapsulate
-from pydicom.uid import JPEGBaseline8Bit, SecondaryCaptureImageStorage
+from pydicom.uid import (
+    ExplicitVRBigEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    JPEGBaseline8Bit,
+    SecondaryCaptureImageStorage,
+)
 
 from packer.config import ImageTransformConfig
 from packer.opencv import cv2
@@ -98,3 +104,39 @@ def test_a_dicom_jpeg_frame_with_stray_bytes_between_whole_segments_still_packs(
     assert not isinstance(clean, Issue), clean.message
     assert not isinstance(found, Issue), found.message
     np.testing.assert_array_equal(found[0].image, clean[0].image)
+
+
+# ------------------------------------------------- native DICOM: header larger than whole pixel data
+
+
+def _ct_slice(path: Path, *, rows: int, syntax: str = ExplicitVRLittleEndian) -> Path:
+    """A native 64×64 16-bit CT slice in ``syntax``, whole, whose header says ``rows`` Rows."""
+    ds = ct_dataset(np.random.default_rng(1).integers(0, 3000, (64, 64)).astype(np.int16))
+    ds.Rows = rows
+    ds.file_meta.TransferSyntaxUID = syntax
+    return save(ds, path)
+
+
+@pytest.mark.parametrize("syntax", [ExplicitVRLittleEndian, ImplicitVRLittleEndian, ExplicitVRBigEndian])
+def test_a_header_describing_more_pixels_than_whole_pixel_data_holds_is_bad_shape_not_a_cut(
+        tmp_path: Path, syntax: str) -> None:
+    """Rows edited 64 → 128, the Pixel Data element whole (its declared length, 8192, is the bytes
+    it holds): no byte is missing, yet the record said the file was cut short, copy it again. The
+    header disagrees with the stored image, as for the opposite case (more bytes than the header
+    describes): bad_shape, naming the fields to check."""
+    path = _ct_slice(tmp_path / "ct.dcm", rows=128, syntax=syntax)
+    found = _read_dicom(path)
+    assert isinstance(found, Issue), "a header larger than the pixel data read"
+    assert (found.reason, found.stage) == ("bad_shape", "validate"), found.message
+    assert "8192 bytes" in found.message and "16384" in found.message, found.message
+    assert "(0028,0010) Rows" in found.message and "cut short" not in found.message, found.message
+
+
+def test_a_slice_cut_inside_its_pixel_data_is_still_truncated(tmp_path: Path) -> None:
+    """The cut this must not hide: the file ends inside Pixel Data, fewer bytes held than its
+    element declares."""
+    path = _ct_slice(tmp_path / "ct.dcm", rows=64)
+    path.write_bytes(path.read_bytes()[:-3000])
+    found = _read_dicom(path)
+    assert isinstance(found, Issue) and found.reason == "truncated", getattr(found, "message", found)
+    assert "cut short" in found.message, found.message

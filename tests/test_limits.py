@@ -222,9 +222,11 @@ def test_dicom_frame_count_over_the_limit(tmp_path: Path, no_decode: None) -> No
     path = huge_dicom(tmp_path, 16, 16, 10_001)
     for call in dicom_calls(path):
         too_large(call(), "(0028,0008) Number of Frames is 10001", "limits.max_frames 10000")
-    # At the limit the size check passes and the real defect shows: the pixel data is missing.
+    # At the limit the size check passes and the real defect shows: the header describes 10,000
+    # frames and the (whole, not cut) Pixel Data holds one.
     result = read_dicom(make_ref(huge_dicom(tmp_path, 16, 16, 10_000, "at_limit.dcm")), config())
-    assert isinstance(result, Issue) and result.reason == "truncated"
+    assert isinstance(result, Issue) and result.reason == "bad_shape", result
+    assert "Number of Frames 10000" in result.message and "cut short" not in result.message, result.message
 
 
 def test_dicom_decoded_bytes_count_stored_frames_and_float64_working_copies(tmp_path: Path, no_decode: None) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import pydicom
 from pydicom.datadict import get_entry
-from pydicom.dataelem import RawDataElement
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames, parse_basic_offsets, parse_fragments
 from pydicom.errors import BytesLengthException, InvalidDicomError
@@ -65,7 +65,7 @@ from packer.read.dicom_attrs import (
     undecodable_note,
 )
 from packer.read.dicom_cut import HeaderCut, cut_in_header
-from packer.read.dicom_meta import META_START, meta_elements
+from packer.read.dicom_meta import LONG_VRS, META_START, meta_elements
 from packer.read.dicom_objects import classify, header_failure, header_unread
 from packer.read.dicom_render import GRAYSCALE, render_samples
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geometry
@@ -1522,6 +1522,26 @@ def _check_frames(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> Issue | N
     return None
 
 
+def _declared_length(ref: SampleRef, element: DataElement, syntax: str) -> int | None:
+    """The value length the file declares for its top-level native pixel data ``element``: the
+    4-byte length just before the value (a long VR's, explicit or implicit VR; pydicom keeps the
+    bytes it found, fewer where the file ends inside the value, and not the length). None where it
+    cannot be read: a deflated data set (its offsets are the inflated stream's), an explicit VR
+    there that is not a long one, a file that cannot be read again."""
+    tell = getattr(element, "file_tell", None)
+    if syntax == _DEFLATED or not isinstance(tell, int) or tell < 8:
+        return None
+    try:
+        with open(ref.path, "rb") as handle:
+            handle.seek(tell - 8)
+            head = handle.read(8)
+    except OSError:
+        return None
+    if len(head) != 8 or (syntax != _IMPLICIT and head[:2] not in LONG_VRS):
+        return None
+    return int.from_bytes(head[4:], "big" if syntax == _BIG_ENDIAN else "little")
+
+
 def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issue:
     """Decode all frames with the pinned plugin → (frames, rows, columns, samples), native order."""
     keyword = next((kw for kw in _PIXEL_KEYWORDS if kw in ds), None)
@@ -1539,6 +1559,17 @@ def _decode(ref: SampleRef, ds: Dataset, geometry: _Geometry) -> _Decoded | Issu
         have, want = len(ds[keyword].value or b""), _expected_native_bytes(geometry)
         if keyword != "PixelData":
             want = geometry.rows * geometry.columns * geometry.frames * geometry.bits_allocated // 8
+        declared = _declared_length(ref, ds[keyword], geometry.transfer_syntax) if have < want else None
+        if have < want and declared is not None and declared <= have:
+            # the element is whole (a cut file holds less than its element declares): the header is wrong
+            return _issue(ref, "validate", "bad_shape",
+                          f"({keyword}) holds {have} bytes, the whole length its element declares, where Rows "
+                          f"{geometry.rows} × Columns {geometry.columns} × Number of Frames {geometry.frames} × "
+                          f"Samples per Pixel {geometry.samples} × Bits Allocated {geometry.bits_allocated} give "
+                          f"{want}: the header describes more pixels than the pixel data holds (no byte is missing); "
+                          "check (0028,0010) Rows, (0028,0011) Columns, (0028,0008) Number of Frames, (0028,0002) "
+                          "Samples per Pixel and (0028,0100) Bits Allocated against the image, fix the wrong one, or "
+                          "re-export the file")
         if have < want:
             return _issue(ref, "read", "truncated",
                           f"({keyword}) holds {have} bytes, {want} expected for Rows {geometry.rows} × Columns "
