@@ -9,6 +9,7 @@ both readers reach the same verdict.
 
 from __future__ import annotations
 
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from pydicom.uid import (
 from packer.config import ImageTransformConfig
 from packer.opencv import cv2
 from packer.read.dicom import read_dicom
-from packer.read.image import read_image
+from packer.read.image import probe_image, read_image
 from packer.records import Issue, Sample, SampleRef
 
 # ------------------------------------------------------------------ DICOM JPEG frame, damaged DHT
@@ -140,3 +141,70 @@ def test_a_slice_cut_inside_its_pixel_data_is_still_truncated(tmp_path: Path) ->
     found = _read_dicom(path)
     assert isinstance(found, Issue) and found.reason == "truncated", getattr(found, "message", found)
     assert "cut short" in found.message, found.message
+
+
+# ------------------------------------------------------------- photo with a damaged signature
+
+
+def _tiff() -> bytes:
+    from PIL import Image
+
+    out = BytesIO()
+    Image.fromarray(_photo()).save(out, "TIFF")
+    return out.getvalue()
+
+
+def _flip(data: bytes, at: int, bit: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ bit]) + data[at + 1:]
+
+
+def _png() -> bytes:
+    ok, encoded = cv2.imencode(".png", _photo())
+    assert ok
+    return encoded.tobytes()
+
+
+DAMAGED_SIGNATURES = {  # name: (file, bytes, the format named); one bit of the magic flipped
+    "png bit 6": ("photo.png", lambda: _flip(_png(), 6, 0x02), "PNG"),
+    "png bit 0": ("photo.png", lambda: _flip(_png(), 0, 0x80), "PNG"),
+    "png two bytes, IHDR after": ("photo.png", lambda: b"\0\0" + _png()[2:], "PNG"),
+    "jpeg ff c8": ("photo.jpg", lambda: _flip(_jpeg(_photo()), 1, 0x10), "JPEG"),
+    "jpeg ff d8 7f": ("photo.jpeg", lambda: _flip(_jpeg(_photo()), 2, 0x80), "JPEG"),
+    "tiff 49 69 2a 00": ("photo.tif", lambda: _flip(_tiff(), 1, 0x20), "TIFF"),
+    "tiff 42 flipped": ("photo.tiff", lambda: _flip(_tiff(), 2, 0x04), "TIFF"),  # 0x2b would be BigTIFF
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_SIGNATURES))
+def test_a_photo_whose_signature_is_damaged_is_decode_failed_not_a_format_to_convert(
+        tmp_path: Path, case: str) -> None:
+    """A .png whose signature has one bit flipped (its IHDR chunk, CRC intact, at byte 8) was
+    `unsupported`, telling the user to convert a PNG to PNG. A near miss of the signature of the
+    file's own format (or a damaged magic before a structure that format's alone) is a damaged
+    file, as a flipped chunk type is: decode_failed, naming the damaged signature, by the probe
+    and by the read alike."""
+    name, make, fmt = DAMAGED_SIGNATURES[case]
+    path = tmp_path / name
+    path.write_bytes(make())
+    for found in (_read_photo(path), probe_image(make_ref(path))):
+        assert isinstance(found, Issue), "a damaged photo read"
+        assert (found.reason, found.stage) == ("decode_failed", "read"), found.message
+        assert f"damaged {fmt} signature" in found.message, found.message
+        assert "convert" not in found.message and "copy" in found.message, found.message
+
+
+@pytest.mark.parametrize(("name", "head"), [
+    ("anim.png", b"GIF89a"),                                  # a GIF named .png
+    ("photo.jpg", b"RIFF\x24\0\0\0WEBPVP8 "),                 # a WebP named .jpg
+    ("photo.jpg", b"\xff\x4f\xff\x51\0\x2f\0\0"),              # a JPEG 2000 codestream named .jpg
+    ("photo.jpg", b"\xff\x0a\xfa\x7f"),                       # a JPEG XL codestream named .jpg
+    ("raw.tif", b"IIRO\x08\0\0\0"),                           # an Olympus raw named .tif
+    ("photo.png", b"\x8aMNG\r\n\x1a\n"),                      # a MNG named .png
+])
+def test_a_foreign_format_under_an_image_name_stays_unsupported(tmp_path: Path, name: str, head: bytes) -> None:
+    """What is not a near miss of the name's own signature is another format: convert it."""
+    path = tmp_path / name
+    path.write_bytes(head + bytes(range(200)))
+    for found in (_read_photo(path), probe_image(make_ref(path))):
+        assert isinstance(found, Issue) and found.reason == "unsupported", getattr(found, "message", found)
+        assert "convert the file" in found.message, found.message

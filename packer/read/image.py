@@ -57,6 +57,7 @@ from packer.read.image_structure import (
     check_complete,
     check_strip_data,
     cut_signature,
+    damaged_signature,
     file_header,
     png_grey_key,
     sniff_format,
@@ -200,7 +201,9 @@ def _name(ref: SampleRef) -> str:
 
 def _unsupported(ref: SampleRef, head: bytes, dicm: bytes = b"") -> Issue:
     """The Issue of a file whose first bytes (``head``: up to 16, all of a shorter file) name no
-    format; ``truncated`` when the whole file is the start of a signature. ``dicm``: its bytes
+    format; ``truncated`` when the whole file is the start of a signature, ``decode_failed`` when
+    they are a damaged signature of a format packer reads (:func:`damaged_signature`: converting
+    the file would not help). ``dicm``: its bytes
     128-131, which say ``DICM`` in a DICOM file (a DICOM file among the photos is told to go to a
     DICOM source, not to be converted to PNG; renamed first, since a DICOM source never reads a
     file named as an image)."""
@@ -215,7 +218,14 @@ def _unsupported(ref: SampleRef, head: bytes, dicm: bytes = b"") -> Issue:
         return Issue.of(ref, stage="read", reason="truncated",
                         message=f"{_name(ref)}: the file is only {len(head)} bytes long ({head.hex(' ')}), the start "
                                 f"of a {cut.upper()} signature: it was cut short, copy or export it again")
-    ext = os.path.splitext(ref.path)[1] or "(none)"
+    suffix = os.path.splitext(ref.path)[1]
+    damaged = damaged_signature(head, suffix)
+    if damaged is not None:  # a damaged file of a format packer reads: converting it would not help
+        fmt, what = damaged
+        return Issue.of(ref, stage="read", reason="decode_failed",
+                        message=f"{_name(ref)}: a damaged {fmt.upper()} signature: first bytes {what}; the file is "
+                                "damaged, copy or export it again")
+    ext = suffix or "(none)"
     return Issue.of(ref, stage="read", reason="unsupported",
                     message=f"{_name(ref)}: first bytes {head[:8].hex(' ')} (extension {ext}) are not a PNG, "
                             f"JPEG, TIFF or BMP signature; convert the file to one of {', '.join(FORMATS)}")
@@ -231,7 +241,8 @@ def probe_image(ref: SampleRef, *, limits: LimitsConfig = DEFAULT_LIMITS) -> Ima
 
     Returns the :class:`ImageHeader`, or an Issue (stage ``read``): ``missing_file``,
     ``unreadable`` (OSError, zero bytes), ``unsupported`` (unknown signature),
-    ``truncated`` (ends inside the header), ``decode_failed`` (malformed header),
+    ``truncated`` (ends inside the header), ``decode_failed`` (malformed header, or a damaged PNG,
+    JPEG or TIFF signature),
     ``bad_shape`` (zero height or width), ``too_large`` (file size, pixels or decoded size
     over ``limits``, or over OpenCV's ``OPENCV_IO_MAX_IMAGE_*``), ``unexpected_error``.
 

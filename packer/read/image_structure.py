@@ -111,6 +111,40 @@ def cut_signature(data: bytes) -> str | None:
     return None
 
 
+#: The formats whose signature a file's own suffix names (BMP's 2-byte ``BM`` is too short to
+#: tell a damaged one from another format's first bytes)
+_SUFFIX_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff", ".tiff": "tiff"}
+#: At most this many bits of a signature may differ for the file to be a damaged one of its
+#: suffix's format: no other format's magic is so close (MNG, JPEG 2000, JPEG XL and the TIFF-like
+#: raw formats ORF and RW2 differ in 4 bits or more)
+_NEAR_MISS_BITS = 2
+
+
+def _bits_apart(head: bytes, signature: bytes) -> int:
+    return sum(bin(a ^ b).count("1") for a, b in zip(head, signature, strict=False)) + 8 * max(
+        0, len(signature) - len(head))
+
+
+def damaged_signature(head: bytes, suffix: str) -> tuple[str, str] | None:
+    """(format, what is damaged) where the first bytes ``head`` (up to 16) of a file named
+    ``suffix`` match no signature (:func:`sniff_format`) but are a damaged one: a near miss (at most
+    :data:`_NEAR_MISS_BITS` bits off) of the signature of the suffix's own format, or any 8 bytes
+    before an IHDR chunk header (length 13, at byte 8), which nothing but a PNG holds. ``None`` for
+    another format's bytes (left ``unsupported``: convert it)."""
+    if len(head) >= 16 and head[8:16] == b"\0\0\0\rIHDR":
+        return "png", (f"{head[:8].hex(' ')} where a PNG signature ({_PNG_SIGNATURE.hex(' ')}) belongs, before "
+                       "the PNG's IHDR chunk at byte 8")
+    fmt = _SUFFIX_FORMATS.get(suffix.lower())
+    if fmt is None:
+        return None
+    signature = min(_SIGNATURES[fmt], key=lambda sig: _bits_apart(head, sig))
+    bits = _bits_apart(head, signature)
+    if bits > _NEAR_MISS_BITS:
+        return None
+    return fmt, (f"{head[:len(signature)].hex(' ')} where a {fmt.upper()} signature ({signature.hex(' ')}) belongs: "
+                 f"{bits} bit{'s' if bits > 1 else ''} off")
+
+
 # --- headers ---------------------------------------------------------------------------------
 
 def _png_header(data: bytes) -> ImageHeader:
