@@ -9,9 +9,11 @@ both readers reach the same verdict.
 
 from __future__ import annotations
 
+import gzip
 from io import BytesIO
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import pytest
 from dicom_files import config, ct_dataset, image_dataset, make_ref, save, window
@@ -24,10 +26,12 @@ from pydicom.uid import (
     SecondaryCaptureImageStorage,
 )
 
-from packer.config import ImageTransformConfig
+from packer.config import ImageTransformConfig, LimitsConfig
 from packer.opencv import cv2
+from packer.read import nifti
 from packer.read.dicom import read_dicom
 from packer.read.image import probe_image, read_image
+from packer.read.nifti import NiftiDefect
 from packer.records import Issue, Sample, SampleRef
 
 # ------------------------------------------------------------------ DICOM JPEG frame, damaged DHT
@@ -208,3 +212,43 @@ def test_a_foreign_format_under_an_image_name_stays_unsupported(tmp_path: Path, 
     for found in (_read_photo(path), probe_image(make_ref(path))):
         assert isinstance(found, Issue) and found.reason == "unsupported", getattr(found, "message", found)
         assert "convert the file" in found.message, found.message
+
+
+# ------------------------------------------------------------- .nii.gz damaged before its header is out
+
+
+def _nii_gz() -> bytes:
+    data = np.random.default_rng(3).integers(-1000, 1000, (24, 24, 8)).astype(np.int16)
+    img = nib.Nifti1Image(data, np.diag([1.0, 1.0, 2.0, 1.0]))
+    img.header.set_xyzt_units("mm")
+    return gzip.compress(img.to_bytes(), mtime=0)
+
+
+def _load_header(path: Path) -> NiftiDefect:
+    with pytest.raises(NiftiDefect) as refused:
+        nifti.load_header(str(path), LimitsConfig(), channels_from="last_axis")
+    return refused.value
+
+
+def test_a_whole_nii_gz_damaged_before_its_header_inflates_is_decode_failed_not_truncated(tmp_path: Path) -> None:
+    """Byte 40 of a whole .nii.gz (its gzip trailer there) flipped: zlib fails ("invalid code --
+    missing end-of-block") before the 348-byte header is out. Nothing is cut, yet it was
+    `truncated`, "the gzip stream ends or breaks inside the header"; a zlib error is damage, as the
+    same damage further in the stream is: decode_failed, the gzip stream is damaged."""
+    gz = bytearray(_nii_gz())
+    gz[40] ^= 0xFF
+    path = tmp_path / "early.nii.gz"
+    path.write_bytes(bytes(gz))
+    refused = _load_header(path)
+    assert refused.reason == "decode_failed", str(refused)
+    assert "gzip stream is damaged" in str(refused) and "zlib" in str(refused), str(refused)
+    assert "ends" not in str(refused) and "cut" not in str(refused), str(refused)
+
+
+@pytest.mark.parametrize("kept", [30, 200])
+def test_a_nii_gz_whose_stream_ends_inside_its_header_is_still_truncated(tmp_path: Path, kept: int) -> None:
+    """The cut this must not hide: the gzip stream ends before the header is out."""
+    path = tmp_path / "cut.nii.gz"
+    path.write_bytes(_nii_gz()[:kept])
+    refused = _load_header(path)
+    assert refused.reason == "truncated", str(refused)

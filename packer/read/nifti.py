@@ -202,9 +202,11 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
             raise NiftiDefect("unreadable", misnamed) from err
         raise NiftiDefect("unreadable", "not a NIfTI-1 or NIfTI-2 file, or its header is cut short or compressed "
                                         f"wrongly (nibabel: {err}); export it again as .nii or .nii.gz") from err
-    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        raise NiftiDefect("truncated", f"the gzip stream ends or breaks inside the header ({type(err).__name__}: "
-                                       f"{err}); copy the file again") from err
+    except EOFError as err:  # the stream ends: a cut
+        raise NiftiDefect("truncated", f"the gzip stream ends inside the header ({type(err).__name__}: {err}); "
+                                       "copy the file again") from err
+    except (zlib.error, gzip.BadGzipFile) as err:  # damaged, whatever its length, as further into the stream
+        raise _gzip_damaged(err) from err
     except (OSError, HeaderDataError, ValueError, TypeError, KeyError, OverflowError) as err:
         # OverflowError: nibabel's int(vox_offset) of an infinite vox_offset
         raise NiftiDefect("unreadable", f"the header cannot be read ({type(err).__name__}: {err}; a dim[0] outside "
@@ -219,21 +221,32 @@ def load_header(path: str, limits: LimitsConfig, *, channels_from: str | None) -
 def _cut_in_header(path: str) -> str | None:
     """Why a gzip file nibabel could not tell the type of is cut short: its stream ends before
     a NIfTI header's bytes (348, NIfTI-2 540) have inflated (nibabel then finds no header to
-    name the type by); None for a file that is no gzip stream or inflates a whole header."""
+    name the type by); None for a file that is no gzip stream or inflates a whole header. Raises
+    NiftiDefect ``decode_failed`` where the stream is damaged before then (:func:`_gzip_damaged`)."""
     try:
         with open(path, "rb") as fh:
             if fh.read(2) != b"\x1f\x8b":
                 return None
         with gzip.open(path) as stream:
             head = stream.read(540)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        return f"the gzip stream ends or breaks inside the header ({type(err).__name__}: {err}); copy the file again"
+    except EOFError as err:
+        return f"the gzip stream ends inside the header ({type(err).__name__}: {err}); copy the file again"
+    except (zlib.error, gzip.BadGzipFile) as err:
+        raise _gzip_damaged(err) from err
     except OSError:
         return None
     if len(head) < 348:
         return (f"the gzip stream holds {len(head)} bytes, fewer than a NIfTI header's 348: the file was cut short; "
                 "copy the file again")
     return None
+
+
+def _gzip_damaged(err: zlib.error | gzip.BadGzipFile) -> NiftiDefect:
+    """The defect of a gzip stream that zlib or the gzip module refuses (an invalid deflate code, a
+    CRC-32 or length that does not match, a bad member header): damage, not a cut (a stream that
+    ends raises EOFError), wherever in the stream it is."""
+    said = f"zlib: {err}" if isinstance(err, zlib.error) else f"{type(err).__name__}: {err}"
+    return NiftiDefect("decode_failed", f"the gzip stream is damaged ({said}); copy the file again")
 
 
 def _misnamed(path: str) -> str | None:
