@@ -226,7 +226,10 @@ class CachedChunk:
 #: 78: a non-CT DICOM file rendered through a CT preset says so in its metadata.warnings.
 #: 79: a cut after many whole UN sequences, or after a UN in a big-endian file, is truncated again.
 #: 80: native multi-frame Pixel Data padded with a frame's worth of zeros or more is read (was bad_shape).
-CACHE_FORMAT = 80
+#: 81: (skipped: a luminance near-copy thumbnail that was reverted; caches written by it must not match).
+#: 82: a damaged DICOM JPEG frame is decode_failed, whole-but-short native Pixel Data bad_shape, a damaged
+#: image signature decode_failed, early .nii.gz deflate damage decode_failed.
+CACHE_FORMAT = 82
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
