@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from packer.errors import ConfigError
+from packer.loader.dataloader import ImageTypeError, _shape_text, _type_text
 
 _ALWAYS_THERE = ("cpu", "meta")  # torch needs no backend for these
 
@@ -82,6 +83,21 @@ def _known_channels(loader: Iterable[Any]) -> int | None:
     return int(shape[0])
 
 
+def _not_a_tensor(image: Any, where: str, takes: str) -> ImageTypeError:
+    """The error for a batch's ``image`` (``where``: which, by index and sample) that is not a torch
+    tensor: the prefetcher converts ``takes`` only, and cannot tell a numpy array's layout
+    (normalising an H×W×C array per channel would normalise along H)."""
+    shape = getattr(image, "shape", None)
+    described = _type_text(image) + (f" {_shape_text(shape)}, {getattr(image, 'dtype', '?')}"
+                                      if isinstance(shape, tuple) else "")
+    return ImageTypeError(
+        f"DevicePrefetcher: {where} is a {described}, not a torch.Tensor: the prefetcher converts and normalises "
+        f"{takes}; return tensors from the transform (albumentations: end the pipeline with ToTensorV2(); an "
+        "H×W×C array is torch.from_numpy(image.transpose(2, 0, 1))) or from your collate (torch.from_numpy "
+        "for a B×C×H×W array), or hand the images over under another name than \"image\" to have them moved "
+        "as they are")
+
+
 class DevicePrefetcher:
     """Iterate ``loader``'s batches on ``device`` with ``image`` as normalised float32.
 
@@ -91,7 +107,9 @@ class DevicePrefetcher:
     the first batch (a 2.5D neighbour stack's channels are slice-major: each slice's windows in
     turn, so per-window values repeat once per slice). ``state_dict()`` returns the loader's state as of the last
     batch handed out (the prefetched one is not counted), so save that, not the loader's.
-    A list ``image`` (mixed shapes) is converted element by element. A batch of a collate of
+    A list ``image`` (mixed shapes) is converted element by element, C×H×W each; an element that
+    is not a torch tensor, a numpy array included (its layout unknown: an H×W×C array would be
+    normalised along H), is an :class:`~packer.loader.ImageTypeError` naming it and the fix. A batch of a collate of
     your own (a tuple, a namedtuple, a dict of your own names, nested) has every tensor in it
     moved to the device, its structure kept; only a dict batch's ``image`` is converted.
     """
@@ -195,7 +213,15 @@ class DevicePrefetcher:
         if isinstance(image, torch.Tensor):
             moved["image"] = self._normalise(image, channel_axis=1)
         elif isinstance(image, list):
-            moved["image"] = [self._normalise(im, channel_axis=0) for im in image]
+            keys = moved.get("key")
+            for i, element in enumerate(image):
+                if not isinstance(element, torch.Tensor):
+                    key = keys[i] if isinstance(keys, list | tuple) and i < len(keys) else None
+                    sample = f" (sample {key})" if key is not None else ""
+                    raise _not_a_tensor(element, f"batch['image'][{i}]{sample}",
+                                        "C×H×W tensors (the channel axis first; C×D×H×W for a volume)")
+            images = [self._normalise(im, channel_axis=0) for im in image]
+            moved["image"] = images
         return moved
 
     def _record(self, value: Any, stream: Any) -> None:
