@@ -32,6 +32,17 @@ def hwc_numpy(image: torch.Tensor) -> np.ndarray:
     return image.numpy().transpose(1, 2, 0)
 
 
+def zip_collate(items: list[dict]) -> dict:
+    """The common ``zip(*...)`` idiom of a collate of your own: the images come as a tuple."""
+    images, keys = zip(*[(item["image"], item["key"]) for item in items], strict=True)
+    return {"image": images, "key": list(keys)}
+
+
+def numpy_collate(items: list[dict]) -> dict:
+    """A collate of your own that stacks the images as numpy (B×C×H×W)."""
+    return {"image": np.stack([item["image"].numpy() for item in items]), "key": [item["key"] for item in items]}
+
+
 def test_a_list_of_numpy_images_is_refused_naming_the_sample_the_type_and_the_fix(manifest):
     """collate="list" took the H×W×C arrays as documented, and the prefetcher died with a bare
     AttributeError ('numpy.ndarray' object has no attribute 'to')."""
@@ -45,3 +56,53 @@ def test_a_list_of_numpy_images_is_refused_naming_the_sample_the_type_and_the_fi
                               "uint8, not a torch.Tensor")
     assert "C×H×W" in message and "torch.from_numpy(image.transpose(2, 0, 1))" in message
     assert "ToTensorV2()" in message
+
+
+def test_a_tuple_of_images_is_converted_and_normalised_as_a_list_is(manifest):
+    """A collate of your own returning {"image": tuple_of_tensors} got its uint8 pixels handed out
+    moved but unconverted and unnormalised, although mean and std were given."""
+    listed = make_loader(ShardDataset(manifest, "train", shuffle=False), 4, collate="list")
+    zipped = make_loader(ShardDataset(manifest, "train", shuffle=False), 4, collate=zip_collate)
+    raw = next(iter(listed))["image"]
+    mean, std = (0.1, 0.2, 0.3), (0.5, 0.25, 0.125)
+    expected = next(iter(DevicePrefetcher(listed, "cpu", mean=mean, std=std)))["image"]
+    batch = next(iter(DevicePrefetcher(zipped, "cpu", mean=mean, std=std)))
+    assert type(batch["image"]) is tuple and len(batch["image"]) == 4
+    for got, want, pixels in zip(batch["image"], expected, raw, strict=True):
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        by_hand = (pixels.double() / 255 - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+        assert torch.allclose(got.double(), by_hand, atol=1e-6)
+
+
+def test_a_tuple_image_with_a_numpy_element_is_refused_too(manifest):
+    batch = {"image": (torch.zeros(3, 4, 5, dtype=torch.uint8), np.zeros((3, 4, 5), np.uint8)), "key": ["a", "b"]}
+    with pytest.raises(ImageTypeError, match=r"^DevicePrefetcher: batch\['image'\]\[1\] \(sample b\) is a "
+                                             r"numpy\.ndarray 3×4×5, uint8, not a torch\.Tensor"):
+        next(iter(DevicePrefetcher([batch], "cpu")))
+
+
+@pytest.mark.parametrize("normalise", [{"mean": (0.5,), "std": (0.25,)}, {}], ids=["mean-std", "plain"])
+def test_a_numpy_batch_image_is_refused_instead_of_passed_through_unconverted(manifest, normalise):
+    """A dict batch whose image a collate of your own stacked as numpy passed through unmoved and
+    unconverted: uint8 0..255 where the prefetcher promises float32 (normalised where asked)."""
+    loader = make_loader(ShardDataset(manifest, "train", shuffle=False), 4, collate=numpy_collate)
+    with pytest.raises(ImageTypeError) as caught:
+        next(iter(DevicePrefetcher(loader, "cpu", **normalise)))
+    message = str(caught.value)
+    assert message.startswith("DevicePrefetcher: batch['image'] is a numpy.ndarray 4×3×4×5, uint8, not a "
+                              "torch.Tensor")
+    assert "torch.from_numpy" in message and "B×C×H×W" in message
+
+
+@pytest.mark.parametrize("image", [None, "pixels", 3.0], ids=["none", "str", "float"])
+def test_any_other_image_type_is_named(image):
+    with pytest.raises(ImageTypeError, match=rf"^DevicePrefetcher: batch\['image'\] is a {type(image).__name__}"):
+        next(iter(DevicePrefetcher([{"image": image, "key": ["a"]}], "cpu")))
+
+
+def test_a_batch_without_an_image_name_is_still_moved_as_it_is(manifest):
+    """Only a dict batch's "image" is converted: a tuple batch or a dict of other names is moved, not refused."""
+    pairs = [(np.zeros(2), torch.ones(2, dtype=torch.uint8)), {"pixels": np.zeros(2), "label": torch.ones(2)}]
+    tuple_batch, dict_batch = DevicePrefetcher(pairs, "meta")
+    assert isinstance(tuple_batch[0], np.ndarray) and tuple_batch[1].device.type == "meta"
+    assert tuple_batch[1].dtype == torch.uint8 and dict_batch["label"].device.type == "meta"

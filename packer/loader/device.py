@@ -25,6 +25,7 @@ from packer.errors import ConfigError
 from packer.loader.dataloader import ImageTypeError, _shape_text, _type_text
 
 _ALWAYS_THERE = ("cpu", "meta")  # torch needs no backend for these
+_NO_IMAGE = object()             # a batch that is no dict, or a dict without "image"
 
 
 def usable_device(name: str, what: str) -> torch.device:
@@ -107,9 +108,10 @@ class DevicePrefetcher:
     the first batch (a 2.5D neighbour stack's channels are slice-major: each slice's windows in
     turn, so per-window values repeat once per slice). ``state_dict()`` returns the loader's state as of the last
     batch handed out (the prefetched one is not counted), so save that, not the loader's.
-    A list ``image`` (mixed shapes) is converted element by element, C×H×W each; an element that
-    is not a torch tensor, a numpy array included (its layout unknown: an H×W×C array would be
-    normalised along H), is an :class:`~packer.loader.ImageTypeError` naming it and the fix. A batch of a collate of
+    A list or tuple ``image`` (mixed shapes; a collate's ``zip(*...)``) is converted element by element,
+    C×H×W each. An ``image`` (or element) that is not a torch tensor, a numpy array included (its
+    layout unknown: an H×W×C array would be normalised along H), is an
+    :class:`~packer.loader.ImageTypeError` naming its type and the fix. A batch of a collate of
     your own (a tuple, a namedtuple, a dict of your own names, nested) has every tensor in it
     moved to the device, its structure kept; only a dict batch's ``image`` is converted.
     """
@@ -209,10 +211,12 @@ class DevicePrefetcher:
     def _prepare(self, batch: Any) -> Any:
         """``batch`` on the device; a dict batch's ``image`` also converted and normalised."""
         moved = self._move(batch)
-        image = moved.get("image") if isinstance(moved, Mapping) else None
+        image = moved.get("image", _NO_IMAGE) if isinstance(moved, Mapping) else _NO_IMAGE
+        if image is _NO_IMAGE:       # a batch of a collate of your own, of other names: moved as it is
+            return moved
         if isinstance(image, torch.Tensor):
             moved["image"] = self._normalise(image, channel_axis=1)
-        elif isinstance(image, list):
+        elif isinstance(image, list | tuple):
             keys = moved.get("key")
             for i, element in enumerate(image):
                 if not isinstance(element, torch.Tensor):
@@ -221,7 +225,11 @@ class DevicePrefetcher:
                     raise _not_a_tensor(element, f"batch['image'][{i}]{sample}",
                                         "C×H×W tensors (the channel axis first; C×D×H×W for a volume)")
             images = [self._normalise(im, channel_axis=0) for im in image]
-            moved["image"] = images
+            moved["image"] = (images if isinstance(image, list) else type(image)(*images)
+                              if hasattr(image, "_fields") else type(image)(images))
+        else:
+            raise _not_a_tensor(image, "batch['image']", "a B×C×H×W tensor (B×C×D×H×W for volumes) or a list or "
+                                "tuple of C×H×W tensors")
         return moved
 
     def _record(self, value: Any, stream: Any) -> None:
