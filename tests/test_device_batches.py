@@ -9,6 +9,7 @@ the fix, instead of an AttributeError or a silent pass-through of uint8 pixels.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,24 @@ def test_a_batch_without_an_image_name_is_still_moved_as_it_is(manifest):
     tuple_batch, dict_batch = DevicePrefetcher(pairs, "meta")
     assert isinstance(tuple_batch[0], np.ndarray) and tuple_batch[1].device.type == "meta"
     assert tuple_batch[1].dtype == torch.uint8 and dict_batch["label"].device.type == "meta"
+
+
+def test_cuda_on_a_machine_without_it_is_packers_config_error_not_torchs_runtime_error(monkeypatch):
+    """DevicePrefetcher(loader, "cuda") without CUDA raised torch's 'torch.cuda.Stream requires CUDA
+    support' where the CLI's --device check names the device and the fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^DevicePrefetcher\(loader, 'cuda'\): CUDA is not available here "
+                                          r"\(torch .*\); use DevicePrefetcher\(loader, 'cpu'\)"):
+        DevicePrefetcher([], "cuda")
+    with pytest.raises(ConfigError, match=r"^DevicePrefetcher\(loader, 'gpu'\) is not a torch device"):
+        DevicePrefetcher([], "gpu")
+
+
+def test_tensor_mean_and_std_are_taken_without_torchs_copy_construct_warning():
+    batch = {"image": torch.full((2, 3, 2, 2), 51, dtype=torch.uint8), "key": ["a", "b"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prefetcher = DevicePrefetcher([batch], "cpu", mean=torch.tensor([0.2, 0.1, 0.0]), std=torch.tensor([0.5]))
+        (out,) = prefetcher
+    assert torch.allclose(out["image"][:, 0], torch.zeros(2, 2, 2), atol=1e-6)
+    assert torch.allclose(out["image"][:, 2], torch.full((2, 2, 2), 0.4), atol=1e-6)

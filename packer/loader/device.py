@@ -28,14 +28,15 @@ _ALWAYS_THERE = ("cpu", "meta")  # torch needs no backend for these
 _NO_IMAGE = object()             # a batch that is no dict, or a dict without "image"
 
 
-def usable_device(name: str, what: str) -> torch.device:
+def usable_device(name: str, what: str, *, instead: str = "--device cpu") -> torch.device:
     """``name`` as a torch device this machine has, checked before anything runs on it.
 
     A ConfigError (exit 2) for a string torch does not know, a device type whose backend
     torch has not got here (CUDA, MPS, XPU, ...: asked of the backend's own ``is_available``,
     or, for a type without one, of an empty tensor made on it) or an index past the backend's
     last device, instead of torch's traceback once the run has started. ``what``: how the
-    caller names the value in the message (``--device cuda:1``, ``'cuda:1'``).
+    caller names the value in the message (``--device cuda:1``, ``'cuda:1'``); ``instead``: how it
+    names the fix, a CPU run (``--device cpu``, ``DevicePrefetcher(loader, 'cpu')``).
     """
     try:
         device = torch.device(name)
@@ -50,7 +51,7 @@ def usable_device(name: str, what: str) -> torch.device:
         if not is_available():
             build = f", CUDA build: {torch.version.cuda or 'no'}" if device.type == "cuda" else ""
             raise ConfigError(f"{what}: {kind} is not available here (torch {torch.__version__}{build}); "
-                              "use --device cpu")
+                              f"use {instead}")
         count = getattr(getattr(torch, device.type, None), "device_count", None)
         if device.index is not None and callable(count) and device.index >= count():
             raise ConfigError(f"{what}: this machine has {count()} {kind} device(s), {device.type}:0 to "
@@ -60,7 +61,7 @@ def usable_device(name: str, what: str) -> torch.device:
         torch.empty(0, device=device)
     except (RuntimeError, NotImplementedError, ImportError, AssertionError) as err:
         raise ConfigError(f"{what}: torch {torch.__version__} cannot make tensors on {kind} here "
-                          f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); use --device cpu") from err
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); use {instead}") from err
     return device
 
 
@@ -119,11 +120,12 @@ class DevicePrefetcher:
     def __init__(self, loader: Iterable[Any], device: str | torch.device, *,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
         self.loader = loader
-        self.device = torch.device(device)
+        self.device = usable_device(str(device), f"DevicePrefetcher(loader, {str(device)!r})",
+                                    instead="DevicePrefetcher(loader, 'cpu')")
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-        self._mean = None if mean is None else torch.tensor(mean, dtype=torch.float32, device=self.device)
-        self._std = None if std is None else torch.tensor(std, dtype=torch.float32, device=self.device)
+        self._mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float32, device=self.device)
+        self._std = None if std is None else torch.as_tensor(std, dtype=torch.float32, device=self.device)
         if self._std is not None and bool((self._std == 0).any()):
             raise ValueError("std must not contain zeros")
         # as given (float64: the float32 copies would print 0.4 as 0.4000000059604645), to name them in an error
