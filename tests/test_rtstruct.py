@@ -473,9 +473,9 @@ def test_degenerate_and_open_contours_are_skipped_and_a_bow_tie_is_filled_and_no
     assert not labels[2].any()
     assert drawn.notes == (
         "ROI 'Heart': 3 degenerate contours skipped (fewer than 3 distinct points, or all on one line): "
-        "contours 0, 1, 2",
-        "ROI 'Heart': 2 contours that are not CLOSED_PLANAR skipped (POINT and OPEN_* enclose no area): contours 3, 4",
-        "ROI 'Heart': 1 self-intersecting contours filled by the even-odd rule (check the drawing): contours 5")
+        "contours 1, 2, 3",
+        "ROI 'Heart': 2 contours that are not CLOSED_PLANAR skipped (POINT and OPEN_* enclose no area): contours 4, 5",
+        "ROI 'Heart': 1 self-intersecting contours filled by the even-odd rule (check the drawing): contours 6")
     assert assert_matches_skimage(labels[8] == 2, [bow_tie]) == 0
     assert labels[8, 17, 10] == 2 and labels[8, 10, 22] == 0  # the left lobe, and above the crossing
 
@@ -487,7 +487,7 @@ def test_contour_image_reference_is_not_trusted_position_wins(tmp_path: Path) ->
     labels, drawn = paint(tmp_path, ds, slices)
     assert labels[4].any() and labels[6].any() and not labels[9].any()
     assert drawn.notes == ("ROI 'Heart': 1 contours' ContourImageSequence names another image than the slice at "
-                           "their position (first: contour 0 on slice 4); position used",)
+                           "their position (first: contour 1 on slice 4); position used",)
 
 
 def test_two_rois_of_one_class_union(tmp_path: Path) -> None:
@@ -722,7 +722,7 @@ def test_a_contour_exported_twice_on_one_slice_is_painted_once_and_noted(tmp_pat
     assert assert_matches_skimage(labels[4] == 2, [RING_OUT, RING_IN]) == 0  # the ring, its hole kept
     assert assert_matches_skimage(labels[6] == 2, [RING_OUT]) == 0  # the same outline on another slice: no repeat
     assert ("ROI 'Heart': 1 contours repeating an earlier contour of the ROI on the same slice painted once (the "
-            "even-odd rule would cancel the copy against the original): contours 1") in drawn.notes
+            "even-odd rule would cancel the copy against the original): contours 2") in drawn.notes
 
 
 def test_roi_names_in_other_scripts_keep_their_letters_and_map_to_their_own_class(tmp_path: Path) -> None:

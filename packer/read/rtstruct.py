@@ -103,7 +103,8 @@ class _Contour:
 
 @dataclass
 class _Tally:
-    """One ROI's noted contours, by kind: contour indices (0-based)."""
+    """One ROI's noted contours, by kind: contour indices (0-based; the notes print them from 1, as
+    ContourSequence item numbers)."""
 
     kinds: dict[str, list[int]] = field(default_factory=dict)
     refs: list[tuple[int, int]] = field(default_factory=list)  # (contour, slice) whose reference disagrees
@@ -124,7 +125,8 @@ _NOTE_TEXT = {
 
 
 def _indices(items: list[int]) -> str:
-    shown = ", ".join(str(i) for i in items[:8])
+    """0-based contour indices as the ContourSequence item numbers (from 1) the refusals print."""
+    shown = ", ".join(str(i + 1) for i in items[:8])
     return shown + (", ..." if len(items) > 8 else "")
 
 
@@ -135,7 +137,7 @@ def _notes(name: str, tally: _Tally, empty: bool) -> list[str]:
     if tally.refs:
         first = tally.refs[0]
         out.append(f"ROI {name!r}: {len(tally.refs)} contours' ContourImageSequence names another image than the "
-                   f"slice at their position (first: contour {first[0]} on slice {first[1]}); position used")
+                   f"slice at their position (first: contour {first[0] + 1} on slice {first[1]}); position used")
     return out
 
 
