@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from packer.read.annotations import Painter
 from packer.read.rtstruct import paint_rtstruct
 from tests.test_rtstruct import MAP, closed, rtstruct, save, series
+from tests.test_seg import Grid, ct_series, in_source_order, paint, places, truth, write_seg
 
 SQUARE = [(4.0, 4.0), (4.0, 20.0), (20.0, 20.0), (20.0, 4.0)]
 
@@ -27,3 +30,24 @@ def test_an_rtstruct_note_numbers_its_contours_from_one_as_its_refusals_do(tmp_p
     assert drawn.notes == ("ROI 'Heart': 1 contours whose NumberOfContourPoints disagrees with ContourData "
                            "(ContourData used): contours 2",)
     assert all(painter.labels[k].any() for k in (3, 4, 5))
+
+
+@pytest.mark.parametrize("offset", [-20, -3, 0, 5])
+def test_a_seg_cut_where_its_pixel_data_starts_is_annotation_frames_cut_short(tmp_path: Path, offset: int) -> None:
+    """A copy that stopped right before (7FE0,0010), its header and per-frame items whole, is cut
+    short as a cut a few bytes either side of it is (the README files a truncated SEG under
+    annotation_frames); it was ``unreadable``, "the SEG has no Pixel Data; re-export it"."""
+    from packer.read.annotations import AnnotationError
+
+    grid = Grid(n=6, rows=16, columns=16)
+    sources = ct_series(grid, seed=2)
+    planted = truth(grid)
+    whole = write_seg(tmp_path / "whole.dcm", sources, in_source_order(sources, grid, planted),
+                      ["Ball Thing", "Cube_A"])
+    raw = whole.read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(raw[:raw.rindex(b"\xe0\x7f\x10\x00") + offset])
+    with pytest.raises(AnnotationError) as caught:
+        paint(cut, places(sources))
+    assert caught.value.reason == "annotation_frames"
+    assert str(cut) in caught.value.message and "cut short" in caught.value.message

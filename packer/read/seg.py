@@ -65,6 +65,7 @@ from packer.read.annotations import (
     unmapped_error,
 )
 from packer.read.dicom_attrs import item_text, sop_class_name
+from packer.read.dicom_cut import cut_in_header
 from packer.structures import Structure, StructureMap
 
 GRID_POLICIES = ("require", "resample")
@@ -222,6 +223,8 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
                 f"{path}: NumberOfFrames (0028,0008) is {'empty' if empty else frames} but the Per-Frame Functional "
                 f"Groups Sequence (5200,9230) has {n_items} items (a SEG holds one frame or more, each with its "
                 "item); the file is inconsistent: re-export it"))
+        if "PixelData" not in ds:
+            _no_pixel_data(path, frames)
         _check_bits_allocated(path, ds)
         _check_pixel_length(path, ds, frames)
         _check_planes(path, ds)
@@ -232,7 +235,43 @@ def _read(path: str, dataset: Dataset | None) -> tuple[hd.seg.Segmentation, dict
     except AnnotationError:
         raise
     except _FILE_DEFECTS as err:
+        cut = _cut_short(path)
+        if cut:  # pydicom's own words ("unpack requires a buffer of 4 bytes") do not say the file ends early
+            raise AnnotationError("annotation_frames", (
+                f"{path}: {cut}: the file is cut short (a copy that stopped early); copy it again, or re-export "
+                "it")) from err
         raise _unreadable(path, err) from err
+
+
+def _cut_short(path: str) -> str:
+    """Where the SEG at ``path`` ends inside its header (:func:`packer.read.dicom_cut.cut_in_header`),
+    "" where it does not, or is no DICOM file (no ``DICM`` marker: random bytes walk as anything), or
+    cannot be read again: walked only for a file already refused."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(128)
+            if handle.read(4) != b"DICM":
+                return ""
+        cut = cut_in_header(path)
+    except (OSError, ValueError):
+        return ""
+    return cut.what if cut is not None else ""
+
+
+def _no_pixel_data(path: str, frames: int) -> None:
+    """``annotation_frames`` for a SEG whose header and per-frame items are there but whose Pixel
+    Data is not: the file ends where (7FE0,0010) should start (or a few bytes before or into its
+    header: pydicom keeps a partial value and drops a partial element header without a word), as
+    a copy cut a little later or earlier does, which is ``annotation_frames`` too."""
+    cut = _cut_short(path)
+    if cut:
+        raise AnnotationError("annotation_frames", (
+            f"{path}: {cut}, and it holds no Pixel Data (7FE0,0010): the file is cut short (a copy that stopped "
+            "early); copy it again, or re-export it"))
+    raise AnnotationError("annotation_frames", (
+        f"{path}: the file ends after its header and the {frames} Per-Frame Functional Groups item(s) NumberOfFrames "
+        "declares, where its Pixel Data (7FE0,0010) should start: it is cut short (a copy that stopped before its "
+        "pixels) or was written without them; copy it again, or re-export it"))
 
 
 #: The Bits Allocated each Segmentation Type allows (PS3.3 C.8.20.2); and a BINARY SEG of a byte a
@@ -268,7 +307,7 @@ def _check_pixel_length(path: str, ds: Dataset, frames: int) -> None:
         return
     pixel_data = ds.get("PixelData")
     if pixel_data is None:
-        raise AnnotationError("unreadable", f"{path}: the SEG has no Pixel Data (7FE0,0010); re-export it")
+        _no_pixel_data(path, frames)
     bits = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel") or 1) * int(ds.BitsAllocated) * frames
     if len(pixel_data) * 8 < bits:
         raise AnnotationError("annotation_frames", (
