@@ -51,3 +51,34 @@ def test_a_seg_cut_where_its_pixel_data_starts_is_annotation_frames_cut_short(tm
         paint(cut, places(sources))
     assert caught.value.reason == "annotation_frames"
     assert str(cut) in caught.value.message and "cut short" in caught.value.message
+
+
+def test_a_seg_on_a_multiframe_ct_without_referenced_frame_numbers_is_placed_by_position(tmp_path: Path) -> None:
+    """PS3.3 Table 10-3: Referenced Frame Number (0008,1160) is Type 1C, absent where the reference
+    applies to all frames of a multi-frame instance. A SEG on a Legacy Converted Enhanced CT whose
+    Source Image references name the CT but no frame is placed by each frame's position; it was
+    read as frame 1 of the CT, and every other frame refused for contradicting it."""
+    import highdicom as hd
+    import numpy as np
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    from tests.test_seg import expected_labels
+
+    grid = Grid(n=8)
+    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=ct_series(grid, seed=5), series_instance_uid=generate_uid(), series_number=2,
+        sop_instance_uid=generate_uid(), instance_number=1)
+    planted = truth(grid)
+    depth = [float(np.dot(np.asarray(item.PlanePositionSequence[0].ImagePositionPatient) - grid.origin, grid.normal))
+             for item in enhanced.PerFrameFunctionalGroupsSequence]
+    path = write_seg(tmp_path / "mf.dcm", [enhanced], planted[[int(round(d / grid.step)) for d in depth]],
+                     ["Ball Thing", "Cube_A"])
+    ds = pydicom.dcmread(path)
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        for source in item.DerivationImageSequence[0].SourceImageSequence:
+            del source.ReferencedFrameNumber
+    ds.save_as(path)
+    labels, drawn = paint(path, places([enhanced]))
+    np.testing.assert_array_equal(labels, expected_labels(planted))
+    assert drawn.notes == ()

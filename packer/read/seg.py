@@ -15,8 +15,9 @@ Rules (the README's, stated once here):
   (``SCT:10200004``). A segment in no class is *unmapped* (ignored, reported); a SEG none of
   whose segments maps is ``annotation_unmapped``.
 - **Frame → slice**: by reference first (Derivation Image → Source Image: Referenced SOP
-  Instance UID, + Referenced Frame Number for a multi-frame source), when the references name
-  exactly one slice of the series; else by position: the slice whose centre lies within half
+  Instance UID, + Referenced Frame Number for a multi-frame source; a multi-frame source named
+  without one is referenced in all its frames, PS3.3 Table 10-3, and names no one slice), when the
+  references name exactly one slice of the series; else by position: the slice whose centre lies within half
   the series' slice spacing (the median gap) of the frame along the slice normal. A frame on no
   slice, on two (exactly midway), or whose reference contradicts its position by more than half
   a spacing is ``annotation_frames``.
@@ -86,10 +87,17 @@ _FILE_DEFECTS = (InvalidDicomError, OSError, EOFError, ValueError, TypeError, Ke
                  sqlite3.Error)
 
 
+#: A Source Image reference without Referenced Frame Number (0008,1160): Type 1C, absent where the
+#: reference applies to every frame of a multi-frame instance (PS3.3 Table 10-3), and for a
+#: single-frame one, whose only frame it names
+ANY_FRAME = -1
+
+
 @dataclass(frozen=True)
 class _Frame:
     """One SEG frame: its 0-based index, the segment number it holds (0 for a LABELMAP frame:
-    all), the source (SOP Instance UID, 0-based frame) pairs it derives from, and its plane."""
+    all), the source (SOP Instance UID, 0-based frame or :data:`ANY_FRAME`) pairs it derives
+    from, and its plane."""
 
     index: int
     segment: int
@@ -429,7 +437,7 @@ def _frame_places(path: str, seg: hd.seg.Segmentation, kind: str, declared: Sequ
                 uid = str(source.get("ReferencedSOPInstanceUID", "") or "").strip()
                 numbers = source.get("ReferencedFrameNumber")
                 if numbers is None or numbers == "":
-                    sources.append((uid, 0))
+                    sources.append((uid, ANY_FRAME))
                 else:
                     many = numbers if isinstance(numbers, (list, pydicom.multival.MultiValue)) else [numbers]
                     sources.extend((uid, int(n) - 1) for n in many)
@@ -521,6 +529,20 @@ class _Series:
         gaps = np.abs(np.diff(self.depth))
         self.spacing = float(np.median(gaps)) if gaps.size else 0.0
         self.by_source = {(s.sop_uid, s.frame): i for i, s in enumerate(slices)}
+        self.frames_of: dict[str, int] = {}  # how many slices each SOP instance holds
+        for s in slices:
+            self.frames_of[s.sop_uid] = self.frames_of.get(s.sop_uid, 0) + 1
+
+    def named(self, frame: _Frame) -> set[int]:
+        """The slices ``frame``'s source references name: a reference without Referenced Frame
+        Number names a single-frame instance's slice, and no one slice of a multi-frame instance
+        (it applies to all its frames: the frame is placed by its position)."""
+        out = set()
+        for uid, number in frame.sources:
+            key = (uid, 0 if number == ANY_FRAME else number)
+            if key in self.by_source and (number != ANY_FRAME or self.frames_of.get(uid) == 1):
+                out.add(self.by_source[key])
+        return out
 
     def half(self, fallback: float | None) -> float:
         """Half the slice spacing (a one-slice series: half the SEG's, else 1e-3 mm)."""
@@ -531,7 +553,7 @@ class _Series:
         """(slice index, status): ``copy`` (same grid), ``grid`` (another grid), ``outside``
         (on no slice), ``ambiguous`` (on two), ``contradicts`` (its reference and position disagree)."""
         half = self.half(frame.between or frame.thickness)
-        named = {self.by_source[s] for s in frame.sources if s in self.by_source}
+        named = self.named(frame)
         if len(named) == 1:
             index = named.pop()
             if frame.position is not None and abs(float(np.dot(frame.position, self.normal)) - self.depth[index]) > (
