@@ -280,7 +280,8 @@ CUTS = {
     "before its SOP Class UID": ("sop", 0, "annotation_orphan"),  # its class only in the file meta
     "inside its SOP Class UID": ("sop", 10, "annotation_orphan"),  # "1." of it left: the file meta's is whole
     "before its references": ("references", 0, "annotation_orphan"),
-    "inside a referenced instance UID": ("references", 120, "annotation_orphan"),  # no Study Instance UID either
+    # no Study Instance UID either; the file ends inside the UID, which is told (a SEG cut short: annotation_frames)
+    "inside a referenced instance UID": ("references", 120, "annotation_frames"),
     "inside a referenced instance item": ("references", 264, "unreadable"),  # an item that cannot be decoded
 }
 

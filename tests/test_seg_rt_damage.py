@@ -82,3 +82,51 @@ def test_a_seg_on_a_multiframe_ct_without_referenced_frame_numbers_is_placed_by_
     labels, drawn = paint(path, places([enhanced]))
     np.testing.assert_array_equal(labels, expected_labels(planted))
     assert drawn.notes == ()
+
+
+RT_CUTS = {  # where an RTSTRUCT copy stops: inside the value of the UID that ties it to its series
+    "its Study Instance UID": ("study", 1),
+    "its Referenced Frame of Reference's UID": ("frame", 0.5),
+    "its referenced series' UID": ("series", 0.5),
+}
+
+
+@pytest.mark.parametrize("where", list(RT_CUTS))
+def test_an_rtstruct_cut_inside_a_uid_that_links_it_holds_its_series_back(tmp_path: Path, where: str) -> None:
+    """pydicom keeps the partial value of the element a file ends in: an RTSTRUCT cut inside its
+    Study Instance UID named study "1", one cut inside its Referenced Frame of Reference UID
+    another frame of reference, one cut inside its referenced Series Instance UID a series no
+    source holds, and its series, tied to nothing, packed with all-zero masks under empty: keep.
+    The cut is read as one (README: empty means no annotation was made, not one that could not be
+    read): the RTSTRUCT is unreadable, saying it is cut short, its series mask_missing; the other
+    patient's series still packs empty."""
+    from packer.badsamples import read_bad_samples
+    from tests.test_dicom_masks import (
+        BODY,
+        RTSTRUCT_ROIS,
+        SLICES,
+        _build,
+        _items,
+        _mask_job,
+        _write_series,
+        write_rtstruct,
+    )
+
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    _write_series(raw / "B" / "CT", "PB", seed=2)
+    rt = write_rtstruct(raw / "A" / "RT" / "rt.dcm", a, {"External": BODY})
+    data = rt.read_bytes()
+    which, into = RT_CUTS[where]
+    uid = {"study": a[0].StudyInstanceUID, "frame": a[0].FrameOfReferenceUID, "series": a[0].SeriesInstanceUID}[which]
+    start = data.index(b"\x06\x30\x10\x00") if which == "frame" else 0  # (3006,0010): not the top-level FoR UID
+    at = data.index(str(uid).encode(), start)
+    rt.write_bytes(data[:at + (into if isinstance(into, int) else int(len(uid) * into))])
+    result = _build(_mask_job(tmp_path, raw, {**RTSTRUCT_ROIS, "empty": "keep"}))
+    records = read_bad_samples(result.version_dir / "bad_samples.jsonl")
+    assert sorted((Path(r["path"]).parts[-2], r["reason"]) for r in records) == sorted([
+        ("RT", "unreadable"), *[("CT", "mask_missing")] * SLICES])
+    own = next(r for r in records if r["reason"] == "unreadable")
+    assert "cut short" in own["message"] and "copy it again" in own["message"]
+    items = _items(result)
+    assert len(items) == SLICES and not any(item["mask"].numpy().any() for item in items)  # B: no annotation

@@ -1013,7 +1013,7 @@ def _annotation_header(ref: SampleRef, ds: Dataset, entity_keyword: str,
                        time_keywords: Sequence[str]) -> DicomHeader | Issue:
     """The header of a SEG or RTSTRUCT read as a mask: identity and what it references."""
     try:
-        refs = annotation_refs(ds)
+        refs = _cut_refs(ref, annotation_refs(ds))
     except DamagedElement as err:
         refs = _damaged_refs(ds, f"{err}; the header is corrupt, copy the file again")
     except (AttributeError, TypeError, ValueError, KeyError) as err:  # a malformed sequence
@@ -1047,6 +1047,47 @@ def _salvaged(ref: SampleRef, issue: Issue) -> DicomHeader | Issue:
         return issue
     return DicomHeader(entity=None, time=None, rows=0, columns=0, frames=0, samples_per_pixel=0, sop_class_uid="",
                        transfer_syntax_uid="", modality=refs.modality, annotation=refs)
+
+
+#: How many bytes at a file's end hold any UID value it may end inside (64 characters at most)
+_UID_TAIL = 128
+
+
+def _cut_refs(ref: SampleRef, refs: AnnotationRefs) -> AnnotationRefs:
+    """``refs`` as damaged where the annotation file ends inside the value of a UID that links it
+    (its Study Instance UID, a Frame of Reference, a referenced series' or instance's UID): pydicom
+    keeps the partial value without a word, and linking would take "1.2.826.0" for a whole UID, tying
+    the annotation to another study or frame of reference than its series', or to a series no source
+    holds, so the series packed with all-zero masks. The partial UID is dropped (the whole ones still
+    tie it) and the file is ``unreadable`` (a SEG: ``annotation_frames``, as a truncated SEG is),
+    saying it is cut short: its series are not packed empty
+    (:func:`packer.read.dicom_masks.link`). Only a file whose last bytes are one of those UIDs is
+    walked (:func:`packer.read.dicom_cut.cut_in_header`: the walk would take seconds on a large
+    RTSTRUCT); ``refs`` unchanged otherwise."""
+    uids = {uid for uid in (refs.study_uid, *refs.series_uids, *refs.instance_uids, *refs.frames_of_reference) if uid}
+    if not uids:
+        return refs
+    try:
+        with open(ref.path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(size - _UID_TAIL, 0))
+            tail = handle.read().rstrip(b"\0 ")
+    except OSError:  # gone since it was parsed: the parse's verdict stands
+        return refs
+    partial = {uid for uid in uids if tail.endswith(uid.encode("ascii", "replace"))}
+    cut = _cut_inside_value(ref) if partial else None
+    if cut is None:
+        return refs
+
+    def whole(values: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(uid for uid in values if uid not in partial)
+
+    return replace(refs, study_uid="" if refs.study_uid in partial else refs.study_uid,
+                   series_uids=whole(refs.series_uids), instance_uids=whole(refs.instance_uids),
+                   frames_of_reference=whole(refs.frames_of_reference), declared=None,
+                   damaged_reason="annotation_frames" if refs.modality == "SEG" else "unreadable",
+                   damaged=(f"{cut.what}: the {refs.modality or 'annotation'} is cut short inside a UID that ties it "
+                            "to its series, which is not taken as a whole UID; copy it again from the source"))
 
 
 def _damaged_refs(ds: Dataset, why: str) -> AnnotationRefs:
