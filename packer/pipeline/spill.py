@@ -229,7 +229,9 @@ class CachedChunk:
 #: 81: (skipped: a luminance near-copy thumbnail that was reverted; caches written by it must not match).
 #: 82: a damaged DICOM JPEG frame is decode_failed, whole-but-short native Pixel Data bad_shape, a damaged
 #: image signature decode_failed, early .nii.gz deflate damage decode_failed.
-CACHE_FORMAT = 82
+#: 83: a SEG reference without Referenced Frame Number spans a multi-frame source's frames; an annotation cut
+#: inside a linking UID, or where its Pixel Data should start, is damaged (its series mask_missing).
+CACHE_FORMAT = 83
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:
