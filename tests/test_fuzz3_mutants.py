@@ -252,3 +252,18 @@ def test_a_nii_gz_whose_stream_ends_inside_its_header_is_still_truncated(tmp_pat
     path.write_bytes(_nii_gz()[:kept])
     refused = _load_header(path)
     assert refused.reason == "truncated", str(refused)
+
+
+@pytest.mark.parametrize("translate", [(b"\r\n", b"\n"), (b"\n", b"\r\n")], ids=["crlf-to-lf", "lf-to-crlf"])
+def test_a_png_whose_line_endings_were_translated_is_a_damaged_png(
+        tmp_path: Path, translate: tuple[bytes, bytes]) -> None:
+    """PNG's signature holds CR LF and LF to show a text-mode transfer (PNG 12.12): such a file has
+    its IHDR a byte or two away from byte 8, and was told to convert a PNG to PNG (unsupported)."""
+    ok, buf = cv2.imencode(".png", np.random.default_rng(0).integers(0, 255, (8, 8), dtype=np.uint8))
+    data = buf.tobytes()
+    old, new = translate
+    path = tmp_path / "photo.png"
+    path.write_bytes(data[:8].replace(old, new) + data[8:])
+    for found in (_read_photo(path), probe_image(make_ref(path))):
+        assert isinstance(found, Issue) and found.reason == "decode_failed", found
+        assert "line endings were translated" in found.message, found.message

@@ -231,7 +231,8 @@ class CachedChunk:
 #: image signature decode_failed, early .nii.gz deflate damage decode_failed.
 #: 83: a SEG reference without Referenced Frame Number spans a multi-frame source's frames; an annotation cut
 #: inside a linking UID, or where its Pixel Data should start, is damaged (its series mask_missing).
-CACHE_FORMAT = 83
+#: 84: a PNG whose signature's line endings were translated is decode_failed (was unsupported).
+CACHE_FORMAT = 84
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -293,7 +293,8 @@ def _probe_header(ref: SampleRef, read: Reader, size: int, limits: LimitsConfig)
     head = read(0, 16)
     fmt = sniff_format(head)
     if fmt is None:
-        return _unsupported(ref, head, read(128, 4) if size >= 132 else b"")
+        # the 8 bytes more show an IHDR a line-ending translation moved by a byte or two
+        return _unsupported(ref, head + read(16, 8), read(128, 4) if size >= 132 else b"")
     too_big = file_size_problem(size, limits)
     if too_big is not None:
         raise Defect("too_large", too_big)
@@ -878,7 +879,7 @@ def _read(ref: SampleRef, cfg: ImageTransformConfig, limits: LimitsConfig,
                             message=f"{_name(ref)}: the file is empty (0 bytes); replace it or remove it")
         fmt = sniff_format(data[:16])
         if fmt is None:
-            return _unsupported(ref, data[:16], data[128:132])
+            return _unsupported(ref, data[:24], data[128:132])
         pages = _decode_pages(fmt, data, limits, progress)
         progress.stage = "validate"
         _validate(pages)

@@ -128,12 +128,20 @@ def _bits_apart(head: bytes, signature: bytes) -> int:
 def damaged_signature(head: bytes, suffix: str) -> tuple[str, str] | None:
     """(format, what is damaged) where the first bytes ``head`` (up to 16) of a file named
     ``suffix`` match no signature (:func:`sniff_format`) but are a damaged one: a near miss (at most
-    :data:`_NEAR_MISS_BITS` bits off) of the signature of the suffix's own format, or any 8 bytes
-    before an IHDR chunk header (length 13, at byte 8), which nothing but a PNG holds. ``None`` for
+    :data:`_NEAR_MISS_BITS` bits off) of the signature of the suffix's own format, any 8 bytes
+    before an IHDR chunk header (length 13, at byte 8), which nothing but a PNG holds, or a PNG's
+    start (``\\x89PNG``) with its IHDR a byte or two away from byte 8 (line endings translated; ``head``
+    up to 24 bytes). ``None`` for
     another format's bytes (left ``unsupported``: convert it)."""
     if len(head) >= 16 and head[8:16] == b"\0\0\0\rIHDR":
         return "png", (f"{head[:8].hex(' ')} where a PNG signature ({_PNG_SIGNATURE.hex(' ')}) belongs, before "
                        "the PNG's IHDR chunk at byte 8")
+    ihdr = head.find(b"\0\0\0\rIHDR", 4, 24)
+    if head.startswith(b"\x89PNG") and ihdr != -1:  # the signature's CR LF / LF bytes gained or lost one
+        return "png", (f"{head[:ihdr].hex(' ')} where a PNG signature ({_PNG_SIGNATURE.hex(' ')}) belongs, with the "
+                       f"IHDR chunk at byte {ihdr} instead of 8: line endings were translated in a text-mode "
+                       "transfer (FTP ASCII mode, a git autocrlf), which the signature is made to show (PNG "
+                       "12.12)")
     fmt = _SUFFIX_FORMATS.get(suffix.lower())
     if fmt is None:
         return None
