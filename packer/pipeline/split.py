@@ -662,34 +662,35 @@ def _stratified(groups: Sequence[SplitGroup], label_of: Sequence[str | None], cf
 def _spread_labels(groups: Sequence[SplitGroup], counts: np.ndarray, out: dict[int, str], fixed: Mapping[int, str],
                    ratios: np.ndarray, seed: int) -> None:
     """Repair what the greedy pass can leave: a label carried by at least as many groups as there
-    are splits to fill, yet absent from one of them. The greedy score averages a group's need
+    are splits to fill (a *promised* label), yet absent from one of them. The greedy score averages a group's need
     over all its labels, so the last carriers of a rare label can all go where their other,
     commoner labels are most behind (a label on 12 single-sample entities reached train and test,
     never valid). Rarest label first, a split without it takes the smallest movable carrier of
-    the split holding most carriers, where that group is no split's last carrier of any label it
-    holds (so no earlier repair is undone). Pinned groups never move. Moves a few small groups
-    at most, and none where every label already reaches every split."""
+    the split holding most carriers (the next where none there is movable), where that group is no
+    split's last carrier of a promised label it holds (so no earlier repair is undone and no promised label
+    leaves a split); a label on fewer groups than splits was promised nothing and protects nothing (four
+    carriers of a rare label, each holding a label of its own, all stayed in train). Pinned groups
+    never move. Each split without a label is filled once, at most: a few small groups move, and none
+    where every promised label already reaches every split."""
     wanted = [k for k, ratio in enumerate(ratios) if ratio > 0]
     split_index = {name: k for k, name in enumerate(SPLITS)}
     where = np.array([split_index[out[g]] for g in range(len(groups))], dtype=np.int64)
     carriers_in = np.zeros((len(SPLITS), counts.shape[1]), dtype=np.int64)  # groups carrying each label, per split
     for g in range(len(groups)):
         carriers_in[where[g]] += counts[g] > 0
-    for label in sorted(range(counts.shape[1]), key=lambda k: (int(carriers_in[:, k].sum()), k)):
-        if int(carriers_in[:, label].sum()) < len(wanted):
-            continue
+    promised = carriers_in.sum(axis=0) >= len(wanted)  # a move never changes a label's count of carriers
+    for label in sorted(np.flatnonzero(promised).tolist(), key=lambda k: (int(carriers_in[:, k].sum()), k)):
         for empty in wanted:
             if carriers_in[empty, label]:
                 continue
-            donor = int(np.argmax(carriers_in[:, label]))
-            if carriers_in[donor, label] < 2:
-                continue
-            movable = [g for g in range(len(groups)) if where[g] == donor and counts[g, label] > 0 and g not in fixed
-                       and not np.any((counts[g] > 0) & (carriers_in[donor] < 2))]
+            movable = [g for g in range(len(groups)) if where[g] != empty and carriers_in[where[g], label] >= 2
+                       and counts[g, label] > 0 and g not in fixed
+                       and not np.any((counts[g] > 0) & promised & (carriers_in[where[g]] < 2))]
             if not movable:
                 continue
-            g = min(movable, key=lambda m: (counts[m].sum(), entity_unit(groups[m].representative, seed),
-                                            groups[m].representative))
+            g = min(movable, key=lambda m: (-int(carriers_in[where[m], label]), int(where[m]), counts[m].sum(),
+                                            entity_unit(groups[m].representative, seed), groups[m].representative))
+            donor = int(where[g])
             carriers_in[donor] -= counts[g] > 0
             carriers_in[empty] += counts[g] > 0
             where[g] = empty
