@@ -158,3 +158,36 @@ def test_a_stratified_split_that_misses_the_ratios_warns_though_no_group_explain
     message = balance_warning(missed, STRATIFIED)
     assert message is not None and "train 95%" in message and "stratify: label" in message
     assert "E0" not in message
+
+
+def test_the_balance_warning_never_blames_a_group_sitting_in_the_split_that_is_short() -> None:
+    """Entities of 10 (BIG), 6, 6 and 18 x 1 samples, 70/15/15 with BIG in train: the warning said
+    "one entity (BIG) holds 10 samples (25%), and an entity never spans splits", though BIG raises
+    train's share, the one that is short. The 6-sample entity in valid (15% asked 10%) explains
+    valid's excess, and a group is named only where it sits in a split over its ratio."""
+    sizes = [("BIG", 10), ("M1", 6), ("M2", 6), *[(f"S{i}", 1) for i in range(18)]]
+    groups, rows = [], 0
+    for entity, size in sizes:
+        groups.append(SplitGroup(members=tuple(range(rows, rows + size)), entities=(entity,)))
+        rows += size
+    where = {"BIG": "train", "M1": "valid", "M2": "test"}
+    split = {f"k{i}": where.get(g.representative, "train") for g in groups for i in g.members}
+    drawn = Assignment(split=split, fold={}, groups=tuple(groups), dropped=(), pinned={})
+    assert shares_of(drawn) == {"train": 0.7, "valid": 0.15, "test": 0.15}
+    for cfg in (STRATIFIED, replace(STRATIFIED, stratify=None)):
+        message = balance_warning(drawn, cfg)
+        assert message is not None and "BIG" not in message, message
+        assert "one entity (M1) holds 6 samples (15%), all in valid (15%, asked 10%)" in message, message
+
+
+def test_a_standing_out_group_in_the_short_split_leaves_the_honest_cause() -> None:
+    """BIG (10 of 40) in train, train short at 70% because singles went to valid and test: no
+    group explains the excess of valid or test. A stratified split names the stratification;
+    a split by the seeded hash, the draw's luck, warns of nothing (as for any miss no group explains)."""
+    groups = (SplitGroup(members=tuple(range(10)), entities=("BIG",)),
+              *(SplitGroup(members=(i,), entities=(f"S{i}",)) for i in range(10, 40)))
+    split = {f"k{i}": "train" if i < 28 else ("valid" if i < 34 else "test") for i in range(40)}
+    drawn = Assignment(split=split, fold={}, groups=groups, dropped=(), pinned={})
+    message = balance_warning(drawn, STRATIFIED)
+    assert message is not None and "BIG" not in message and "stratify: label" in message, message
+    assert balance_warning(drawn, replace(STRATIFIED, stratify=None)) is None

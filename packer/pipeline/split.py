@@ -25,6 +25,7 @@ says whether the split is what was asked (the audit's ``split_balance`` rule).
 
 from __future__ import annotations
 
+import bisect
 import csv
 import functools
 import hashlib
@@ -551,14 +552,18 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
         cause = (f"; its {len(assignment.groups):,} split groups are each {span} sample"
                  f"{'' if largest.size == 1 else 's'}, whole in one split: too few and too coarse to meet the "
                  "ratios closely")
-    elif coarse and largest is not None:
-        size = f"{largest.size:,} sample{'' if largest.size == 1 else 's'} ({balance.largest_share:.0%})"
-        if len(largest.entities) > 1:
-            cause = (f"; the largest split group holds {size} of {len(largest.entities):,} entities, joined by "
-                     "duplicate links (each listed with its evidence under duplicates_span_entities in "
-                     f"{listed_in})")
-        else:
-            cause = f"; one entity ({largest.entities[0]}) holds {size}, and an entity never spans splits"
+    else:
+        culprit = _explaining_group(assignment, balance, tolerance, total)
+        if culprit is not None:
+            group, placed = culprit
+            size = f"{group.size:,} sample{'' if group.size == 1 else 's'} ({group.size / total:.0%})"
+            where = f"all in {placed} ({balance.shares[placed]:.0%}, asked {dict(cfg.ratios)[placed]:.0%})"
+            if len(group.entities) > 1:
+                cause = (f"; a split group holds {size} of {len(group.entities):,} entities, {where}, joined by "
+                         "duplicate links (each listed with its evidence under duplicates_span_entities in "
+                         f"{listed_in})")
+            else:
+                cause = f"; one entity ({group.entities[0]}) holds {size}, {where}, and an entity never spans splits"
     if cause is None and cfg.stratify == "label":  # placed on purpose, group by group: no draw's luck
         cause = (f"; stratify: label placed its {len(assignment.groups):,} split groups whole to meet each "
                  "label's quota per split, and could not also meet the ratios closely with them")
@@ -567,6 +572,45 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
     shares = ", ".join(f"{name} {balance.shares[name]:.0%}" for name, _ in cfg.ratios)
     asked = ", ".join(f"{name} {ratio:.0%}" for name, ratio in cfg.ratios)
     return f"split shares {shares} miss the requested {asked}{cause}"
+
+
+def _explaining_group(assignment: Assignment, balance: Balance, tolerance: float, total: int
+                      ) -> tuple[SplitGroup, str] | None:
+    """The group that explains a missed share, with its split, or None: the largest group sitting in
+    a split over its ratio that holds at least that split's excess (without it the split would not
+    be over), is coarse (over twice ``tolerance`` of the samples) and stands out (at least twice the
+    median size of the other groups). The largest group of all, named before wherever it sat,
+    raised the share of a split that was short when it sat there: it cannot explain the miss."""
+    sizes = sorted(g.size for g in assignment.groups)
+    excess = {name: share - balance.requested.get(name, 0.0) for name, share in balance.shares.items()}
+    rows = [g for g in assignment.groups if g.size > 2 * tolerance * total]
+    if not rows or len(sizes) < 2:
+        return None
+    placed = _splits_of(assignment, rows)
+    fitting = [(g, where) for g, where in zip(rows, placed, strict=True)
+               if where is not None and excess.get(where, 0.0) > 0 and g.size / total >= excess[where]]
+    for group, where in sorted(fitting, key=lambda item: (-item[0].size, item[0].members[0])):
+        # the median of the other groups: ``sizes`` less one of this group's size
+        middle = (len(sizes) - 2) // 2
+        median = sizes[middle] if bisect.bisect_left(sizes, group.size) > middle else sizes[middle + 1]
+        if group.size >= 2 * median:
+            return group, where
+    return None
+
+
+def _splits_of(assignment: Assignment, groups: Sequence[SplitGroup]) -> list[str | None]:
+    """Each group's split, by its first placed member: from the row codes of an assignment made by
+    :func:`assign_splits`, else (a mapping made by hand) from the mapping's values in row order."""
+    split = assignment.split
+    if isinstance(split, RowCodes):
+        out: list[str | None] = []
+        for group in groups:
+            codes = split.codes[group.members.rows]
+            held = codes[codes >= 0]
+            out.append(str(split.values_of[int(held[0])]) if held.size else None)
+        return out
+    values = list(split.values())
+    return [next((values[i] for i in group.members if i < len(values)), None) for group in groups]
 
 
 def read_pinned(path: Path) -> dict[str, str]:
