@@ -309,11 +309,17 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
                                     # a padded batch's mask takes one dtype and one pad id (collate="pad"):
                                     # ids over 255 wrapped in a uint8 batch, one job's pad filled another's
                                     ("mask dtype", (info.mask or {}).get("dtype"), (first.mask or {}).get("dtype")),
-                                    ("mask pad", (info.mask or {}).get("pad"), (first.mask or {}).get("pad"))):
+                                    ("mask pad", (info.mask or {}).get("pad"), (first.mask or {}).get("pad")),
+                                    # the mix's mask is the first member's: a loss sized by its classes met
+                                    # another member's ids past them (torch's IndexError, target 3 out of bounds)
+                                    ("mask classes", (info.mask or {}).get("classes"),
+                                     (first.mask or {}).get("classes"))):
             if mine != theirs:
+                fix = ("give both jobs one mask.classes list, a declared id no mask holds being allowed, and "
+                       "rebuild" if field == "mask classes" else "rebuild one of them")
                 raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "
-                                  "mixed members must deliver the same kind of sample (rebuild one of them, or "
-                                  "train on them separately)")
+                                  f"mixed members must deliver the same kind of sample ({fix}, or train on them "
+                                  "separately)")
         try:  # the kind says how targets meet: class names merge (indices remapped), vector positions must agree
             target, remap = target.join(info.target)
         except TargetMismatch as err:

@@ -1,0 +1,71 @@
+"""examples/train.py (and train3d.py, which runs its loop) at the edges of what it trains: a mix of
+segmentation datasets whose mask classes differ, a split with no samples, a numeric target whose
+train split is empty; and the loader's refusals as the command-line tools word them (their own
+flags), beside the Python API's wording for Python callers."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from packer.errors import ConfigError
+from packer.loader import MixedDataset, ShardDataset
+from tests.helpers import REPO
+from tests.test_masks import _photo_set, _photo_source
+from tests.test_targets import _build, _job
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def _example(name: str = "train") -> ModuleType:
+    """examples/<name>.py as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"packer_example_{name}", REPO / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refusal(capsys: pytest.CaptureFixture[str], script: str, args: list[str]) -> tuple[int | str | None, str]:
+    """Run examples/<script>.py with ``args`` on the CPU, in this process; its exit code and stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        _example(script).main([*args, "--epochs", "1", "--device", "cpu", "--workers", "0"])
+    return stopped.value.code, capsys.readouterr().err
+
+
+def _segmentation(tmp: Path, classes: list[int]) -> Path:
+    """A segmentation dataset of three photos whose masks hold ids 0-3 (255 pads), declaring ``classes``."""
+    raw = _photo_set(tmp, [(40, 40), (40, 40), (40, 40)])
+    job = _job(tmp, [_photo_source(raw, classes=classes)], transform={"image": {"size": [32, 32], "color": "gray"}})
+    return _build(job).version_dir
+
+
+def test_a_mix_of_segmentation_datasets_whose_mask_classes_differ_is_refused_naming_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mix's mask was its first member's: train.py sized its head for classes 0-3 and crashed
+    with torch's IndexError on the first batch of the other member holding id 4 (README: members
+    share masks, else a ConfigError names the member and the field)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    four = _segmentation(tmp_path / "four", [0, 1, 2, 3, 255])
+    five = _segmentation(tmp_path / "five", [0, 1, 2, 3, 4, 255])
+    members = [(ShardDataset(four, "train"), 1.0), (ShardDataset(five, "train"), 1.0)]
+    with pytest.raises(ConfigError, match=re.escape("MixedDataset: five has mask classes [0, 1, 2, 3, 4, 255] but "
+                                                    "four has [0, 1, 2, 3, 255]")):
+        MixedDataset(members, names=["four", "five"])
+
+    code, err = _refusal(capsys, "train", ["--mix", f"{four}=0.5", "--mix", f"{five}=0.5"])
+    assert code == 2
+    assert "mask classes [0, 1, 2, 3, 4, 255] but " in err and "has [0, 1, 2, 3, 255]" in err
+    assert "mask.classes" in err  # the fix: declare one list of ids in both jobs
+
+    same = _segmentation(tmp_path / "same", [0, 1, 2, 3, 255])  # the fix taken: one list of ids
+    done = _example().main(["--mix", f"{four}=0.5", "--mix", f"{same}=0.5", "--epochs", "1", "--device", "cpu",
+                            "--workers", "0", "--batch-size", "2"])
+    assert done["objective"] == "segmentation: 4 classes" and done["steps"] == 3
