@@ -50,8 +50,8 @@ What to copy into a real training script:
   continues mid-epoch with exactly the batches that were left.
 
 Exit codes are ``packer``'s (README, Commands and exit codes): 2 for a wrong option or a dataset
-this script does not train (a missing manifest, volumes given to train.py, samples of several
-shapes, masks of several frames, a checkpoint of another dataset or mix), 5 for damaged data;
+this script does not train (a missing manifest, a split with no samples, volumes given to train.py,
+samples of several shapes, masks of several frames, a checkpoint of another dataset or mix), 5 for damaged data;
 the message goes to stderr, prefixed with the script's name.
 """
 
@@ -302,6 +302,12 @@ def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> 
     torch.manual_seed(args.seed)
     dataset = open_dataset(args, "pad" if distributed else "exact")
     what = args.manifest or " + ".join(path for path, _ in args.mix)
+    if dataset.samples == 0:  # a mix refuses an empty member itself; one dataset trained nothing and exited 0
+        splits = read_manifest(dataset.info.manifest, check_hash=False).splits
+        others = ", ".join(f"{name} {entry['samples']}" for name, entry in splits.items() if name != args.split)
+        which, of = (f"sources {','.join(args.sources)} of ", " (every source)") if args.sources else ("", "")
+        raise ConfigError(f"{what}: {which}split {args.split!r} has no samples (other splits{of}: "
+                          f"{others or 'none'}); nothing to train: choose another split with --split")
     rank = dataset.rank
     if dataset.info.layout not in args.layouts:
         other = "examples/train3d.py" if dataset.info.layout == "CDHW" else "examples/train.py"

@@ -17,7 +17,7 @@ from packer.errors import ConfigError
 from packer.loader import MixedDataset, ShardDataset
 from tests.helpers import REPO
 from tests.test_masks import _photo_set, _photo_source
-from tests.test_targets import _build, _job
+from tests.test_targets import _build, _job, _photo_table
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -69,3 +69,29 @@ def test_a_mix_of_segmentation_datasets_whose_mask_classes_differ_is_refused_nam
     done = _example().main(["--mix", f"{four}=0.5", "--mix", f"{same}=0.5", "--epochs", "1", "--device", "cpu",
                             "--workers", "0", "--batch-size", "2"])
     assert done["objective"] == "segmentation: 4 classes" and done["steps"] == 3
+
+
+def _photos_split_train_and_valid(tmp: Path) -> Path:
+    """Four photos of four entities, asked to split 90/10: every entity lands in train, valid is empty."""
+    raw = _photo_table(tmp, [{"path": f"{c}/{i}.png"} for i, c in enumerate("xyxy")])
+    job = _job(tmp, [{"kind": "image", "root": str(raw), "label": "folder"}],
+               split={"by": "entity", "ratios": {"train": 0.9, "valid": 0.1}})
+    return _build(job).version_dir
+
+
+@pytest.mark.parametrize("script", ["train", "train3d"])
+def test_training_on_a_split_with_no_samples_is_refused_naming_the_split_and_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """It printed nothing, exited 0 and wrote a step-0 checkpoint, which --resume then said
+    'already holds every epoch' of."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # train3d.py imports train.py from beside it
+    version = _photos_split_train_and_valid(tmp_path)
+    checkpoint = tmp_path / "c.pt"
+    code, err = _refusal(capsys, script, ["--manifest", str(version), "--split", "valid",
+                                          "--checkpoint", str(checkpoint)])
+    assert code == 2
+    assert f"{script}.py: {version}" in err
+    assert ("split 'valid' has no samples (other splits: test 0, train 4); nothing to train: choose another split "
+            "with --split") in err
+    assert not checkpoint.exists()
