@@ -28,7 +28,8 @@ What it trains follows the manifest (``target.kind``, ``mask``); no flag chooses
   entries it zeroes are left out of the mean: ``(bce * mask).sum() / mask.sum().clamp(min=1)``.
 - numeric: one output per number, MSE on ``batch["target"]`` standardised by the train split's
   ``target_stats``: ``(value - mean) / (max - min)`` per name (min/mean/max is what the
-  manifest records; the range stands in for a standard deviation it does not record).
+  manifest records; the range stands in for a standard deviation it does not record). A train
+  split with no samples records no stats: the script stops with a message.
 - none (unlabeled): self-supervised denoising: from the image plus Gaussian noise, predict the
   clean image average-pooled to 8×8 (MSE).
 - masks (any target kind): segmentation: a tiny fully-convolutional net, per-pixel
@@ -60,7 +61,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: 
                          build_model(channels, outputs, dims), masked_bce)
     if target.kind == "numeric":
         # standardised by the train split's stats: the manifest records min/mean/max per name
-        stats = read_manifest(dataset.info.manifest, check_hash=False).splits["train"]["target_stats"]
+        stats = train_stats(dataset.info.manifest, target.names)
         mean = torch.tensor([stats[n]["mean"] for n in target.names], device=device)
         scale = torch.tensor([(stats[n]["max"] - stats[n]["min"]) or 1.0 for n in target.names], device=device)
         return Objective(f"numeric: {', '.join(target.names)}", build_model(channels, outputs, dims),
@@ -260,6 +261,22 @@ def pick_objective(dataset: ShardDataset | MixedDataset, channels: int, device: 
     model = nn.Sequential(build_model(channels, channels * side ** dims, dims),
                           nn.Unflatten(1, (channels,) + (side,) * dims))
     return Objective("unlabeled: denoising reconstruction", model, denoising)
+
+
+def train_stats(manifest: str | os.PathLike[str], names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """The train split's ``target_stats`` (min, mean, max) of every name, which the numeric loss
+    standardises by, whichever split is trained on; ConfigError where the train split has none
+    for a name (an empty train split records ``{}``, a manifest may hold no train split)."""
+    entry = read_manifest(manifest, check_hash=False).splits.get("train")
+    stats = (entry or {}).get("target_stats") or {}
+    missing = [name for name in names if not {"min", "mean", "max"} <= set(stats.get(name) or {})]
+    if missing:
+        why = ("the manifest has no train split" if entry is None else
+               "the train split has no samples" if entry.get("samples") == 0 else "the train split records none")
+        raise ConfigError(f"{manifest}: the numeric targets are standardised by the train split's target_stats, "
+                          f"and {why} (no stats for {', '.join(missing)}); rebuild with samples in the train split "
+                          "(split.ratios, split.seed, or more entities)")
+    return stats
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

@@ -95,3 +95,24 @@ def test_training_on_a_split_with_no_samples_is_refused_naming_the_split_and_the
     assert ("split 'valid' has no samples (other splits: test 0, train 4); nothing to train: choose another split "
             "with --split") in err
     assert not checkpoint.exists()
+
+
+def test_a_numeric_target_whose_train_split_is_empty_is_refused_not_a_key_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numbers are standardised by the train split's target_stats, which an empty train split
+    records as {} per name: pick_objective read ['mean'] of it, a KeyError traceback (exit 1)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    raw = _photo_table(tmp_path, [{"path": f"{i}.png", "age": str(20 + 7 * i), "entity": f"E{i}"}
+                                  for i in range(4)])
+    job = _job(tmp_path, [{"kind": "image", "root": str(raw), "table": str(raw / "table.csv"),
+                           "label": {"kind": "numeric", "columns": ["age"]}}],
+               split={"by": "entity", "ratios": {"train": 0.01, "valid": 0.99}})
+    version = _build(job).version_dir
+
+    code, err = _refusal(capsys, "train", ["--manifest", str(version), "--split", "valid"])
+    assert code == 2
+    assert ("the numeric targets are standardised by the train split's target_stats, and the train split has no "
+            "samples (no stats for age)") in err
+    code, err = _refusal(capsys, "train", ["--manifest", str(version), "--split", "train"])
+    assert code == 2
+    assert "split 'train' has no samples (other splits: test 0, valid 4); nothing to train" in err
