@@ -71,7 +71,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from packer.errors import ConfigError, PackerError
+from packer.errors import COMMAND_LINE, ConfigError, PackerError, called_from
 from packer.loader import DevicePrefetcher, MixedDataset, ShardDataset, make_loader
 from packer.loader.device import usable_device
 from packer.manifest import read_manifest
@@ -317,7 +317,8 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
 
 def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> dict[str, Any]:
     torch.manual_seed(args.seed)
-    dataset = open_dataset(args, "pad" if distributed else "exact")
+    with called_from(COMMAND_LINE):  # the loader's refusals name this script's flags (--sources ct), not Python's
+        dataset = open_dataset(args, "pad" if distributed else "exact")
     what = args.manifest or " + ".join(path for path, _ in args.mix)
     if dataset.samples == 0:  # a mix refuses an empty member itself; one dataset trained nothing and exited 0
         splits = read_manifest(dataset.info.manifest, check_hash=False).splits

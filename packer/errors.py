@@ -10,7 +10,7 @@ import contextlib
 import errno
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +127,17 @@ class Surface:
         ``packer.build(..., cache_dir=DIR)``."""
         shown = self.option(option, placeholder=placeholder)
         return f"packer.{command}(..., {shown})" if self.python else f"packer {command} {shown}"
+
+    def view(self, sources: Sequence[str] = (), *, python: str) -> str:
+        """Some sources read alone, as the caller asks for it: the loader commands' flag
+        (``packer bench-loader``, ``examples/train.py``: ``--sources ct,mr``, ``--sources NAME``
+        where none is named), or ``python``, the call as the message gives it to Python callers."""
+        return python if self.python else f"--sources {','.join(sources) or 'NAME'}"
+
+    def collate(self, name: str, *, python: str) -> str:
+        """A collate, as the caller chooses it: ``--collate list`` (``packer bench-loader``), or
+        ``python``, the call as the message gives it to Python callers."""
+        return python if self.python else f"--collate {name}"
 
     def storage_options(self, **pairs: str) -> str:
         """Storage options: ``--storage-option anon=true`` or ``storage_options={'anon': True}``

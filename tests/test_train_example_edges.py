@@ -12,12 +12,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from click.testing import CliRunner
+from PIL import Image
 
+from packer.cli import main as packer_cli
 from packer.errors import ConfigError
-from packer.loader import MixedDataset, ShardDataset
+from packer.loader import MixedDataset, ShardDataset, make_loader
 from tests.helpers import REPO
 from tests.test_masks import _photo_set, _photo_source
-from tests.test_targets import _build, _job, _photo_table
+from tests.test_targets import _build, _job, _photo_table, ct_beside_float16_mr
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -116,3 +119,59 @@ def test_a_numeric_target_whose_train_split_is_empty_is_refused_not_a_key_error(
     code, err = _refusal(capsys, "train", ["--manifest", str(version), "--split", "train"])
     assert code == 2
     assert "split 'train' has no samples (other splits: test 0, valid 4); nothing to train" in err
+
+
+def _two_sizes(tmp: Path) -> Path:
+    """Two photo sources of one channel count, 40×40 and 24×24: no batch of both stacks."""
+    big = _photo_table(tmp / "big", [{"path": f"{c}/{i}.png"} for i, c in enumerate("xyxy")])
+    small = _photo_table(tmp / "small", [{"path": f"{c}/{i}.png"} for i, c in enumerate("xyxy")])
+    job = _job(tmp, [{"kind": "image", "name": "big", "root": str(big), "label": "folder"},
+                     {"kind": "image", "name": "small", "root": str(small), "label": "folder"}],
+               transform={"image": {"color": "rgb"}})
+    for source, size in (("big", 40), ("small", 24)):  # _photo_table writes 64×48 photos: give each source its size
+        for png in (tmp / source / "raw").rglob("*.png"):
+            Image.open(png).convert("RGB").resize((size, size)).save(png)
+    return _build(job).version_dir
+
+
+def test_the_command_lines_refusals_name_their_own_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.py and bench-loader said 'read ShardDataset(..., sources=['ct'])' and
+    'make_loader(dataset, batch_size, collate="list")', a Python call, where their flags are
+    --sources ct and --collate list."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    dtypes = _build(ct_beside_float16_mr(tmp_path / "dtypes")).version_dir
+    code, err = _refusal(capsys, "train", ["--manifest", str(dtypes)])
+    assert code == 2
+    assert ("different dtypes (ct uint8, mr float16), and a batch holds one: read --sources ct, one view per "
+            "dtype") in err
+    assert "ShardDataset(" not in err
+
+    runner = CliRunner()
+    bench = runner.invoke(packer_cli, ["bench-loader", str(dtypes), "--seconds", "0.1", "--workers", "0"])
+    assert bench.exit_code == 2
+    assert "read --sources ct, one view per dtype" in bench.output and "ShardDataset(" not in bench.output
+
+    shapes = _two_sizes(tmp_path / "shapes")
+    bench = runner.invoke(packer_cli, ["bench-loader", str(shapes), "--collate", "stack", "--seconds", "0.1",
+                                       "--workers", "0"])
+    assert bench.exit_code == 2
+    text = " ".join(bench.output.split())  # click wraps nothing here, but the terminal width may
+    assert "load one source at a time: --sources NAME; or build with one size" in text
+    assert "take the images as a list: --collate list (--collate pad pads height and width)" in text
+    assert "make_loader(" not in text and "ShardDataset(" not in text
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_python_callers_keep_the_python_apis_wording(tmp_path: Path, workers: int) -> None:
+    """The same refusals from Python name the call's arguments, in a DataLoader worker too (where
+    the collate runs, made after the dataset, outside any command)."""
+    dtypes = _build(ct_beside_float16_mr(tmp_path / "dtypes")).version_dir
+    with pytest.raises(ConfigError, match=re.escape("read ShardDataset(..., sources=['ct']), one view per dtype")):
+        ShardDataset(dtypes, "train")
+    loader = make_loader(ShardDataset(_two_sizes(tmp_path / "shapes"), "train"), batch_size=8, num_workers=workers)
+    with pytest.raises(ConfigError) as mixed:
+        next(iter(loader))
+    assert "load one source at a time: ShardDataset(manifest, split, sources=[...]); or" in str(mixed.value)
+    assert 'take the images as a list: make_loader(dataset, batch_size, collate="list")' in str(mixed.value)
+    assert "--sources" not in str(mixed.value) and "--collate" not in str(mixed.value)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, Surface, called_from, from_python, surface
 from packer.keys import key_source
 from packer.loader.dataset import Item, PlannedDataset, as_integer
 from packer.loader.readers import ShardReadError, own_message_first
@@ -149,7 +149,11 @@ class ImageTypeError(ConfigError, TypeError):
         super().__init__(own_message_first(message)[0])
 
 
-_ONE_SOURCE = "load one source at a time: ShardDataset(manifest, split, sources=[...]); or "
+def _one_source() -> str:
+    """Loading one source at a time, as the caller asks for a view (:meth:`packer.errors.Surface.view`)."""
+    return f"load one source at a time: {surface().view(python='ShardDataset(manifest, split, sources=[...])')}; or "
+
+
 _ONE_CHANNEL_COUNT = ("build with one channel count: transform.channels: N in the job file (it replicates "
                       "1-channel samples to N; samples of another count need as many windows as the others)")
 
@@ -168,42 +172,55 @@ _ONE_SIZE = "build with one size: transform.<kind>.size (a volume's: sample: {vo
 _IMAGES_ONE_SIZE = "build with one size: transform.<kind>.size"
 #: load_job refuses transform.<kind>.size for volumes: their size is 3-D, set on the sample
 _VOLUMES_ONE_SIZE = "build with one size: sample: {volume: {size: [D, H, W]}}"
-_LIST = "take the images as a list: make_loader(dataset, batch_size, collate=\"list\")"
-_AS_LIST = f"{_LIST} (collate=\"pad\" pads height and width)"
-#: The ways out of a mixed batch, for every message that meets one (where its shapes are not known).
-MIXED_FIXES = f"{_ONE_SOURCE}{_ONE_CHANNEL_COUNT}; or, where they differ in size only, {_ONE_SIZE}; or {_AS_LIST}"
+
+
+def _list() -> str:
+    """The list collate, as the caller chooses a collate (:meth:`packer.errors.Surface.collate`)."""
+    return ("take the images as a list: "
+            + surface().collate("list", python='make_loader(dataset, batch_size, collate="list")'))
+
+
+def _list_or_pad() -> str:
+    pad = surface().collate("pad", python='collate="pad"')
+    return f"{_list()} ({pad} pads height and width)"
+
+
+def mixed_fixes_all() -> str:
+    """The ways out of a mixed batch, for every message that meets one (where its shapes are not
+    known), naming the options as the caller gives them (a Python call, or a command's flags)."""
+    return (f"{_one_source()}{_ONE_CHANNEL_COUNT}; or, where they differ in size only, {_ONE_SIZE}; "
+            f"or {_list_or_pad()}")
 
 
 def _as_list(shapes: Collection[tuple[int, ...]]) -> str:
     """The list collate, and the pad collate beside it only where it loads a batch of ``shapes``:
     C×H×W images of one channel count (it refuses volumes of several sizes and channel mixes)."""
     pads = all(len(shape) == 3 for shape in shapes) and len({shape[0] for shape in shapes}) == 1
-    return _AS_LIST if pads else _LIST
+    return _list_or_pad() if pads else _list()
 
 
 def _fixes_for(shapes: set[tuple[int, ...]]) -> str:
-    """The fixes of :data:`MIXED_FIXES` that can help a batch of ``shapes`` (C×H×W or C×D×H×W):
+    """The fixes of :func:`mixed_fixes_all` that can help a batch of ``shapes`` (C×H×W or C×D×H×W):
     one channel count only where the channel counts differ, one size only where the sizes do
     (an EXIF-rotated photo among upright ones differs in size alone: a channel count changes
     nothing there), neither where volumes meet 2-D images (nothing but a list joins those).
     The size is the kind's for 2-D images, ``sample: {volume: {size}}`` for volumes; the pad
     collate is offered only where it loads the batch (:func:`_as_list`)."""
     if len(shapes) < 2:
-        return MIXED_FIXES
+        return mixed_fixes_all()
     if len({len(shape) for shape in shapes}) > 1:  # volumes beside 2-D images: no channel count or size joins them
-        return (_ONE_SOURCE + "take the images as a list: make_loader(dataset, batch_size, collate=\"list\") "
-                "(volumes, C×D×H×W, and 2-D images, C×H×W, never stack or pad into one tensor, whatever their "
-                "channels or size)")
+        return (f"{_one_source()}{_list()} (volumes, C×D×H×W, and 2-D images, C×H×W, never stack or pad into one "
+                "tensor, whatever their channels or size)")
     counts = {shape[0] for shape in shapes}
     sizes = len({shape[1:] for shape in shapes}) > 1
     one_size = _VOLUMES_ONE_SIZE if len(next(iter(shapes))) == 4 else _IMAGES_ONE_SIZE
     fixes = [*([_one_channel_count(counts)] if len(counts) > 1 else []), *([one_size] if sizes else []),
              _as_list(shapes)]
-    return _ONE_SOURCE + "; or ".join(fixes)
+    return _one_source() + "; or ".join(fixes)
 
 
 def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequence[int]]] | None = None) -> str:
-    """:data:`MIXED_FIXES` for a batch of ``items``, where a source its shapes come from (by the
+    """:func:`mixed_fixes_all` for a batch of ``items``, where a source its shapes come from (by the
     manifest's ``shapes`` per source) holds several shapes itself (a DICOM export of CT slices
     and radiographs): loading one source at a time is then offered only for the sources of one
     shape, a view for each shape (sources of one shape may share it; sources of two would mix
@@ -226,15 +243,16 @@ def mixed_fixes(items: Sequence[Item] = (), shapes: Mapping[str, Sequence[Sequen
         return fixes
     single = sorted(src for src, known in owners.items() if len(known) == 1)
     holds = f"source {', '.join(mixed)} itself hold{'s' if len(mixed) == 1 else ''} several shapes"
-    rest = fixes.removeprefix(_ONE_SOURCE)
+    rest = fixes.removeprefix(_one_source())
     if not single:
         return f"{holds}, so loading one source at a time does not help: {rest}"
     # one view per shape: a view of sources of two shapes mixes them again (sources of one shape may share one)
     by_shape: dict[tuple[int, ...], list[str]] = {}
     for src in single:
         by_shape.setdefault(next(iter(owners[src])), []).append(src)
-    views = " or ".join("ShardDataset(manifest, split, sources=[" + ", ".join(f'"{src}"' for src in srcs)
-                        + f"]) ({_shape_text(shape)})" for shape, srcs in by_shape.items())
+    views = " or ".join(surface().view(srcs, python="ShardDataset(manifest, split, sources=["
+                                       + ", ".join(f'"{src}"' for src in srcs) + "])") + f" ({_shape_text(shape)})"
+                        for shape, srcs in by_shape.items())
     return f"load one source at a time where it holds one shape: {views} ({holds}); or {rest}"
 
 
@@ -333,6 +351,7 @@ def _transform_changed(items: Sequence[Item], shapes: Mapping[str, Sequence[Sequ
             f"every sample (crop or resize to a fixed size), or {_as_list([tuple(i['image'].shape) for i in items])}")
 
 
+@from_python
 def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[int]]] | None = None,
                   transforms: Sequence[str] | None = None) -> dict[str, Any]:
     """Batch items: ``image`` stacked to B×C×H×W, ``label`` int64 of shape (B,) (class datasets) or
@@ -363,7 +382,7 @@ def collate_stack(items: list[Item], *, shapes: Mapping[str, Sequence[Sequence[i
     masks = [item["mask"] for item in items if "mask" in item]
     if masks and any(m.shape != masks[0].shape for m in masks):  # images alike, masks not: frames differ
         raise MixedShapesError(f"this batch's masks have shapes {sorted({tuple(m.shape) for m in masks})}; "
-                               f"{MIXED_FIXES}")
+                               f"{mixed_fixes_all()}")
     return {"image": image, **({"mask": torch.stack(masks)} if masks else {}), **_targets(items),
             "key": [item["key"] for item in items]}
 
@@ -383,6 +402,7 @@ def collate_list(items: list[Item]) -> dict[str, Any]:
             "key": [item["key"] for item in items]}
 
 
+@from_python
 def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
     """Batch items of one channel count and dtype whose height and width vary: ``image``
     B×C×Hmax×Wmax with each image in the top-left corner and zeros elsewhere, ``size`` int64
@@ -405,7 +425,7 @@ def collate_pad(items: list[Item], *, mask_pad: int = 0) -> dict[str, Any]:
         raise MixedShapesError(f"collate='pad' pads the height and width of C×H×W images, and this batch holds "
                                f"volumes of several sizes: {describe_mixed(items)}; give the volumes one size with "
                                "sample: {volume: {size: [D, H, W]}} in the job file, or take them as a list: "
-                               "make_loader(dataset, batch_size, collate=\"list\")")
+                               + surface().collate("list", python='make_loader(dataset, batch_size, collate="list")'))
     if all(isinstance(im, torch.Tensor) and im.ndim == 4 for im in images) and len({im.dtype for im in images}) == 1:
         # volumes of one size (what sample: {volume: {size}} gives them): nothing to pad, so stacked
         stacked = collate_stack(items)
@@ -501,11 +521,23 @@ def _collate_for(dataset: PlannedDataset, collate: str | Callable[[list[Item]], 
         return collate
     if collate not in COLLATES:
         raise ConfigError(f"collate={collate!r}; expected one of {sorted(COLLATES)} or a function of a list of items")
+    made: Callable[[list[Item]], Any] = COLLATES[collate]
     if collate == "stack":
-        return functools.partial(collate_stack, shapes=dataset.shapes, transforms=_transforms(dataset))
+        made = functools.partial(collate_stack, shapes=dataset.shapes, transforms=_transforms(dataset))
     if collate == "pad":  # masks padded with the dataset's own pad id, as fit pads them
-        return functools.partial(collate_pad, mask_pad=dataset.mask_pad)
-    return COLLATES[collate]
+        made = functools.partial(collate_pad, mask_pad=dataset.mask_pad)
+    # its messages name the options as the dataset's maker gives them (a Python call, or a command's
+    # flags), in a DataLoader worker too, where the batch is made after the maker returned
+    return functools.partial(_collated_as, getattr(dataset, "_surface", None), made)
+
+
+def _collated_as(caller: Surface | None, collate: Callable[[list[Item]], Any], items: list[Item]) -> Any:
+    """``collate(items)`` under ``caller``'s surface (:func:`packer.errors.called_from`); as it is where
+    ``caller`` is None."""
+    if caller is None:
+        return collate(items)
+    with called_from(caller):
+        return collate(items)
 
 
 def seed_worker(worker_id: int) -> None:

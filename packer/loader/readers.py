@@ -66,7 +66,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from packer import storage
-from packer.errors import ConfigError, IntegrityError, a_type
+from packer.errors import ConfigError, IntegrityError, a_type, surface
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
@@ -248,7 +248,7 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
     if not dtypes:  # a manifest written before each source's dtype was recorded
         raise ConfigError(f"{path}: the samples have several dtypes (sample_schema.dtype is null) and the manifest "
                           "does not say which source has which; rebuild it with this packer, then read one source "
-                          "at a time (ShardDataset(..., sources=[...]))")
+                          f"at a time ({surface().view(python='ShardDataset(..., sources=[...])')})")
     if sources is not None:  # a string: load_view refuses it with its own message
         sources = [sources] if isinstance(sources, str) else [str(s) for s in _view_names(sources, "sources",
                                                                                           "source names")]
@@ -257,9 +257,11 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
         return next(iter(chosen))
     each = ", ".join(f"{source} {'/'.join(found)}" for source, found in sorted(dtypes.items()))
     single = [source for source, found in sorted(dtypes.items()) if len(found) == 1]
-    view = (f"ShardDataset(..., sources=[{single[0]!r}]), one view per dtype" if single
-            else "a source of one dtype")
-    asked = f" (sources={list(sources)} hold {', '.join(sorted(chosen))})" if sources is not None else ""
+    # named as the caller asks for a view: the call's sources=[...], or a command's --sources
+    view = (f"{surface().view(single[:1], python=f'ShardDataset(..., sources=[{single[0]!r}])')}, one view per dtype"
+            if single else "a source of one dtype")
+    given = surface().view(sources or (), python=f"sources={list(sources or ())}")
+    asked = f" ({given} hold {', '.join(sorted(chosen))})" if sources is not None else ""
     raise ConfigError(f"{path}: the sources' samples have different dtypes ({each}), and a batch holds one{asked}: "
                       f"read {view}, or rebuild with one output dtype for every kind (transform.dicom.output, "
                       "transform.nifti.output; images are uint8)")
