@@ -128,3 +128,15 @@ def test_tensor_mean_and_std_are_taken_without_torchs_copy_construct_warning():
         (out,) = prefetcher
     assert torch.allclose(out["image"][:, 0], torch.zeros(2, 2, 2), atol=1e-6)
     assert torch.allclose(out["image"][:, 2], torch.full((2, 2, 2), 0.4), atol=1e-6)
+
+
+def test_an_int_device_is_cuda_n_as_torch_takes_it(monkeypatch):
+    """DDP's device=local_rank: torch.device(0) is cuda:0, but the check was given str(0), '0', and
+    refused it as 'not a torch device' (a regression of the usable_device check)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
+    assert DevicePrefetcher([], 1).device == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^DevicePrefetcher\(loader, 0\): CUDA is not available here"):
+        DevicePrefetcher([], 0)

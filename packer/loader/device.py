@@ -117,10 +117,12 @@ class DevicePrefetcher:
     moved to the device, its structure kept; only a dict batch's ``image`` is converted.
     """
 
-    def __init__(self, loader: Iterable[Any], device: str | torch.device, *,
+    def __init__(self, loader: Iterable[Any], device: str | int | torch.device, *,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
         self.loader = loader
-        self.device = usable_device(str(device), f"DevicePrefetcher(loader, {str(device)!r})",
+        # an int is torch's own shorthand for cuda:N (DDP's device=local_rank): named so before the check
+        named = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) else str(device)
+        self.device = usable_device(named, f"DevicePrefetcher(loader, {device!r})",
                                     instead="DevicePrefetcher(loader, 'cpu')")
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
