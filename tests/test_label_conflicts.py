@@ -393,9 +393,10 @@ def test_exact_copies_whose_masks_disagree_conflict_below_the_dice_threshold(tmp
     (finding,) = rule["findings"]
     assert {s["key"] for s in finding["samples"]} == {keys["img/0.png"], keys["img/copy_far.png"]}
     assert finding["mask_dice"] == pytest.approx(dice, abs=1e-4) and not finding["targets_differ"]
-    # validate keeps no spill: it says it did not compare masks, and finds nothing it cannot see
+    # validate keeps no spill but the masks, for the run: it compares them and finds the same group
     checked = summary(validate_job(load_job(job), scheduler="sync", quiet=True))["audit"]["rules"]["label_conflicts"]
-    assert checked["masks_compared"] is False and checked["count"] == 0
+    assert checked["masks_compared"] is True and checked["count"] == 1
+    assert checked["findings"][0]["mask_dice"] == finding["mask_dice"]
 
 
 # -- the job file ---------------------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ so the Dice measures the annotation, not the geometry; the alignment is known to
 thumbnail pixel (``H / 128`` pixels of an H-pixel sample), which costs a copy with the same
 annotation a few hundredths of Dice on small structures. The client reads the masks from the
 build cache (:class:`SpilledMasks`) only where two copies both have one (and, for exact copies,
-their bytes differ): a few copies, never the dataset. ``packer validate`` keeps no spill, so it compares targets
-only (the rule's detail says ``masks_compared: false``).
+their bytes differ): a few copies, never the dataset. ``packer validate`` keeps no spill: it keeps the
+masks alone, compressed, in its scratch folder for the run (:class:`~packer.pipeline.spill.ScratchMasks`),
+and compares them as the build does (``masks_compared: true``); ``--quick`` decodes no masks.
 
 ``split.duplicates.label_conflict`` says what a conflicting group does: ``warn`` lists it (the
 audit's ``label_conflicts`` rule reports), ``fail`` fails the audit (exit 4), ``drop_group``
@@ -29,10 +30,11 @@ leaves every member out before the split, each file recorded in ``excluded.jsonl
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -44,8 +46,8 @@ from packer.config import SplitConfig
 from packer.pipeline.dedup import components_of, exact_groups_of
 from packer.pipeline.nearcopy import THUMB, NearLinks
 from packer.pipeline.sampletable import SampleTable
-from packer.pipeline.spill import SpillReader
-from packer.records import Excluded
+from packer.pipeline.spill import ScratchMasks, SpillReader
+from packer.records import Excluded, SpilledSample
 
 #: Whether two target texts disagree (:meth:`packer.targets.Target.conflicts`), given the tolerance.
 Compare = Callable[..., bool]
@@ -129,22 +131,32 @@ def exact_aligned_dice(a: np.ndarray, b: np.ndarray, *, zoom: float, dy: float, 
 
 class SpilledMasks:
     """The masks of spilled samples, read back from the build cache (``cache_dir``) as the
-    arrays the shards will hold; ``pads``: each source's ``mask.pad``."""
+    arrays the shards will hold; ``pads``: each source's ``mask.pad``. With ``scratch``,
+    ``cache_dir`` is ``packer validate``'s scratch folder, which holds the masks alone
+    (:class:`~packer.pipeline.spill.ScratchMasks`): the same bytes, so the same Dice."""
 
-    def __init__(self, cache_dir: Path, pads: Mapping[str, int]) -> None:
-        self.cache_dir, self.pads = cache_dir, dict(pads)
+    def __init__(self, cache_dir: Path, pads: Mapping[str, int], *, scratch: bool = False) -> None:
+        self.cache_dir, self.pads, self.scratch = cache_dir, dict(pads), scratch
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Callable[[SpilledSample], bytes]]:
+        """A sample's mask ``.npy`` bytes, while open."""
+        if self.scratch:
+            yield ScratchMasks(self.cache_dir).mask_bytes
+            return
+        with SpillReader(self.cache_dir) as reader:
+            yield lambda sample: reader.read_bytes(sample)[2]
 
     def near_dice(self, table: SampleTable, links: Sequence[tuple[int, int, float, float, float]]) -> Fraction:
         """The lowest :func:`exact_aligned_dice` over near-copy ``links`` (rows i, j of ``table``
         and the alignment of j to i: zoom, dy, dx); 1 for none."""
         lowest = Fraction(1)
-        with SpillReader(self.cache_dir) as reader:
+        with self._reading() as read:
             masks: dict[int, np.ndarray] = {}
 
             def mask(row: int) -> np.ndarray:
                 if row not in masks:
-                    _, _, npy = reader.read_bytes(table[row])
-                    masks[row] = np.load(io.BytesIO(npy), allow_pickle=False)
+                    masks[row] = np.load(io.BytesIO(read(table[row])), allow_pickle=False)
                 return masks[row]
 
             for i, j, zoom, dy, dx in links:
@@ -155,10 +167,10 @@ class SpilledMasks:
     def lowest_dice(self, table: SampleTable, rows: Sequence[int]) -> Fraction:
         """The lowest :func:`exact_mask_dice` between the masks of ``rows`` (distinct masks only)."""
         distinct: dict[bytes, tuple[np.ndarray, str]] = {}
-        with SpillReader(self.cache_dir) as reader:
+        with self._reading() as read:
             for row in rows:
                 sample = table[row]
-                _, _, npy = reader.read_bytes(sample)
+                npy = read(sample)
                 if npy not in distinct:
                     distinct[npy] = (np.load(io.BytesIO(npy), allow_pickle=False), sample.ref.source)
         return min((exact_mask_dice(a, b, pad=self.pads.get(source)) for (a, source), (b, _)

@@ -73,7 +73,7 @@ MAX_CHUNK = 128
 @dataclass(frozen=True)
 class ChunkTask:
     """A chunk of raw files to process. ``cache_dir`` None: keep nothing (``packer validate``)
-    but the near-copy signatures, which go to ``sig_dir`` (a temporary folder of the run);
+    but the near-copy signatures and the masks, which go to ``sig_dir`` (a temporary folder of the run);
     ``decode`` False: headers only (``validate --quick``), samples carry no content hashes.
     ``key`` empty: the worker computes the chunk's cache key (:func:`chunk_key`, with the
     client's ``libraries``), so the client does not stat every file on its event loop's core.
@@ -366,6 +366,8 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                                reused=True, notes=cached.notes, excluded=cached.excluded, units=cached.units)
     # near-copy signatures only where the check runs (split.near_duplicates resolved it: a one-split job has none)
     sig_dir = cache_dir if cache_dir is not None else Path(task.sig_dir) if task.sig_dir else None
+    # packer validate keeps the masks (alone) in the run's scratch folder: the label-conflict rule compares them
+    mask_dir = sig_dir if cache_dir is None and any(s.mask is not None for s in task.job.sources) else None
     if not task.job.split.near_enabled:
         sig_dir = None
     listed = dict(task.listed)
@@ -385,7 +387,7 @@ def process_chunk(task: ChunkTask) -> ChunkResult:
                     _on_local_file(ref, task, listed, lambda local: _samples_of(local, task.job, clock), clock)
                     for ref in task.refs)
     fmt = task.job.pack.format
-    with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt) as spill:
+    with SpillWriter(cache_dir, task.key, sig_dir=sig_dir, fmt=fmt, mask_dir=mask_dir) as spill:
         for outcome in outcomes:
             if isinstance(outcome, CopiedUnit):
                 clock.switch("reuse")

@@ -41,6 +41,7 @@ import io
 import json
 import os
 import tarfile
+import zlib
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -348,6 +349,10 @@ def cache_output(path: Path) -> Iterator[Any]:
 
 
 SPILL_SUFFIX = ".spill"
+#: ``packer validate``'s masks of one chunk (:class:`SpillWriter` ``mask_dir``): each sample's mask
+#: ``.npy`` bytes, zlib-compressed, back to back; beside it ``<key>.masks.json`` maps each sample key
+#: to its [offset, length] there (:class:`ScratchMasks` reads them)
+MASKS_SUFFIX = ".masks"
 #: A chunk's pointer into the published version that holds its samples (:func:`write_packed_pointers`)
 PACKED_SUFFIX = ".packed.json"
 
@@ -643,6 +648,32 @@ class _Discard(contextlib.AbstractContextManager["_Discard"]):
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+class ScratchMasks:
+    """The masks ``packer validate`` kept in its scratch folder ``mask_dir`` (:data:`MASKS_SUFFIX`):
+    a sample's mask ``.npy`` bytes, as a build's spill holds them."""
+
+    def __init__(self, mask_dir: Path) -> None:
+        self.mask_dir = mask_dir
+        self._places: dict[str, dict[str, list[int]]] = {}
+
+    def mask_bytes(self, sample: SpilledSample) -> bytes:
+        """``sample``'s mask bytes; empty where it has none."""
+        if not sample.mask_bytes:
+            return b""
+        chunk = sample.spill.removesuffix(SPILL_SUFFIX)
+        path = self.mask_dir / f"{chunk}{MASKS_SUFFIX}"
+        if chunk not in self._places:
+            self._places[chunk] = json.loads(Path(f"{path}.json").read_bytes())
+        offset, length = self._places[chunk][sample.key]
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            mask = zlib.decompress(fh.read(length))
+        if len(mask) != sample.mask_bytes:
+            raise IntegrityError(f"{path}: sample {sample.key}'s mask holds {len(mask)} bytes, not the "
+                                 f"{sample.mask_bytes} its record says; run packer validate again")
+        return mask
 
 
 class SpillFreed(OSError):
@@ -981,13 +1012,20 @@ class SpillWriter:
     """Writes one chunk's cache entry: samples into the spill as they come, then the records.
 
     Without a cache folder (``packer validate``) the bytes go nowhere, but the records (sizes,
-    sha256s) are made exactly as in a build. Use as a context manager around the samples;
+    sha256s) are made exactly as in a build; ``mask_dir`` (the run's scratch folder) then keeps
+    the masks alone, compressed (:data:`MASKS_SUFFIX`), so the label-conflict rule compares
+    copies' masks as the build does from its spill. Use as a context manager around the samples;
     :meth:`finish` after it writes the signatures and the records file. ``fmt``: the shard
     format the samples' sha256s are made for (:func:`~packer.shards.encode.pixels_digest`).
     """
 
-    def __init__(self, cache_dir: Path | None, key: str, *, sig_dir: Path | None, fmt: str) -> None:
+    def __init__(self, cache_dir: Path | None, key: str, *, sig_dir: Path | None, fmt: str,
+                 mask_dir: Path | None = None) -> None:
         self.cache_dir, self.key, self.sig_dir, self.fmt = cache_dir, key, sig_dir, fmt
+        self.mask_dir = mask_dir if cache_dir is None else None
+        self._masks: Any = None
+        self._mask_places: dict[str, list[int]] = {}
+        self._mask_offset = 0
         self.spill_name = f"{key}{SPILL_SUFFIX}"
         self.sig_name = signature_name(key) if sig_dir is not None else ""
         self.samples: list[SpilledSample] = []
@@ -1000,6 +1038,8 @@ class SpillWriter:
     def __enter__(self) -> SpillWriter:
         target = cache_output(self.cache_dir / self.spill_name) if self.cache_dir is not None else _Discard()
         self._fh = self._stack.enter_context(target)
+        if self.mask_dir is not None:
+            self._masks = self._stack.enter_context(cache_output(self.mask_dir / f"{self.key}{MASKS_SUFFIX}"))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1017,6 +1057,11 @@ class SpillWriter:
         self._fh.write(meta)
         if mask:
             self._fh.write(mask)
+            if self._masks is not None:
+                packed = zlib.compress(mask, 1)  # a mask is mostly background: a few percent of its bytes
+                self._masks.write(packed)
+                self._mask_places[key] = [self._mask_offset, len(packed)]
+                self._mask_offset += len(packed)
         # the spill's digest chains the samples' own digests: no second pass over the pixels
         meta_sha256, sig_row = self._chained(digest.digest(), meta, mask, signature)
         self.samples.append(SpilledSample(
@@ -1060,6 +1105,9 @@ class SpillWriter:
         of its raw file that confirms a move, ``""`` for none, :mod:`packer.pipeline.filecache`).
         ``cached`` False: no records file, so no later build reuses the entry (it holds a record
         true of this build only); the spill still serves this build's packing."""
+        if self.mask_dir is not None:
+            with cache_output(self.mask_dir / f"{self.key}{MASKS_SUFFIX}.json") as fh:
+                fh.write(canonical_json(self._mask_places))
         signed = b""
         if self.sig_dir is not None:
             buffer = io.BytesIO()

@@ -202,7 +202,7 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
     if cache_dir is not None:
         _make_cache_folder(cache_dir)
     with contextlib.ExitStack() as stack:
-        # without a cache (packer validate), the near-copy signatures live for this run only
+        # without a cache (packer validate), the near-copy signatures and the masks live for this run only
         sig_dir = cache_dir if cache_dir is not None or not decode else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="packer-signatures-", dir=_scratch_folder())))
         if cache_dir is None:  # packer validate (packer build checks its cache and roots itself)
@@ -286,11 +286,13 @@ def _check(job: JobConfig, executor: Executor, *, cache_dir: Path | None, decode
                       f"({pairs.verified} run, {pairs.reused} reused from the build cache), "
                       f"{lists.reused if lists else 0} of {len(samples)} samples' neighbour lists reused, "
                       f"{len(links)} links ({near_seconds:.1f}s){'; ' + ignored if ignored else ''}", flush=True)
+        # a file a given split does not name is a not_in_split bad sample, not part of the dataset: no conflict of it
+        outside = not_in_split_rows(samples, split_cfg, pseudonym=phi.entity if phi.active else None,
+                                    bad=_listed_bad(job, split_cfg, issues, excluded, phi), listings=listings)
+        # the masks: the build's spill, or packer validate's scratch folder (removed as this block ends)
+        conflicts = _label_conflicts(job, samples, links, split_cfg, (cache_dir or sig_dir) if decode else None,
+                                     outside, scratch=cache_dir is None)
     kind = target_class(job.sources[0].target.kind)
-    # a file a given split does not name is a not_in_split bad sample, not part of the dataset: no conflict of it
-    outside = not_in_split_rows(samples, split_cfg, pseudonym=phi.entity if phi.active else None,
-                                bad=_listed_bad(job, split_cfg, issues, excluded, phi), listings=listings)
-    conflicts = _label_conflicts(job, samples, links, split_cfg, cache_dir if decode else None, outside)
     if conflicts.dropped:
         excluded.extend(conflict_exclusions(samples, conflicts, held.files))
     assignment = assign_splits(samples, split_cfg, links, strata=kind.held_names,
@@ -439,14 +441,17 @@ def _listed_bad(job: JobConfig, cfg: SplitConfig, issues: Sequence[Issue], exclu
 
 
 def _label_conflicts(job: JobConfig, samples: SampleTable, links: NearLinks, cfg: SplitConfig,
-                     cache_dir: Path | None, outside: frozenset[int] = frozenset()) -> LabelConflicts:
+                     cache_dir: Path | None, outside: frozenset[int] = frozenset(), *,
+                     scratch: bool = False) -> LabelConflicts:
     """The duplicate groups whose targets (or masks, exact copies' and near copies' aligned,
-    read back from the build cache ``cache_dir``; None: not compared) disagree; under ``label_conflict: drop_group``,
+    read back from the build cache ``cache_dir``, or with ``scratch`` from packer validate's scratch
+    folder; None: not compared) disagree; under ``label_conflict: drop_group``,
     with every member to be left out of the split. ``outside``: rows that are not part of the dataset
     (:func:`~packer.pipeline.split.not_in_split_rows`), in no group."""
     masked = {s.name: s.mask.pad for s in job.sources if s.mask is not None}
+    masks = SpilledMasks(cache_dir, masked, scratch=scratch) if masked and cache_dir is not None else None
     found = find_label_conflicts(samples, links, cfg, target_class(job.sources[0].target.kind).conflicts,
-                                 masks=SpilledMasks(cache_dir, masked) if masked and cache_dir is not None else None,
+                                 masks=masks,
                                  has_masks=bool(masked), outside=outside)
     return replace(found, dropped=found.rows) if cfg.label_conflict == "drop_group" else found
 
