@@ -8,16 +8,18 @@ build and the check, and holds the check to the build's verdict, or to saying (`
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import pytest
 
 import packer.pipeline.stages as stages
 from packer.config import load_job
 from packer.errors import LeakageError
-from packer.pipeline.datacheck import format_summary, summary, validate_job
+from packer.pipeline.datacheck import format_summary, summary, validate_job, write_junit
 from tests.test_label_conflicts import _keys, _leakage, _mask_tree, _source
-from tests.test_targets import _build, _job
+from tests.test_targets import _build, _job, _photo
 
 
 def _scratch(work: Path) -> list[Path]:
@@ -89,3 +91,53 @@ def test_the_masks_scratch_is_removed_when_the_check_stops_midway(
         validate_job(load_job(job), scheduler="sync", quiet=True)
     assert seen and any(p.name.endswith(".masks") for p in seen[0])  # the masks were there while compared
     assert _scratch(work) == []
+
+
+# -- split_balance under --quick: groups joined by copies need pixels ---------------------------------------------
+
+
+def _collapsing_tree(tmp: Path) -> Path:
+    """Ten patients of two photos each, and one template image filed under four of them: the
+    build's exact-copy links join those four patients into one split group of 12 of 24 samples
+    (50%, over the default max_group_share of 20%)."""
+    raw = tmp / "raw"
+    rows = ["path,label,entity"]
+    for p in range(10):
+        for k in range(2):
+            _photo(raw / f"p{p}_{k}.png", 2 * p + k)
+            rows.append(f"p{p}_{k}.png,{'a' if k else 'b'},P{p}")
+    _photo(raw / "shared_0.png", 99)
+    for p in range(4):
+        if p:
+            shutil.copyfile(raw / "shared_0.png", raw / f"shared_{p}.png")
+        rows.append(f"shared_{p}.png,a,P{p}")
+    (raw / "table.csv").write_text("\n".join(rows) + "\n")
+    return _job(tmp, [{**_source(raw), "label": {"column": "label"}}],
+                split={"by": "entity", "ratios": {"train": 0.6, "valid": 0.2, "test": 0.2}, "seed": 3})
+
+
+def test_quick_never_passes_split_balance_it_cannot_judge_without_duplicate_links(tmp_path: Path) -> None:
+    """The build fails split_balance (one group of four patients, joined by copies of one image,
+    holds half the samples); --quick links no copies, so its groups are the patients alone: it
+    says the rule was partly run (passed null, its reason; [skip] in the summary, <skipped> in
+    JUnit), never ``[  ok]``, and its opening line names the missing links as a cause of
+    differences."""
+    job = _collapsing_tree(tmp_path)
+    with pytest.raises(LeakageError):
+        _build(job)
+    built = _leakage(next((tmp_path / "out").rglob("leakage.json")).parent)["rules"]["split_balance"]
+    assert built["passed"] is False and built["findings"][0]["reason"] == "group"
+    assert validate_job(load_job(job), scheduler="sync", quiet=True).exit_code == 4
+
+    quick = validate_job(load_job(job), quick=True, scheduler="sync", quiet=True)
+    rule = summary(quick)["audit"]["rules"]["split_balance"]
+    assert rule["passed"] is None and "duplicate" in rule["skipped"] and "--quick" in rule["skipped"]
+    text = format_summary(quick)
+    (line,) = [line for line in text.splitlines() if "split_balance:" in line]
+    assert line.lstrip().startswith("[skip] split_balance: partly run")
+    assert "duplicate links" in text.splitlines()[0]
+    assert "split_balance partly run" in text.splitlines()[-1]
+    junit = tmp_path / "junit.xml"
+    write_junit(quick, junit)
+    (case,) = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "split_balance"]
+    assert case.find("skipped") is not None and case.find("failure") is None

@@ -64,6 +64,9 @@ QUICK_NOT_RUN = ("exact_duplicates_across_splits", "exact_duplicates_within_spli
                  "duplicates_span_entities", "label_conflicts")
 #: How a rule a headers-only check could not run begins (:func:`quick_skipped`)
 QUICK_SKIPPED = "not run: headers only"
+#: How ``split_balance`` begins where a headers-only check judged it without duplicate links
+#: (:func:`quick_partial`): it fails on what it sees, and never passes on it
+QUICK_PARTIAL = "partly run: headers only"
 
 
 def quick_skipped() -> str:
@@ -71,6 +74,21 @@ def quick_skipped() -> str:
     it (``--quick`` on the command line, ``quick=True`` in the Python API)."""
     return (f"{QUICK_SKIPPED} ({surface().option('quick')}), so no pixels are hashed or compared; "
             f"{_without_quick()} to check copies across splits")
+
+
+def quick_partial() -> str:
+    """What ``split_balance`` says where a headers-only check found no collapse: its split groups
+    join entities by ids alone, while the build also joins those that share copies of one image
+    (duplicate links, which need pixels), so a group those links would form is unseen."""
+    return (f"{QUICK_PARTIAL} ({surface().option('quick')}), so split groups join entities by their ids alone, "
+            "without the duplicate links (copies of one image under several entities) that can join them into "
+            f"one group over split.balance.max_group_share; {_without_quick()} to check the groups they form")
+
+
+def _links_matter(job: JobConfig) -> bool:
+    """Whether duplicate links can change ``split_balance``'s verdict: a split the job places (not
+    given) into more than one split."""
+    return not job.split.given and sum(1 for _, ratio in job.split.ratios if ratio > 0) > 1
 
 
 def _without_quick() -> str:
@@ -181,6 +199,9 @@ def summary(result: ValidateResult) -> dict[str, Any]:
         for name in QUICK_NOT_RUN:
             if name in audit["rules"]:
                 audit["rules"][name].update(skipped=quick_skipped(), passed=None)
+        balance = audit["rules"].get("split_balance")
+        if balance is not None and balance["passed"] and _links_matter(result.job):  # a failure it sees stands
+            balance.update(skipped=quick_partial(), passed=None)
     else:  # a rule the job turned off (near copies: its detail says why) is said, not passed
         for rule in audit["rules"].values():
             if "off" in rule:
@@ -273,7 +294,8 @@ def format_summary(result: ValidateResult) -> str:
     bad = doc["bad_samples"]
     lines = [f"packer validate {doc['name']}: {doc['inputs']['files']} files, {doc['inputs']['samples']} samples"
              + (f" (headers only: {surface().option('quick')}; files whose pixels do not decode, a truncated one "
-                "say, are not found, so counts can differ from a full check's)" if result.quick else "")]
+                "say, are not found, and copies of one image are not linked (no duplicate links), so counts, split "
+                "groups and the split can differ from a full check's)" if result.quick else "")]
     lines.append("  " + "  ".join(f"{s} {v['samples']} samples/{v['entities']} entities"
                                   for s, v in doc["splits"].items()))
     reasons = ", ".join(f"{k} {v}" for k, v in bad["by_reason"].items()) or "none"
@@ -325,12 +347,16 @@ def format_summary(result: ValidateResult) -> str:
                4: f"the split audit failed: {', '.join(failed_rules(doc)) or 'leakage'} (exit 4)"}[result.exit_code]
     warned = len(doc["warnings"])
     not_run = sum(str(rule.get("skipped", "")).startswith(QUICK_SKIPPED) for rule in doc["audit"]["rules"].values())
+    partly = [name for name, rule in doc["audit"]["rules"].items()
+              if str(rule.get("skipped", "")).startswith(QUICK_PARTIAL)]
     off = [f"{name} ({rule['skipped'].removeprefix('not run: ')})" for name, rule in doc["audit"]["rules"].items()
-           if "skipped" in rule and not str(rule["skipped"]).startswith(QUICK_SKIPPED)]
+           if "skipped" in rule and not str(rule["skipped"]).startswith((QUICK_SKIPPED, QUICK_PARTIAL))]
     lines.append(f"  result: {outcome}" + (f"; {warned} warning(s) above, which do not fail the check" if warned
                                           else "")
                  + (f"; {not_run} rule(s) not run (headers only, {surface().option('quick')}: no pixels compared; "
                     f"the copies they find are unchecked: {_without_quick()})" if not_run else "")
+                 + (f"; {', '.join(partly)} partly run (no duplicate links, so no split group they join is seen)"
+                    if partly else "")
                  + (f"; not run by the job's split settings: {'; '.join(off)}" if off else ""))
     return "\n".join(lines)
 
