@@ -12,13 +12,19 @@ import shutil
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import nibabel as nib
+import numpy as np
+import pydicom
 import pytest
 
 import packer.pipeline.stages as stages
 from packer.config import load_job
+from packer.demo import write_ct_slice
 from packer.errors import LeakageError
 from packer.pipeline.datacheck import format_summary, summary, validate_job, write_junit
+from tests.helpers import write_job
 from tests.test_label_conflicts import _keys, _leakage, _mask_tree, _source
+from tests.test_nifti import AFFINE, nifti_job, phantom, save
 from tests.test_targets import _build, _job, _photo
 
 
@@ -141,3 +147,55 @@ def test_quick_never_passes_split_balance_it_cannot_judge_without_duplicate_link
     write_junit(quick, junit)
     (case,) = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "split_balance"]
     assert case.find("skipped") is not None and case.find("failure") is None
+
+
+# -- header-derived warnings under --quick -----------------------------------------------------------------------
+
+
+def _uid_job(tmp: Path) -> Path:
+    """Four patients' CT slices; P0's first file saved again under P3 with its SOP Instance UID kept."""
+    raw = tmp / "raw"
+    rng = np.random.default_rng(2)
+    for p in range(4):
+        for k in range(2):
+            write_ct_slice(raw / f"P{p}" / f"IM{k}.dcm", patient_id=f"P{p}", study_date="20230101",
+                           pixels_hu=rng.normal(0, 200, (16, 16)), instance_number=k + 1, slice_location_mm=3.0 * k)
+    ds = pydicom.dcmread(raw / "P0" / "IM0.dcm")
+    ds.PatientID = "P3"
+    ds.save_as(raw / "P3" / "IMX.dcm")
+    return write_job(tmp / "job", {
+        "name": "uids", "sources": [{"kind": "dicom", "root": str(raw), "label": "none"}],
+        "split": {"by": "entity", "ratios": {"train": 1.0}},
+        "transform": {"dicom": {"windows": ["lung"], "size": [16, 16]}},
+        "pack": {"format": "webdataset"}, "output": str(tmp / "out"), "phi": {"mode": "keep"}})
+
+
+def test_quick_warns_of_one_sop_instance_uid_in_two_patients_files_from_the_header(tmp_path: Path) -> None:
+    """The UID is a header value: --quick warns of it as the full check does, naming the same
+    patients and samples, and says the pixels were not compared rather than guessing."""
+    job = load_job(_uid_job(tmp_path))
+    full = [w for w in summary(validate_job(job, scheduler="sync", quiet=True))["warnings"]
+            if w["code"] == "instance_uids"]
+    quick = [w for w in summary(validate_job(job, quick=True, scheduler="sync", quiet=True))["warnings"]
+             if w["code"] == "instance_uids"]
+    assert len(full) == len(quick) == 1
+    named, pixels = full[0]["message"].split(", with ")
+    assert "samples of P3 (" in named and "P0 (" in named and pixels.startswith("the same pixels;")
+    assert quick[0]["message"].startswith(f"{named}, with pixels not compared (headers only);")
+
+
+def test_quick_warns_of_a_nifti_files_sform_and_qform_disagreeing_from_its_header(tmp_path: Path) -> None:
+    """The two forms are header fields: --quick prints the readers warning the full check prints."""
+    root = tmp_path / "raw"
+    save(root / "a.nii.gz", phantom())
+    path = save(root / "b.nii.gz", phantom(seed=1))
+    img = nib.load(path)
+    moved = AFFINE.copy()
+    moved[:3, 3] += [0, 8.0, 0]
+    img.header.set_qform(moved, code=1)
+    nib.save(nib.Nifti1Image(np.asanyarray(img.dataobj), None, header=img.header), path)
+    job = load_job(nifti_job(tmp_path, ["a.nii.gz,P1", "b.nii.gz,P2"]))
+    full, quick = ([w["message"] for w in summary(validate_job(job, quick=q, scheduler="sync", quiet=True))["warnings"]
+                    if w["code"] == "readers"] for q in (False, True))
+    assert len(full) == 1 and "sform and qform differ by up to 8 mm; the sform is used" in full[0]
+    assert quick == full

@@ -236,16 +236,22 @@ def cluster_duplicates(n: int, edges: Iterable[Sequence[int]]) -> list[int]:
     return forest.components()
 
 
+#: How the ``sha256`` of a sample ``validate --quick`` did not decode begins (its key follows):
+#: no two are equal, and none is a pixel digest
+NOT_DECODED = "not-decoded:"
+
+
 @dataclass(frozen=True)
 class SharedInstance:
     """Samples of several entities whose files carry one SOP Instance UID (by its digest,
     :attr:`~packer.records.Sample.instance`): ``keys`` and ``entities`` of its samples, in sample
     order, one entry per entity (its first sample); ``same_pixels``: whether all their packed
-    pixels are equal (then also exact duplicates, which the audit reports and the split keeps together)."""
+    pixels are equal (then also exact duplicates, which the audit reports and the split keeps together),
+    None where they were not decoded (``validate --quick``: the UID comes from the header)."""
 
     keys: tuple[str, ...]
     entities: tuple[str, ...]
-    same_pixels: bool
+    same_pixels: bool | None
 
 
 def shared_instances(instances: Sequence[str], entities: Sequence[str | None], keys: Sequence[str],
@@ -265,8 +271,15 @@ def shared_instances(instances: Sequence[str], entities: Sequence[str | None], k
             first.setdefault(entities[i] or "", i)
         if len(first) > 1:
             found.append(SharedInstance(keys=tuple(keys[i] for i in first.values()), entities=tuple(first),
-                                        same_pixels=len({digests[i] for i in members}) == 1))
+                                        same_pixels=_same_pixels([digests[i] for i in members])))
     return found
+
+
+def _same_pixels(digests: Sequence[str]) -> bool | None:
+    """Whether samples of these packed-pixel digests are equal; None where one was not decoded."""
+    if any(digest.startswith(NOT_DECODED) for digest in digests):
+        return None
+    return len(set(digests)) == 1
 
 
 def shared_instances_of(samples: SampleTable) -> list[SharedInstance]:
@@ -284,7 +297,7 @@ def shared_instances_of(samples: SampleTable) -> list[SharedInstance]:
         if len(first) > 1:
             found.append(SharedInstance(keys=tuple(samples.value("key", i) for i in first.values()),
                                         entities=tuple(first),
-                                        same_pixels=len({samples.value("sha256", i) for i in members}) == 1))
+                                        same_pixels=_same_pixels([samples.value("sha256", i) for i in members])))
     return found
 
 
@@ -295,7 +308,8 @@ def shared_instances_warning(found: Sequence[SharedInstance], job_path: Path) ->
         return None
     first = found[0]
     named = ", ".join(f"{entity} ({key})" for entity, key in zip(first.entities, first.keys, strict=True))
-    pixels = "the same pixels" if first.same_pixels else "different pixels"
+    pixels = ("pixels not compared (headers only)" if first.same_pixels is None
+              else "the same pixels" if first.same_pixels else "different pixels")
     return (f"{len(found):,} SOP Instance UID(s) are each carried by files of several entities, e.g. one by the "
             f"samples of {named}, with {pixels}; a UID names one image the world over, so one file's header was "
             "edited or an anonymiser mapped two patients' files onto one UID: check which patient each belongs to "

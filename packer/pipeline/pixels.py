@@ -37,7 +37,7 @@ from packer.manifest import decoding_libraries
 from packer.phi import Pseudonymizer
 from packer.pipeline.checks import find_sample_issue
 from packer.pipeline.cluster import Executor, LazySequence, WorkerLost
-from packer.pipeline.dedup import is_blank
+from packer.pipeline.dedup import NOT_DECODED, is_blank
 from packer.pipeline.filecache import (
     CopiedUnit,
     DamagedUnit,
@@ -48,7 +48,7 @@ from packer.pipeline.filecache import (
     unit_keys,
 )
 from packer.pipeline.nearcopy import packed_signature
-from packer.pipeline.probe import probe_for_read, probe_keys, probe_placement
+from packer.pipeline.probe import ProbedKeys, probe_for_read, probe_keys, probe_placement
 from packer.pipeline.rawstore import FetchIssue, RawObject, fetched, remote_listing
 from packer.pipeline.sampletable import RefTable, SampleTable, TableBuilder
 from packer.pipeline.spill import PACKED_SUFFIX, KnownDigest, SpillWriter, chunk_key, load_cached_chunk
@@ -240,6 +240,8 @@ def _named_by(outcome: Any, ref: SampleRef, local: str) -> Any:
         return replace(outcome, path=ref.path)
     if isinstance(outcome, tuple):  # a probed ref with its series geometry
         return (replace(outcome[0], path=ref.path), outcome[1])
+    if isinstance(outcome, ProbedKeys):  # the header pass's (validate --quick)
+        return replace(outcome, ref=replace(outcome.ref, path=ref.path))
     samples: list[Sample] = outcome
     return [replace(s, ref=replace(s.ref, path=ref.path)) for s in samples]
 
@@ -330,6 +332,7 @@ def _headers_only(task: ChunkTask) -> ChunkResult:
     samples: list[SpilledSample] = []
     issues: list[Issue] = []
     excluded: list[Excluded] = []
+    notes: dict[tuple[str, str], None] = {}  # the header's reader warnings, in order, once per file
     listed = dict(task.listed)
     for ref in task.refs:
         probed = _on_local_file(ref, task, listed, lambda local: probe_keys(local, task.job), headers_only=True)
@@ -339,11 +342,13 @@ def _headers_only(task: ChunkTask) -> ChunkResult:
         if isinstance(probed, Excluded):
             excluded.append(probed)
             continue
-        found, keys = probed
-        samples.extend(SpilledSample(key=key, ref=found, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
-                                     dtype="", sha256=f"not-decoded:{key}") for key in keys)
+        samples.extend(SpilledSample(key=key, ref=probed.ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0,
+                                     shape=(), dtype="", sha256=f"{NOT_DECODED}{key}", instance=probed.instance)
+                       for key in probed.keys)
+        if probed.keys:  # as the pixel pass notes a file's warnings: once per file and text, for a file with samples
+            notes.update(((probed.ref.sample_id, note), None) for note in probed.notes)
     return ChunkResult(key=task.key, samples=tuple(samples), issues=tuple(issues), files=len(task.refs),
-                       excluded=tuple(excluded))
+                       excluded=tuple(excluded), notes=tuple(notes))
 
 
 def process_chunk(task: ChunkTask) -> ChunkResult:
@@ -705,7 +710,7 @@ def _counted(grouping: Grouping, groups: Sequence[Any], job: JobConfig) -> Chunk
     keyed as the pixel pass keys them (:meth:`~packer.read.kinds.Grouping.counted`); no content hashes."""
     made = [pair for group in groups for pair in grouping.counted(group, job)]
     samples = tuple(SpilledSample(key=key, ref=ref, spill="", offset=0, pixel_bytes=0, meta_bytes=0, shape=(),
-                                  dtype="", sha256=f"not-decoded:{key}") for ref, key in made)
+                                  dtype="", sha256=f"{NOT_DECODED}{key}") for ref, key in made)
     key = "series-headers-" + hashlib.sha256("".join(s.key for s in samples).encode()).hexdigest()[:24]
     others = [record for group in groups for record in grouping.headers_only(group, job)]
     return ChunkResult(key=key, samples=samples, issues=tuple(r for r in others if isinstance(r, Issue)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from packer.config import JobConfig, PathField
@@ -124,13 +124,29 @@ def probe_ref(ref: SampleRef, job: JobConfig) -> SampleRef | Issue | Excluded:
     return probed if isinstance(probed, (Issue, Excluded)) else probed[0]
 
 
-def probe_keys(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, tuple[str, ...]] | Issue | Excluded:
-    """:func:`probe_ref`, plus the keys of the samples the file would make, as far as its header
-    tells (``validate --quick``: a NIfTI file's slices; :meth:`packer.read.kinds.SourceKind.sample_keys`)."""
+@dataclass(frozen=True)
+class ProbedKeys:
+    """What ``validate --quick`` learns of one file from its header: the probed ``ref``, the
+    ``keys`` of the samples it would make, the ``instance`` id they would carry and the
+    reader's warnings its header tells (``notes``)."""
+
+    ref: SampleRef
+    keys: tuple[str, ...]
+    instance: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def probe_keys(ref: SampleRef, job: JobConfig) -> ProbedKeys | Issue | Excluded:
+    """:func:`probe_ref`, plus what its header tells of the samples the file would make: their keys
+    (a NIfTI file's slices; :meth:`packer.read.kinds.SourceKind.sample_keys`), the instance id they
+    would carry (:meth:`~packer.read.kinds.SourceKind.sample_instance`) and the reader's warnings
+    (:meth:`~packer.read.kinds.SourceKind.header_notes`)."""
     probed = _alone(_probe(ref, job, keep=False))
     if isinstance(probed, (Issue, Excluded)):
         return probed
-    return probed[0], source_kind(ref.kind).sample_keys(probed[0], probed[1], job)
+    kind, found, state = source_kind(ref.kind), probed[0], probed[1]
+    return ProbedKeys(ref=found, keys=kind.sample_keys(found, state, job),
+                      instance=kind.sample_instance(found, state, job), notes=kind.header_notes(found, state, job))
 
 
 def probe_placement(ref: SampleRef, job: JobConfig) -> tuple[SampleRef, Any] | Issue | MemberIssue | Excluded:

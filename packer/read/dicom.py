@@ -67,7 +67,7 @@ from packer.read.dicom_attrs import (
 from packer.read.dicom_cut import HeaderCut, cut_in_header
 from packer.read.dicom_meta import LONG_VRS, META_START, meta_elements
 from packer.read.dicom_objects import classify, header_failure, header_unread
-from packer.read.dicom_render import GRAYSCALE, render_samples
+from packer.read.dicom_render import GRAYSCALE, instance_digest, render_samples
 from packer.read.dicom_series import HeaderFingerprint, SliceGeometry, slice_geometry
 from packer.read.image_structure import Defect
 from packer.read.jpeg_scan import check_scan
@@ -163,6 +163,9 @@ class DicomHeader:
     #: What a SEG or RTSTRUCT references, where the job reads them as masks
     #: (``probe_dicom(annotations=True)``); such a file has no image geometry
     annotation: AnnotationRefs | None = None
+    #: The digest of its (0008,0018) SOP Instance UID (:func:`~packer.read.dicom_render.instance_digest`),
+    #: as its samples carry it (:attr:`~packer.records.Sample.instance`); ``""`` for none
+    instance: str = ""
 
 
 @dataclass(frozen=True)
@@ -985,6 +988,7 @@ def probe_dicom(ref: SampleRef, *, entity_keyword: str, time_keywords: tuple[str
         dataset=ds if keep_pixels else None,
         label_value=label,
         geometry=placed,
+        instance=instance_digest(ds),
     )
 
 

@@ -413,6 +413,14 @@ class DicomKind(SourceKind):
             return (ref.sample_id,)
         return tuple(frame_key(ref.sample_id, i, state.frames) for i in range(state.frames))
 
+    def sample_instance(self, ref: SampleRef, state: Any, job: JobConfig) -> str:
+        """The header's SOP Instance UID digest, as :func:`~packer.read.dicom_render.render_samples`
+        gives each sample of the file; ``""`` where files are packed as series (a series job
+        checks repeated UIDs itself) or the header has none."""
+        from packer.read.dicom import DicomHeader
+
+        return state.instance if isinstance(state, DicomHeader) and not job.dicom.by_series else ""
+
     @quiet
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         from packer.read.dicom import read_dicom

@@ -282,6 +282,19 @@ class SourceKind:
         gave (``state``): what ``packer validate --quick`` counts. Default: one, the file's id."""
         return (ref.sample_id,)
 
+    def sample_instance(self, ref: SampleRef, state: Any, job: JobConfig) -> str:
+        """The :attr:`~packer.records.Sample.instance` the file's samples would carry, from what
+        :meth:`probe` (``keep=False``) gave (``state``): what ``packer validate --quick`` checks
+        shared instance UIDs by. Default: ``""`` (the kind knows no unique id)."""
+        return ""
+
+    def header_notes(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
+        """The reader's warnings about the file that its header alone tells (a NIfTI file's sform
+        and qform disagreeing), as its samples' ``metadata.warnings`` word them, from what
+        :meth:`probe` (``keep=False``) gave (``state``): what ``packer validate --quick`` warns
+        of. Default: none."""
+        return ()
+
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         """Decode, validate and transform one file into its samples, or its Issue (never None,
         never an exception for a defect of the file). ``state``: what :meth:`probe` kept."""

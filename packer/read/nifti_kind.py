@@ -322,6 +322,11 @@ class NiftiKind(SourceKind):
         skipped = cfg.neighbors if cfg.sample == "neighbors" and cfg.edge == "skip" else 0
         return tuple(frame_key(ref.sample_id, i, count) for i in range(skipped, count - skipped))
 
+    def header_notes(self, ref: SampleRef, state: Any, job: JobConfig) -> tuple[str, ...]:
+        """The image's sform and qform disagreeing (:func:`forms_note`), as :func:`read_nifti`
+        notes it (a label map's own, read with the pixels, is not known here)."""
+        return (forms_note(state),) if isinstance(state, NiftiHeader) and state.qform is not None else ()
+
     def read(self, ref: SampleRef, job: JobConfig, state: Any = None) -> list[Sample] | Issue:
         return read_nifti(ref, job, state)
 
@@ -488,7 +493,7 @@ def _read(ref: SampleRef, job: JobConfig, state: Any) -> list[Sample] | Issue:
     if filled:
         base["nifti"]["non_finite"] = filled
     if first.qform is not None:
-        notes.insert(0, f"sform and qform differ by up to {first.forms_differ_mm:.3g} mm; the sform is used")
+        notes.insert(0, forms_note(first))
     if notes:
         base["warnings"] = notes
     plan = cfg.slicing(source.mask.pad if source.mask is not None else 0)
@@ -579,6 +584,11 @@ def _label_map(ref: SampleRef, source: SourceConfig, mask: MaskConfig, job: JobC
     note = (f"its label map's sform and qform differ by up to {header.forms_differ_mm:.3g} mm; the sform is used"
             if header.qform is not None else None)
     return np.ascontiguousarray(placed), note
+
+
+def forms_note(header: NiftiHeader) -> str:
+    """The reader's warning for a file whose sform and qform disagree (its ``qform`` is kept only then)."""
+    return f"sform and qform differ by up to {header.forms_differ_mm:.3g} mm; the sform is used"
 
 
 register(NiftiKind())
