@@ -254,7 +254,8 @@ def test_a_nii_gz_whose_stream_ends_inside_its_header_is_still_truncated(tmp_pat
     assert refused.reason == "truncated", str(refused)
 
 
-@pytest.mark.parametrize("translate", [(b"\r\n", b"\n"), (b"\n", b"\r\n")], ids=["crlf-to-lf", "lf-to-crlf"])
+@pytest.mark.parametrize("translate", [(b"\r\n", b"\n"), (b"\n", b"\r\n"), (b"\r", b"\n")],
+                         ids=["crlf-to-lf", "lf-to-crlf", "cr-to-lf"])
 def test_a_png_whose_line_endings_were_translated_is_a_damaged_png(
         tmp_path: Path, translate: tuple[bytes, bytes]) -> None:
     """PNG's signature holds CR LF and LF to show a text-mode transfer (PNG 12.12): such a file has
@@ -263,7 +264,7 @@ def test_a_png_whose_line_endings_were_translated_is_a_damaged_png(
     data = buf.tobytes()
     old, new = translate
     path = tmp_path / "photo.png"
-    path.write_bytes(data[:8].replace(old, new) + data[8:])
+    path.write_bytes(data[:16].replace(old, new) + data[16:])  # the signature and the IHDR's length (13: CR)
     for found in (_read_photo(path), probe_image(make_ref(path))):
         assert isinstance(found, Issue) and found.reason == "decode_failed", found
         assert "line endings were translated" in found.message, found.message

@@ -160,6 +160,16 @@ def test_a_stratified_split_that_misses_the_ratios_warns_though_no_group_explain
     assert "E0" not in message
 
 
+def test_beside_a_pinned_table_a_stratified_miss_is_not_blamed_on_the_stratification(tmp_path: Path) -> None:
+    """A frozen test set bigger than its ratio (a pinned table) moves the shares; README holds such
+    shares to no ratio, and the warning blamed `stratify: label` for what the pins did."""
+    keys = [f"k{i}" for i in range(100)]
+    singles = tuple(SplitGroup(members=(i,), entities=(f"E{i}",)) for i in range(100))
+    pinned = Assignment(split={k: "train" if i < 65 else "test" for i, k in enumerate(keys)}, fold={},
+                        groups=singles, dropped=(), pinned={})
+    assert balance_warning(pinned, replace(STRATIFIED, pinned=tmp_path / "pins.csv")) is None
+
+
 def test_the_balance_warning_never_blames_a_group_sitting_in_the_split_that_is_short() -> None:
     """Entities of 10 (BIG), 6, 6 and 18 x 1 samples, 70/15/15 with BIG in train: the warning said
     "one entity (BIG) holds 10 samples (25%), and an entity never spans splits", though BIG raises

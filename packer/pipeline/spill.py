@@ -233,7 +233,8 @@ class CachedChunk:
 #: 83: a SEG reference without Referenced Frame Number spans a multi-frame source's frames; an annotation cut
 #: inside a linking UID, or where its Pixel Data should start, is damaged (its series mask_missing).
 #: 84: a PNG whose signature's line endings were translated is decode_failed (was unsupported).
-CACHE_FORMAT = 84
+#: 85: a PNG whose CR became LF (signature and IHDR length) is decode_failed too.
+CACHE_FORMAT = 85
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -564,7 +564,9 @@ def balance_warning(assignment: Assignment, cfg: SplitConfig, *, tolerance: floa
                          f"{listed_in})")
             else:
                 cause = f"; one entity ({group.entities[0]}) holds {size}, {where}, and an entity never spans splits"
-    if cause is None and cfg.stratify == "label":  # placed on purpose, group by group: no draw's luck
+    # placed on purpose, group by group: no draw's luck (beside a pinned table the shares are not held to the
+    # ratios at all: the pins placed them, not the stratification)
+    if cause is None and cfg.stratify == "label" and cfg.holds_ratios:
         cause = (f"; stratify: label placed its {len(assignment.groups):,} split groups whole to meet each "
                  "label's quota per split, and could not also meet the ratios closely with them")
     if cause is None:

@@ -136,8 +136,10 @@ def damaged_signature(head: bytes, suffix: str) -> tuple[str, str] | None:
     if len(head) >= 16 and head[8:16] == b"\0\0\0\rIHDR":
         return "png", (f"{head[:8].hex(' ')} where a PNG signature ({_PNG_SIGNATURE.hex(' ')}) belongs, before "
                        "the PNG's IHDR chunk at byte 8")
-    ihdr = head.find(b"\0\0\0\rIHDR", 4, 24)
-    if head.startswith(b"\x89PNG") and ihdr != -1:  # the signature's CR LF / LF bytes gained or lost one
+    # the signature's CR LF / LF bytes gained or lost one, or CR became LF (in the IHDR's length 13 too)
+    ihdr = next((at for at in (head.find(length + b"IHDR", 4, 24) for length in (b"\0\0\0\r", b"\0\0\0\n"))
+                 if at != -1), -1)
+    if head.startswith(b"\x89PNG") and ihdr != -1:
         return "png", (f"{head[:ihdr].hex(' ')} where a PNG signature ({_PNG_SIGNATURE.hex(' ')}) belongs, with the "
                        f"IHDR chunk at byte {ihdr} instead of 8: line endings were translated in a text-mode "
                        "transfer (FTP ASCII mode, a git autocrlf), which the signature is made to show (PNG "
