@@ -59,6 +59,7 @@ the message goes to stderr, prefixed with the script's name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -317,8 +318,16 @@ def run(args: argparse.Namespace, layouts: tuple[str, ...] = ("CHW",), name: str
 
 def train(args: argparse.Namespace, device: torch.device, distributed: bool) -> dict[str, Any]:
     torch.manual_seed(args.seed)
-    with called_from(COMMAND_LINE):  # the loader's refusals name this script's flags (--sources ct), not Python's
-        dataset = open_dataset(args, "pad" if distributed else "exact")
+    # the loader's refusals name this script's flags (--sources ct), not Python's; but --mix reads each member
+    # whole and refuses --sources beside it, so a member's refusal says what to build instead
+    try:
+        with called_from(COMMAND_LINE) if not args.mix else contextlib.nullcontext():
+            dataset = open_dataset(args, "pad" if distributed else "exact")
+    except ConfigError as err:
+        if not args.mix or "--mix" in str(err):
+            raise
+        raise ConfigError(f"{err} (under --mix each member is read whole, with no choice of its sources: build a job "
+                          "of that member's sources of one dtype and shape, and mix its version)") from err
     what = args.manifest or " + ".join(path for path, _ in args.mix)
     if dataset.samples == 0:  # a mix refuses an empty member itself; one dataset trained nothing and exited 0
         splits = read_manifest(dataset.info.manifest, check_hash=False).splits

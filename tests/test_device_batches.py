@@ -137,6 +137,7 @@ def test_an_int_device_is_cuda_n_as_torch_takes_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
     assert DevicePrefetcher([], 1).device == torch.device("cuda", 1)
+    assert DevicePrefetcher([], np.int64(1)).device == torch.device("cuda", 1)  # np.argmin of the free memory
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"^DevicePrefetcher\(loader, 0\): CUDA is not available here"):
         DevicePrefetcher([], 0)

@@ -175,3 +175,21 @@ def test_python_callers_keep_the_python_apis_wording(tmp_path: Path, workers: in
     assert "load one source at a time: ShardDataset(manifest, split, sources=[...]); or" in str(mixed.value)
     assert 'take the images as a list: make_loader(dataset, batch_size, collate="list")' in str(mixed.value)
     assert "--sources" not in str(mixed.value) and "--collate" not in str(mixed.value)
+
+
+def test_load_split_called_from_python_names_pythons_call_not_a_flag(tmp_path: Path) -> None:
+    """packer.loader.load_split is a public entry point: its several-dtypes refusal told a Python
+    caller to pass '--sources ct' (the surface defaulted to the command line)."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.errors import ConfigError
+    from packer.loader import load_split
+    from tests.test_targets import ct_beside_float16_mr
+
+    job = ct_beside_float16_mr(tmp_path)
+    assert CliRunner().invoke(main, ["build", str(job), "--scheduler", "sync", "--no-report"]).exit_code == 0
+    manifest = next((tmp_path / "out" / "targets").glob("*/manifest.json"))
+    with pytest.raises(ConfigError) as err:
+        load_split(manifest, "train")
+    assert "--sources" not in str(err.value) and "sources=['ct']" in str(err.value), err.value

@@ -16,6 +16,7 @@ float images (say, from a ``transform``) are taken to be in 0..1 already.
 from __future__ import annotations
 
 import copy
+import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -121,7 +122,8 @@ class DevicePrefetcher:
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
         self.loader = loader
         # an int is torch's own shorthand for cuda:N (DDP's device=local_rank): named so before the check
-        named = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) else str(device)
+        named = (f"cuda:{int(device)}" if isinstance(device, numbers.Integral) and not isinstance(device, bool)
+                 else str(device))  # a numpy index too (np.argmin of the free memory)
         self.device = usable_device(named, f"DevicePrefetcher(loader, {device!r})",
                                     instead="DevicePrefetcher(loader, 'cpu')")
         self._cuda = self.device.type == "cuda"

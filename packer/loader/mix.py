@@ -315,8 +315,16 @@ def _mixed_info(members: Sequence[ShardDataset], names: Sequence[str]) -> tuple[
                                     ("mask classes", (info.mask or {}).get("classes"),
                                      (first.mask or {}).get("classes"))):
             if mine != theirs:
-                fix = ("give both jobs one mask.classes list, a declared id no mask holds being allowed, and "
-                       "rebuild" if field == "mask classes" else "rebuild one of them")
+                fix = "rebuild one of them"
+                if field == "mask classes":  # masks from DICOM (manifest mask.names) take their ids from the map
+                    from_dicom = {"names" in (info.mask or {}), "names" in (first.mask or {})}
+                    fix = {frozenset({False}): "give both jobs one mask.classes list, a declared id no mask holds "
+                                               "being allowed, and rebuild",
+                           frozenset({True}): "give both from: dicom jobs the same ids in their segments/rois (map "
+                                              "a structure to each missing id, or renumber), and rebuild"}.get(
+                        frozenset(from_dicom), "give the jobs the same ids: the from: dicom job's are its "
+                                               "segments/rois ids, the other's its mask.classes list (a declared id "
+                                               "no mask holds is allowed); then rebuild")
                 raise ConfigError(f"MixedDataset: {name} has {field} {mine!r} but {names[0]} has {theirs!r}; "
                                   f"mixed members must deliver the same kind of sample ({fix}, or train on them "
                                   "separately)")

@@ -66,7 +66,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from packer import storage
-from packer.errors import ConfigError, IntegrityError, a_type, surface
+from packer.errors import ConfigError, IntegrityError, a_type, from_python, surface
 from packer.files import file_sha256
 from packer.loader.cache import ShardCache
 from packer.shards.checksum import INDEX_COLUMN, describe, members_checksum
@@ -267,6 +267,7 @@ def _view_dtype(path: Path | str, schema: Mapping[str, Any], sources: Sequence[s
                       "transform.nifti.output; images are uint8)")
 
 
+@from_python
 def load_split(manifest: str | os.PathLike[str] | Manifest, split: str, *,
                storage_options: Mapping[str, Any] | Sequence[str] | None = None, cache: ShardCache | None = None,
                sources: Sequence[str] | None = None) -> SplitInfo:
