@@ -516,11 +516,13 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             lines = _Lines(head.lines)
             reader = csv.DictReader(lines, delimiter=delimiter)
             columns = tuple(c for c in (reader.fieldnames or ()) if c is not None)
+            _refuse_nul_header(path, columns, above + reader.line_num)
             rows, cut = [], None
             for record in reader:
                 if cut is not None:  # a row cut short with rows below it is no interrupted download's last row
                     raise _short_row_error(path, *cut, columns, delimiter, last=False)
                 n = above + reader.line_num  # the row as a text editor numbers it: blank lines count
+                _refuse_nul_cell(path, n, record)
                 extra = [cell for cell in record.get(None) or () if cell.strip()]
                 if extra:  # misaligned: every cell after the stray separator is under the wrong column
                     shown = (f"{len(extra)} not empty; not shown under PHI pseudonymization" if hide_values
@@ -556,6 +558,33 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             raise resource from err
         raise ConfigError(f"{path}: cannot read the table ({getattr(err, 'strerror', None) or err})"
                           f"{_nested_copy_hint(path) if isinstance(err, FileNotFoundError) else ''}") from err
+
+
+#: What a NUL byte in a table's text is, and what to do about it (:func:`_refuse_nul_cell`)
+_NUL_DAMAGE = ("a NUL byte (\\x00), which no table's text holds: the file is damaged (a download or copy cut short "
+               "and padded with zero bytes, a binary editor's slip); download or copy the table again, or delete "
+               "the NUL bytes")
+
+
+def _refuse_nul_header(path: Path | str, columns: Sequence[str], line: int) -> None:
+    """Raise ConfigError where a header cell holds a NUL byte (:func:`_refuse_nul_cell`). ``line``:
+    the header's line as a text editor numbers it."""
+    at = next((k for k, c in enumerate(columns, start=1) if "\0" in c), None)
+    if at is not None:
+        raise ConfigError(f"{path}: column {at} of the header row (line {line}) holds {_NUL_DAMAGE}")
+
+
+def _refuse_nul_cell(path: Path | str, n: int, record: Mapping[str | None, Any]) -> None:
+    """Raise ConfigError where a cell of ``record`` (the row ending on line ``n``) holds a NUL byte.
+    Python's csv module reads one as a character of the cell: ``d\\x00og`` was a class beside
+    ``dog``, and ``p2\\x00`` an entity apart from ``p2``, which the split could place apart. The
+    cell is named by its column and line, never quoted (it may hold a patient's id)."""
+    cells = {k: v for k, v in record.items() if k is not None and isinstance(v, str)}
+    column = next((k for k, v in cells.items() if "\0" in v), None)
+    if column is None:
+        return
+    line = _opening_line(n, cells)
+    raise ConfigError(f"{path}: the {column!r} cell of the row on line {line} holds {_NUL_DAMAGE}")
 
 
 def _read_as(delimiter: str) -> str:

@@ -1,0 +1,92 @@
+"""A source's table damaged or saved in a form packer does not read as it is, told as what it is.
+
+A NUL byte in a cell (a cut download padded with zeros) is corruption, not a class or an entity
+of its own; a table left empty by a failed download is told as empty, not asked for a column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from packer.config import load_job
+from packer.errors import ConfigError
+from packer.pipeline.discover import discover
+
+LABELS = ["cat" if i % 2 == 0 else "dog" for i in range(6)]
+ROWS = [f"a{i}.png,{LABELS[i]},p{i // 2}" for i in range(6)]
+
+
+def _images(root: Path, count: int = 6) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):  # decodable, each its own (no planted duplicates)
+        cv2.imwrite(str(root / f"a{i}.png"), np.random.default_rng(i).integers(0, 255, (16, 16, 3)).astype(np.uint8))
+
+
+def _job(tmp_path: Path, table: str | dict[str, Any], data: bytes, **source: Any) -> Path:
+    _images(tmp_path / "img")
+    name = table if isinstance(table, str) else table["file"]
+    (tmp_path / name).write_bytes(data)
+    doc = {"name": "t", "sources": [{"kind": "image", "root": "img", "table": table, **source}],
+           "split": {"by": "entity", "ratios": {"train": 0.5, "valid": 0.25, "test": 0.25}, "seed": 1},
+           "transform": {"image": {"size": [16, 16]}}, "pack": {"format": "webdataset"}, "output": "out"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _discover_error(job: Path) -> str:
+    with pytest.raises(ConfigError) as raised:
+        discover(load_job(job))
+    return str(raised.value)
+
+
+def _csv(rows: list[str], header: str = "path,label,entity") -> bytes:
+    return ("\n".join([header, *rows]) + "\n").encode("utf-8")
+
+
+# -- a NUL byte in a cell ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("row", "cell", "column"), [
+    (3, "a3.png,d\x00og,p1", "label"), (4, "a4.png,cat,p2\x00", "entity"), (2, "a2.png\x00,cat,p1", "path")],
+    ids=["label", "entity", "path"])
+def test_a_nul_byte_in_a_cell_is_a_config_error_naming_the_table_line_and_column(
+        tmp_path: Path, row: int, cell: str, column: str) -> None:
+    """Python's csv module reads a NUL byte as a character of the cell: ``d\\x00og`` was a class of its
+    own beside ``dog``, and ``p2\\x00`` an entity apart from ``p2``, which the split could place in
+    another split than p2's other file. A NUL is no text a table holds: the file is damaged."""
+    rows = list(ROWS)
+    rows[row] = cell
+    message = _discover_error(_job(tmp_path, "labels.csv", _csv(rows)))
+    line = row + 2  # the header is line 1
+    assert f"{tmp_path / 'labels.csv'}: the {column!r} cell of the row on line {line} holds a NUL byte" in message, \
+        message
+    assert "download or copy the table again" in message
+    assert "\x00" not in message  # the byte itself is never printed
+
+
+def test_a_nul_byte_in_a_joined_table_s_cell_is_told_in_that_table(tmp_path: Path) -> None:
+    """A join table is read by the same reader: its damage is told in its own name."""
+    meta = tmp_path / "meta.csv"
+    sexes = ["F", "M", "F", "M", "F\x00", "M"]
+    meta.write_bytes(_csv([f"a{i}.png,{sex}" for i, sex in enumerate(sexes)], header="path,sex"))
+    message = _discover_error(_job(tmp_path, {"file": "labels.csv", "join": [{"file": "meta.csv", "on": ["path"]}]},
+                                   _csv(ROWS)))
+    assert f"{meta}: the 'sex' cell of the row on line 6 holds a NUL byte" in message, message
+
+
+def test_a_nul_byte_in_the_header_row_is_told_as_the_header_s(tmp_path: Path) -> None:
+    message = _discover_error(_job(tmp_path, "labels.csv", _csv(ROWS, header="path,lab\x00el,entity")))
+    assert f"{tmp_path / 'labels.csv'}: column 2 of the header row (line 1) holds a NUL byte" in message, message
+
+
+def test_a_table_without_nul_bytes_reads_every_row(tmp_path: Path) -> None:
+    """The check refuses only the damaged cell's table: the same table whole is read as it was."""
+    found = discover(load_job(_job(tmp_path, "labels.csv", _csv(ROWS))))
+    assert sorted((r.relpath, r.label) for r in found.refs) == [(f"a{i}.png", LABELS[i]) for i in range(6)]
