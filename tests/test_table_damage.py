@@ -1,11 +1,15 @@
 """A source's table damaged or saved in a form packer does not read as it is, told as what it is.
 
 A NUL byte in a cell (a cut download padded with zeros) is corruption, not a class or an entity
-of its own; a table left empty by a failed download is told as empty, not asked for a column.
+of its own; a compressed table packer does not read as it is (bzip2, xz, zstd, gzip without a
+``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +94,42 @@ def test_a_table_without_nul_bytes_reads_every_row(tmp_path: Path) -> None:
     """The check refuses only the damaged cell's table: the same table whole is read as it was."""
     found = discover(load_job(_job(tmp_path, "labels.csv", _csv(ROWS))))
     assert sorted((r.relpath, r.label) for r in found.refs) == [(f"a{i}.png", LABELS[i]) for i in range(6)]
+
+
+# -- a compressed table ----------------------------------------------------------------------------
+
+#: zstd's magic number (the standard library has no zstd to compress with): what the file is told by
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def test_a_gzipped_table_named_csv_gz_is_read(tmp_path: Path) -> None:
+    found = discover(load_job(_job(tmp_path, "labels.csv.gz", gzip.compress(_csv(ROWS)))))
+    assert sorted((r.relpath, r.label) for r in found.refs) == [(f"a{i}.png", LABELS[i]) for i in range(6)]
+
+
+@pytest.mark.parametrize("name", ["labels.csv", "labels.tsv"])
+def test_a_gzipped_table_named_without_gz_is_told_to_be_renamed_or_gunzipped(tmp_path: Path, name: str) -> None:
+    """A browser or a download tool that kept the gzip encoding leaves ``labels.csv`` gzipped: it
+    was refused as 'not UTF-8 text ...; save the table as UTF-8', which it is, once gunzipped."""
+    message = _discover_error(_job(tmp_path, name, gzip.compress(_csv(ROWS))))
+    assert f"{tmp_path / name}: a gzip-compressed file, not a text table" in message, message
+    stem, ext = name.split(".")
+    assert f"mv {name} {name}.gz" in message and f"gzip -dc {name} > {stem}.decompressed.{ext}" in message
+    assert "UTF-8" not in message
+
+
+@pytest.mark.parametrize(("name", "data", "said", "command"), [
+    ("labels.csv.bz2", bz2.compress(_csv(ROWS)), "a bzip2-compressed", "bzip2 -dc labels.csv.bz2 > labels.csv"),
+    ("labels.csv.xz", lzma.compress(_csv(ROWS)), "an xz-compressed", "xz -dc labels.csv.xz > labels.csv"),
+    ("labels.csv.zst", ZSTD_MAGIC + b"\x04\x00" * 20, "a zstd-compressed", "zstd -dc labels.csv.zst > labels.csv"),
+    ("labels.csv", bz2.compress(_csv(ROWS)), "a bzip2-compressed", "bzip2 -dc labels.csv > labels.decompressed.csv")],
+    ids=["bzip2", "xz", "zstd", "bzip2 named .csv"])
+def test_a_table_compressed_otherwise_than_gzip_is_told_so_with_the_command_that_decompresses_it(
+        tmp_path: Path, name: str, data: bytes, said: str, command: str) -> None:
+    """pandas reads ``.bz2``, ``.xz`` and ``.zst`` tables as they are; packer was saying 'not UTF-8
+    text (invalid start byte ...); save the table as UTF-8', the wrong cause and a fix that cannot
+    work: the table inside is UTF-8."""
+    message = _discover_error(_job(tmp_path, name, data))
+    assert f"{tmp_path / name}: {said} file, not a text table" in message, message
+    assert command in message and "gzip" in message
+    assert "UTF-8" not in message

@@ -189,6 +189,43 @@ _NOT_TEXT = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx or OpenDocument .ods
              (b"SQLite format 3", "an SQLite database", "read_sql"))
 
 
+#: The first bytes of a compressed file: the compression's name and the suffix its files are named by (the tool
+#: that decompresses it is named alike). pandas reads such tables as they are, so they are met; read as text,
+#: they were told 'not UTF-8 ...; save the table as UTF-8', which the table inside already is.
+_COMPRESSED = ((re.compile(rb"\x1f\x8b"), "gzip", ".gz"),
+               (re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)"), "bzip2", ".bz2"),
+               (re.compile(rb"\xfd7zXZ\x00"), "xz", ".xz"),
+               (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd", ".zst"))
+
+
+def _gzipped(path: Path | str) -> bool:
+    """Whether the table at ``path`` is read through gunzip: its name ends in ``.gz``
+    (MIMIC-CXR-JPG's ``.csv.gz``)."""
+    return str(path).lower().endswith(".gz")
+
+
+def _refuse_compressed(path: Path | str, head: bytes) -> None:
+    """A config error for a compressed table packer does not read as it is (:data:`_COMPRESSED`):
+    bzip2, xz or zstd, or gzip under a name without ``.gz`` (a download tool or a browser that
+    kept the gzip transfer encoding); it names the compression and the command that decompresses
+    it, and the name to give the job then."""
+    name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
+    for magic, what, suffix in _COMPRESSED:
+        if not magic.match(head) or (what == "gzip" and _gzipped(path)):
+            continue
+        stem, dot, ext = name.rpartition(".")
+        out = (name[:-len(suffix)] if name.lower().endswith(suffix) and len(name) > len(suffix)
+               else f"{stem}.decompressed.{ext}" if dot and stem else f"{name}.decompressed")
+        said = (f"{path}: {'an' if what == 'xz' else 'a'} {what}-compressed file, not a text table; packer reads CSV, "
+                "TSV and JSON tables")
+        if what == "gzip":  # named without .gz: its name says it is text
+            raise ConfigError(f"{said}, gzipped ones where the name ends in .gz: rename it (mv {name} {name}.gz) and "
+                              f"name {name}.gz in the job, or decompress it (gzip -dc {name} > {out}) and name {out}")
+        raise ConfigError(f"{said}, gzipped ones too, but not {what}-compressed ones: decompress it ({what} -dc "
+                          f"{name} > {out}) and name {out} in the job instead, or gzip it (packer reads a .csv.gz "
+                          "as it is)")
+
+
 #: How many of a table's first bytes are looked at for a format that is no table (:func:`_refuse_binary`):
 #: enough for an XML declaration or an HTML doctype after a BOM and some blank lines
 _HEAD_BYTES = 512
@@ -285,6 +322,7 @@ def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None =
     (``archive``: the file or its bytes) that is no workbook is told by what it holds: Kaggle's
     per-file download of ``stage_2_train.csv`` is ``stage_2_train.csv.zip``, a CSV that unzips,
     which pandas' read_excel cannot read."""
+    _refuse_compressed(path, head)
     members = _zip_members(archive) if archive is not None and head.startswith(b"PK\x03\x04") else []
     if members and not _WORKBOOK_MEMBERS & set(members):
         shown = ", ".join(members[:3]) + (f" and {len(members) - 3:,} more" if len(members) > 3 else "")
@@ -322,12 +360,19 @@ def _refuse_binary(path: Path | str, head: bytes, archive: Path | bytes | None =
 def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> Iterator[IO[str]]:
     """The table as text (UTF-8, BOM dropped, newlines as written); a URL is read whole. A name
     ending in ``.gz`` is gunzipped as it is read (MIMIC-CXR-JPG ships its tables as ``.csv.gz``).
-    A binary file (a workbook, Parquet) or an XML or HTML document is a config error saying so
-    (:func:`_refuse_binary`)."""
-    gzipped = str(path).lower().endswith(".gz")
+    A file compressed otherwise (bzip2, xz, zstd; gzip under another name), a binary file (a
+    workbook, Parquet) or an XML or HTML document is a config error saying so
+    (:func:`_refuse_compressed`, :func:`_refuse_binary`)."""
     if isinstance(path, Path):
-        with gzip.open(path, "rb") if gzipped else open(path, "rb") as raw:
-            _refuse_binary(path, raw.read(_HEAD_BYTES), None if gzipped else path)
+        with open(path, "rb") as raw:
+            first = raw.read(_HEAD_BYTES)
+        _refuse_compressed(path, first)  # (a .gz name on a bzip2 file: told as bzip2, not as a damaged gzip)
+        gzipped = _gzipped(path)
+        if gzipped:
+            with gzip.open(path, "rb") as raw:
+                _refuse_binary(path, raw.read(_HEAD_BYTES))
+        else:
+            _refuse_binary(path, first, path)
         with (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if gzipped
               else open(path, newline="", encoding="utf-8-sig")) as fh:
             yield fh
@@ -339,8 +384,9 @@ def _open_text(path: Path | str, storage_options: Mapping[str, Any] | None) -> I
                           "or upload the table") from err
     except remote_errors() as err:
         raise storage_error(path, err, doing="reading the table") from err
+    _refuse_compressed(path, data[:_HEAD_BYTES])
     try:
-        data = gzip.decompress(data) if gzipped else data
+        data = gzip.decompress(data) if _gzipped(path) else data
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot read the table: not a whole gzip file ({err})") from err
     _refuse_binary(path, data[:_HEAD_BYTES], data)
@@ -356,11 +402,11 @@ def not_utf8(path: Path | str, err: UnicodeDecodeError,
     at, line = err.start, None
     try:
         if isinstance(path, Path):
-            with (gzip.open(path, "rb") if str(path).lower().endswith(".gz") else open(path, "rb")) as fh:
+            with open(path, "rb") as fh:
                 data = fh.read()
         else:
             data = read_remote_bytes(path, storage_options)
-            data = gzip.decompress(data) if str(path).lower().endswith(".gz") else data
+        data = gzip.decompress(data) if _gzipped(path) else data
         data.decode("utf-8")
     except UnicodeDecodeError as again:
         at, line = again.start, again.object[:again.start].count(b"\n") + 1
