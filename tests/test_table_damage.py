@@ -2,13 +2,15 @@
 
 A NUL byte in a cell (a cut download padded with zeros) is corruption, not a class or an entity
 of its own; a compressed table packer does not read as it is (bzip2, xz, zstd, gzip without a
-``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8.
+``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8;
+a JSON Lines table (Hugging Face's ``metadata.jsonl``) is read as a JSON table's records are.
 """
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import json
 import lzma
 from pathlib import Path
 from typing import Any
@@ -133,3 +135,45 @@ def test_a_table_compressed_otherwise_than_gzip_is_told_so_with_the_command_that
     assert f"{tmp_path / name}: {said} file, not a text table" in message, message
     assert command in message and "gzip" in message
     assert "UTF-8" not in message
+
+
+# -- a JSON Lines table ---------------------------------------------------------------------------
+
+
+def _json_lines(records: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+
+
+RECORDS = [{"path": f"a{i}.png", "label": LABELS[i], "entity": f"p{i // 2}"} for i in range(6)]
+
+
+@pytest.mark.parametrize("name", ["metadata.jsonl", "labels.ndjson", "labels.jsonl.gz", "labels.json"])
+def test_a_json_lines_table_is_read_as_a_json_table_s_records(tmp_path: Path, name: str) -> None:
+    """Hugging Face imagefolder's ``metadata.jsonl`` and many exporters write one JSON object a line.
+    It was read as a CSV ('missing column path ... the header row has {"path": "a0.png", ...}'), or,
+    named ``.json``, refused as 'not a JSON document (Extra data at line 2)'."""
+    data = _json_lines(RECORDS)
+    found = discover(load_job(_job(tmp_path, name, gzip.compress(data) if name.endswith(".gz") else data)))
+    assert sorted((r.relpath, r.label, r.entity) for r in found.refs) == [
+        (f"a{i}.png", LABELS[i], f"p{i // 2}") for i in range(6)]
+
+
+def test_a_json_lines_table_s_bad_line_is_told_by_its_line(tmp_path: Path) -> None:
+    """Blank lines are skipped and lines keep their numbers, as an editor shows them."""
+    cut = '{"path": "a2.png", "label": "cat"\n'  # its closing brace lost
+    text = _json_lines(RECORDS[:2]).decode() + "\n" + cut + _json_lines(RECORDS[3:]).decode()
+    message = _discover_error(_job(tmp_path, "labels.jsonl", text.encode()))
+    assert f"{tmp_path / 'labels.jsonl'}: line 4 is not a JSON object" in message, message
+    assert "JSON Lines" in message
+
+
+def test_a_json_lines_line_that_is_no_object_is_told_by_its_line(tmp_path: Path) -> None:
+    text = _json_lines(RECORDS[:2]).decode() + '["a2.png", "cat"]\n'
+    message = _discover_error(_job(tmp_path, "labels.jsonl", text.encode()))
+    assert f"{tmp_path / 'labels.jsonl'}: line 3 holds a list, not a record (a JSON object)" in message, message
+
+
+def test_records_key_on_a_json_lines_table_is_refused(tmp_path: Path) -> None:
+    """``records:`` names the list inside one JSON document; a JSON Lines file is its records."""
+    message = _discover_error(_job(tmp_path, {"file": "labels.jsonl", "records": "training"}, _json_lines(RECORDS)))
+    assert "JSON Lines" in message and "records:" in message, message

@@ -132,7 +132,8 @@ class Joined:
 @dataclass(frozen=True)
 class Records:
     """A source's table as read: its records in file order (``number``: the row as the file
-    counts it, 2 for a CSV's first data row, 1 for a JSON table's first record), its column
+    counts it, 2 for a CSV's first data row, 1 for a JSON table's first record, its line for a
+    JSON Lines table's), its column
     names, and per record number why a joined table refused it (``join_unmatched``) or left it
     out (``missing: drop``); ``joined``: each join table, in the job's order."""
 
@@ -437,9 +438,12 @@ def _cell(value: Any, number: bool = False) -> str:
 
 def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values: bool = False,
                   number_columns: Sequence[str] = ()) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    text = fh.read()
     try:
-        doc = json.load(fh)
+        doc = json.loads(text)
     except json.JSONDecodeError as err:
+        if err.msg == "Extra data" and key is None and _opens_with_a_record(text):  # JSON Lines named .json
+            return _json_lines(text, path, None, number_columns=number_columns)
         raise ConfigError(f"{path}: not a JSON document ({err.msg} at line {err.lineno}); fix the file") from err
     except RecursionError as err:  # json nests lists past Python's stack: no table nests like that
         raise ConfigError(f"{path}: JSON nested too deeply to read; a table is a list of flat records, "
@@ -456,12 +460,64 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         hint = "" if key is not None else "; name the key of the list with records: (MSD: training)"
         raise ConfigError(f"{path}: expected a list of records (objects){hint}")
+    return _json_table(list(enumerate(items, start=1)), number_columns)
+
+
+def _json_table(items: Sequence[tuple[int, dict[str, Any]]], number_columns: Sequence[str]
+                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    """(columns, numbered records) of a JSON table's numbered records (objects): every key any of
+    them has, in the order first met, and each record's values as cells (:func:`_cell`)."""
     columns: list[str] = []
-    for item in items:
+    for _, item in items:
         columns.extend(k for k in item if k not in columns)
     numbers = frozenset(number_columns)
-    return tuple(columns), [(n, {k: _cell(v, k in numbers) for k, v in item.items()})
-                            for n, item in enumerate(items, start=1)]
+    return tuple(columns), [(n, {k: _cell(v, k in numbers) for k, v in item.items()}) for n, item in items]
+
+
+#: The names of a JSON Lines table (one record a line: Hugging Face imagefolder's ``metadata.jsonl``)
+_JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
+
+#: What a JSON value is called in a message, by its Python type
+_JSON_TYPES = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _opens_with_a_record(text: str) -> bool:
+    """Whether the first line of ``text`` that is not blank is a JSON object alone: a JSON Lines
+    table's first record (a JSON document of one record a line, ``{...}`` then ``{...}``, was
+    'Extra data' to a JSON reader)."""
+    first = next((line for line in text.split("\n") if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _json_lines(text: str, path: Path | str, key: str | None, *, number_columns: Sequence[str] = ()
+                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+    """(columns, numbered records) of a JSON Lines table: one record (a JSON object) a line, read
+    as a JSON table's records are (:func:`_json_table`), each numbered by its line as an editor
+    shows it; blank lines are skipped. A line that is no JSON object is a config error naming it."""
+    if key is not None:
+        raise ConfigError(f"{path}: records: {key!r} names the list of records inside one JSON document, but the "
+                          "file is JSON Lines (one record a line), which is the list itself: remove records: from "
+                          "the table")
+    items: list[tuple[int, dict[str, Any]]] = []
+    for n, line in enumerate(text.split("\n"), start=1):  # (not splitlines: a JSON string may hold U+2028)
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: line {n} is not a JSON object ({err.msg} at column {err.colno}); a JSON "
+                              "Lines table holds one record (a JSON object) a line: fix the line") from err
+        except RecursionError as err:
+            raise ConfigError(f"{path}: line {n}: JSON nested too deeply to read; a table's records are flat, "
+                              "fix the line") from err
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: line {n} holds a {_JSON_TYPES.get(type(item), type(item).__name__)}, not a "
+                              "record (a JSON object); a JSON Lines table holds one record a line: fix the line")
+        items.append((n, item))
+    return _json_table(items, number_columns)
 
 
 #: The longest cell a table may hold (Python's csv module refuses cells over 131,072 characters by
@@ -548,13 +604,16 @@ def table_head(fh: IO[str], name: str) -> TableHead:
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
                hide_values: bool = False, file_columns: Sequence[str] = (), number_columns: Sequence[str] = ()
                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
-    """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list).
+    """(columns, numbered records) of a CSV, or of a JSON table (``records_key``: the key of its list),
+    or of a JSON Lines table (``.jsonl``, ``.ndjson``: :func:`_json_lines`).
     ``file_columns``: the columns naming files, where a quote left open is told as such;
     ``number_columns``: a numeric target's columns, whose JSON booleans and lists are no numbers
     (:func:`_cell`)."""
     name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
     try:
         with _open_text(path, storage_options) as fh, long_cells():
+            if name.lower().removesuffix(".gz").endswith(_JSON_LINES_SUFFIXES):
+                return _json_lines(fh.read(), path, records_key, number_columns=number_columns)
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key, hide_values=hide_values, number_columns=number_columns)
             head = table_head(fh, name)
