@@ -3,7 +3,8 @@
 A NUL byte in a cell (a cut download padded with zeros) is corruption, not a class or an entity
 of its own; a compressed table packer does not read as it is (bzip2, xz, zstd, gzip without a
 ``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8;
-a JSON Lines table (Hugging Face's ``metadata.jsonl``) is read as a JSON table's records are.
+a JSON Lines table (Hugging Face's ``metadata.jsonl``) is read as a JSON table's records are; a
+``sep=;`` line that makes the header one column is named as the cause.
 """
 
 from __future__ import annotations
@@ -177,3 +178,29 @@ def test_records_key_on_a_json_lines_table_is_refused(tmp_path: Path) -> None:
     """``records:`` names the list inside one JSON document; a JSON Lines file is its records."""
     message = _discover_error(_job(tmp_path, {"file": "labels.jsonl", "records": "training"}, _json_lines(RECORDS)))
     assert "JSON Lines" in message and "records:" in message, message
+
+
+# -- a sep= line the header contradicts --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("hint", "above", "said", "other"), [
+    ("sep=;", "", "semicolons", "commas"), ('"sep=;"', "\n", "semicolons", "commas"),
+    ("sep=\t", "", "tabs", "commas")], ids=["sep=;", "quoted after a blank line", "sep=tab"])
+def test_a_sep_line_that_makes_the_header_one_column_is_named_as_the_cause(
+        tmp_path: Path, hint: str, above: str, said: str, other: str) -> None:
+    """Excel's ``sep=;`` hint kept above a table re-saved with commas made the header one column:
+    'missing column path ... the header row has path,label,entity', a column the header visibly holds."""
+    message = _discover_error(_job(tmp_path, "labels.csv", (above + hint + "\n").encode() + _csv(ROWS)))
+    line = 1 + above.count("\n")
+    shown = hint.strip('"').replace("\t", "<tab>")
+    assert (f"{tmp_path / 'labels.csv'}: the {shown} line (line {line}) says the cells are separated "
+            f"by {said}, but the header row (line {line + 1}) holds none: read so, it is one column, while "
+            f"{other} split it into 3") in message, message
+    assert "remove the line" in message and "sep=," in message
+    assert "missing column" not in message
+
+
+def test_a_sep_line_that_agrees_with_the_header_is_read(tmp_path: Path) -> None:
+    text = "sep=;\n" + _csv(ROWS).decode().replace(",", ";")
+    found = discover(load_job(_job(tmp_path, "labels.csv", text.encode())))
+    assert sorted((r.relpath, r.label) for r in found.refs) == [(f"a{i}.png", LABELS[i]) for i in range(6)]

@@ -574,6 +574,10 @@ class TableHead:
     lines: Iterator[str]
     delimiter: str
     above: int
+    #: The line of the ``sep=`` hint that named the delimiter (as an editor numbers it), 0 where none did
+    hint_line: int = 0
+    #: The header line as written (its line break dropped)
+    header: str = ""
 
     @property
     def ended(self) -> bool:
@@ -591,14 +595,41 @@ def table_head(fh: IO[str], name: str) -> TableHead:
     read as the header it made the real header row 2, refused as holding an unquoted separator.
     Every table packer reads as CSV goes through here, a source's table as much as a split list
     or a pinned table, so that one file is read alike wherever a job names it."""
-    header, above, named = fh.readline(), 0, None
+    header, above, named, hint_line = fh.readline(), 0, None, 0
     while header and (not header.strip() or (named is None and _SEP_LINE.fullmatch(header.rstrip("\r\n")))):
         hint = _SEP_LINE.fullmatch(header.rstrip("\r\n"))
-        named = hint.group(1) if hint else named
+        named, hint_line = (hint.group(1), above + 1) if hint else (named, hint_line)
         header, above = fh.readline(), above + 1
     sample = list(itertools.islice(fh, _SAMPLE_LINES))
     return TableHead(lines=_Lines(itertools.chain([header], sample, fh)),
-                     delimiter=named or _delimiter(name, header, sample), above=above)
+                     delimiter=named or _delimiter(name, header, sample), above=above, hint_line=hint_line,
+                     header=header.rstrip("\r\n"))
+
+
+def _refuse_contradicted_hint(path: Path | str, head: TableHead) -> None:
+    """Raise ConfigError where the ``sep=`` line above a table names a delimiter its header row does
+    not hold, while a comma, tab or semicolon splits the header into columns: Excel's hint kept above
+    a table re-saved with other separators. Read by the hint, the header is one column, and the
+    error was a missing column the header visibly holds ('missing column path ... the header row
+    has path,label,entity'). Says which line to remove or correct; never quotes the header (a table
+    without one holds a patient's data there)."""
+    if not head.hint_line or head.delimiter in head.header:
+        return
+    other = _named_delimiter("", head.header)
+    try:
+        width = len(next(csv.reader([head.header], delimiter=other), []))
+    except csv.Error:  # a quote left open in the header: told by the reader as it reads
+        return
+    if other == head.delimiter or width < 2:
+        return
+    shown = "<tab>" if head.delimiter == "\t" else head.delimiter
+    names = {",": "commas", "\t": "tabs", ";": "semicolons"}
+    said = names.get(head.delimiter, repr(head.delimiter))
+    fix = "sep=<tab>" if other == "\t" else f"sep={other}"
+    raise ConfigError(f"{path}: the sep={shown} line (line {head.hint_line}) says the cells are separated by {said}, "
+                      f"but the header row (line {head.above + 1}) holds none: read so, it is one column, while "
+                      f"{names[other]} split it into {width}; remove the line (the table is then read by the "
+                      f"separator that splits its rows), or correct it to {fix}")
 
 
 def _read_file(path: Path | str, records_key: str | None, storage_options: Mapping[str, Any] | None, *,
@@ -617,6 +648,7 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key, hide_values=hide_values, number_columns=number_columns)
             head = table_head(fh, name)
+            _refuse_contradicted_hint(path, head)
             above, delimiter = head.above, head.delimiter
             lines = _Lines(head.lines)
             reader = csv.DictReader(lines, delimiter=delimiter)
