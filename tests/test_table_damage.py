@@ -4,7 +4,8 @@ A NUL byte in a cell (a cut download padded with zeros) is corruption, not a cla
 of its own; a compressed table packer does not read as it is (bzip2, xz, zstd, gzip without a
 ``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8;
 a JSON Lines table (Hugging Face's ``metadata.jsonl``) is read as a JSON table's records are; a
-``sep=;`` line that makes the header one column is named as the cause.
+``sep=;`` line that makes the header one column is named as the cause; a table left empty by a
+failed download is told as empty, not asked for a column.
 """
 
 from __future__ import annotations
@@ -204,3 +205,29 @@ def test_a_sep_line_that_agrees_with_the_header_is_read(tmp_path: Path) -> None:
     text = "sep=;\n" + _csv(ROWS).decode().replace(",", ";")
     found = discover(load_job(_job(tmp_path, "labels.csv", text.encode())))
     assert sorted((r.relpath, r.label) for r in found.refs) == [(f"a{i}.png", LABELS[i]) for i in range(6)]
+
+
+# -- an empty table ----------------------------------------------------------------------------------
+
+EMPTY = "the table is empty: it holds no header row and no rows"
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("labels.csv", b""), ("labels.csv", b"\n\n"), ("labels.csv", b"\xef\xbb\xbf"), ("labels.tsv", b" \r\n\t\r\n"),
+    ("labels.csv.gz", gzip.compress(b"")), ("labels.json", b""), ("labels.jsonl", b"\n")],
+    ids=["0 bytes", "blank lines", "a BOM alone", "blank space", "gzipped", "json", "json lines"])
+def test_an_empty_table_is_told_as_empty_not_asked_for_a_column(tmp_path: Path, name: str, data: bytes) -> None:
+    """A failed download or a ``> labels.csv`` redirect that failed leaves the file empty: it was
+    told 'missing column path ...; name the column that holds each file's name ...; the header row
+    has nothing', a fix that cannot work, where a header-only table is told it has no rows."""
+    message = _discover_error(_job(tmp_path, name, data))
+    assert f"{tmp_path / name}: {EMPTY}" in message, message
+    assert "download or copy it again" in message
+    assert "name the column" not in message and "missing column" not in message
+
+
+def test_an_empty_joined_table_is_told_as_empty(tmp_path: Path) -> None:
+    (tmp_path / "meta.csv").write_bytes(b"")
+    message = _discover_error(_job(tmp_path, {"file": "labels.csv", "join": [{"file": "meta.csv", "on": ["path"]}]},
+                                   _csv(ROWS)))
+    assert f"{tmp_path / 'meta.csv'}: {EMPTY}" in message, message

@@ -439,6 +439,8 @@ def _cell(value: Any, number: bool = False) -> str:
 def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values: bool = False,
                   number_columns: Sequence[str] = ()) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     text = fh.read()
+    if not text.strip():
+        raise _empty_table(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -501,6 +503,8 @@ def _json_lines(text: str, path: Path | str, key: str | None, *, number_columns:
         raise ConfigError(f"{path}: records: {key!r} names the list of records inside one JSON document, but the "
                           "file is JSON Lines (one record a line), which is the list itself: remove records: from "
                           "the table")
+    if not text.strip():
+        raise _empty_table(path)
     items: list[tuple[int, dict[str, Any]]] = []
     for n, line in enumerate(text.split("\n"), start=1):  # (not splitlines: a JSON string may hold U+2028)
         if not line.strip():
@@ -648,6 +652,8 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
             if name.lower().removesuffix(".gz").endswith(".json") or records_key is not None:
                 return _json_records(fh, path, records_key, hide_values=hide_values, number_columns=number_columns)
             head = table_head(fh, name)
+            if not head.header.strip():  # (blank lines above a header are skipped: only the end of the file is so)
+                raise _empty_table(path)
             _refuse_contradicted_hint(path, head)
             above, delimiter = head.above, head.delimiter
             lines = _Lines(head.lines)
@@ -722,6 +728,15 @@ def _refuse_nul_cell(path: Path | str, n: int, record: Mapping[str | None, Any])
         return
     line = _opening_line(n, cells)
     raise ConfigError(f"{path}: the {column!r} cell of the row on line {line} holds {_NUL_DAMAGE}")
+
+
+def _empty_table(path: Path | str) -> ConfigError:
+    """The error for a table that holds nothing but blank space (0 bytes, blank lines, a byte order
+    mark): a download or copy that failed or was cut short, or a redirect into it that failed. Read
+    on, its missing header was 'missing column ...; name the column that holds each file's name',
+    a fix that cannot work; a table with a header and no rows is told so where its rows are placed."""
+    return ConfigError(f"{path}: the table is empty: it holds no header row and no rows, as a download or copy that "
+                       "failed or was cut short leaves it; download or copy it again")
 
 
 def _read_as(delimiter: str) -> str:
