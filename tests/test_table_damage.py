@@ -5,7 +5,8 @@ of its own; a compressed table packer does not read as it is (bzip2, xz, zstd, g
 ``.gz`` name) is told as such, with the command that decompresses it, not told to be saved as UTF-8;
 a JSON Lines table (Hugging Face's ``metadata.jsonl``) is read as a JSON table's records are; a
 ``sep=;`` line that makes the header one column is named as the cause; a table left empty by a
-failed download is told as empty, not asked for a column.
+failed download is told as empty, not asked for a column; a JSON record's object value is carried as
+JSON text, not as Python's repr.
 """
 
 from __future__ import annotations
@@ -231,3 +232,22 @@ def test_an_empty_joined_table_is_told_as_empty(tmp_path: Path) -> None:
     message = _discover_error(_job(tmp_path, {"file": "labels.csv", "join": [{"file": "meta.csv", "on": ["path"]}]},
                                    _csv(ROWS)))
     assert f"{tmp_path / 'meta.csv'}: {EMPTY}" in message, message
+
+
+# -- a JSON record's object value ----------------------------------------------------------------------
+
+
+def test_a_json_record_s_object_values_are_carried_as_json_text(tmp_path: Path) -> None:
+    """``{"meta": {"age": 3, "sex": "F"}}`` rode into the sample's record as Python's repr,
+    ``{'age': 3, 'sex': 'F'}``, which json.loads cannot read back; an object inside a list as
+    ``x|{'y': 1}``. Each object is its JSON text, keys in the record's order, non-ASCII kept."""
+    records = [{**r, "meta": {"sex": "F", "age": i, "site": "Zürich"}, "tags": ["x", {"y": i}]}
+               for i, r in enumerate(RECORDS)]
+    found = discover(load_job(_job(tmp_path, "labels.json", json.dumps(records).encode())))
+    cells = {r.relpath: dict(r.extra) for r in found.refs}
+    assert len(cells) == 6
+    for i in range(6):
+        meta = cells[f"a{i}.png"]["meta"]
+        assert meta == json.dumps({"sex": "F", "age": i, "site": "Zürich"}, ensure_ascii=False)
+        assert json.loads(meta) == records[i]["meta"]
+        assert cells[f"a{i}.png"]["tags"] == f'x|{{"y": {i}}}'

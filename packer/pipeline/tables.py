@@ -421,13 +421,14 @@ def not_utf8(path: Path | str, err: UnicodeDecodeError,
 
 def _cell(value: Any, number: bool = False) -> str:
     """A JSON value as a table cell (numbers as written, lists joined by the label separator, true
-    and false as a 0/1 label's 1 and 0). In a column read as a number (``number``: a numeric
-    target's), a boolean or a list is its JSON text (``true``, ``[3]``), which is no number: the
-    sample is ``bad_target``, as the same cell of a CSV table is, not a 1.0 or 3.0 the record never
-    held."""
+    and false as a 0/1 label's 1 and 0, an object as its JSON text, keys in the record's order:
+    ``{"age": 3}``, which a sample's record carries and json.loads reads back, never Python's repr
+    ``{'age': 3}``). In a column read as a number (``number``: a numeric target's), a boolean or a
+    list is its JSON text (``true``, ``[3]``), which is no number: the sample is ``bad_target``, as
+    the same cell of a CSV table is, not a 1.0 or 3.0 the record never held."""
     if value is None:
         return ""
-    if number and isinstance(value, (bool, list)):
+    if isinstance(value, dict) or number and isinstance(value, (bool, list)):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "1" if value else "0"
