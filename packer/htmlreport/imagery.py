@@ -137,7 +137,10 @@ def render_contact_sheets(data: ReportData) -> str:
                  "to H×W: the axial as packed, the coronal (the patient's right on the left) and the sagittal "
                  "(anterior on the left) with superior up.")
     if data.mask is not None:
-        lead += (f" Each sample's segmentation mask ({_mask_drawn(data.manifest)}) is drawn over its last thumbnail, "
+        stacks = any(p.name.startswith("+0 ") and p.name.endswith(" + mask")
+                     for items in data.sheets.values() for i in items for p in i.panes)
+        over = "its last thumbnail" + (" (a neighbour stack's: its centre slice's, +0)" if stacks else "")
+        lead += (f" Each sample's segmentation mask ({_mask_drawn(data.manifest)}) is drawn over {over}, "
                  "one colour per class id as the legend below says; hover for the ids its mask holds.")
     if data.index_note:
         unreadable += note(esc(data.index_note), "warn")

@@ -18,8 +18,9 @@ Display rules (the contact sheet states them too):
   a windowed (uint8, uint16) or normalised build of the same file packs it (:func:`shown_inverted`).
 
 A sample with a segmentation mask shows it over its last pane (the sole one, the RGB image or the
-composite) as a translucent colour per class id (:func:`mask_overlay`): one fixed colour-blind-safe
-colour per id (:data:`MASK_COLORS`: Okabe and Ito's seven, then Paul Tol's muted nine), background
+composite; a neighbour stack's, the centre slice's mask, over its centre slice's: ``+0 composite``,
+or with one window ``+0 …``) as a translucent colour per class id (:func:`mask_overlay`): one fixed
+colour-blind-safe colour per id (:data:`MASK_COLORS`: Okabe and Ito's seven, then Paul Tol's muted nine), background
 0 transparent, the id that ``fit`` pads with in grey where it is no class (a pad id that is a named
 class is drawn as that class); of an F×H×W mask, frame 0; of a volume's D×H×W label map, its three
 middle planes, lined up with the volume's (:func:`as_chw`).
@@ -241,10 +242,12 @@ def mask_overlay(display: np.ndarray, mask: np.ndarray, max_side: int = MAX_SIDE
 def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: int = MAX_SIDE,
                  max_channels: int = 4, mask: np.ndarray | None = None, pad: int | None = None) -> list[Pane]:
     """The panes that show one sample (see the module docstring for the rules); ``mask``: the
-    sample's H×W class ids, drawn over the last pane (named ``… + mask``)."""
+    sample's H×W class ids, drawn over the last pane (named ``… + mask``); of a neighbour stack,
+    whose mask is its centre slice's, over the centre slice's (``+0 composite``, or ``+0 …``)."""
     chw = display_channels(image, info)
     mapped = (info.get("metadata") or {}).get("channels") if isinstance(info.get("metadata"), dict) else None
     shown: list[tuple[str, np.ndarray]]
+    on = -1  # the pane the mask is drawn over: the last, but a neighbour stack's centre slice's
     if isinstance(mapped, dict) and mapped.get("rule") == "replicate":
         # transform.channels repeated one channel: show it once, named for what it was
         shown = [(f"{channel_names(info, kind, 1)[0]} ×{chw.shape[0]}", chw[0])]
@@ -261,13 +264,15 @@ def sample_panes(image: np.ndarray, info: dict[str, Any], kind: str, max_side: i
         shown = [slices[s] for s in sorted(order)]
         if per_slice > 1:
             shown.append(("+0 composite", composite(centre_slice(chw, stack))))
+        else:  # no composite: the mask, the centre slice's, goes on the +0 pane, not on a neighbour
+            on = sorted(order).index(centre)
     else:
         names = channel_names(info, kind, chw.shape[0])
         shown = [(names[c], chw[c]) for c in range(min(chw.shape[0], max_channels))]
         shown.append(("composite", composite(chw)))
     if mask is not None and mask.shape == chw.shape[1:]:
-        name, last = shown[-1]
-        shown[-1] = (f"{name} + mask", mask_overlay(last, mask, max_side, pad))
+        name, under = shown[on]
+        shown[on] = (f"{name} + mask", mask_overlay(under, mask, max_side, pad))
     return [_named(png_data_uri(array, max_side), name) for name, array in shown]
 
 
