@@ -8,11 +8,22 @@ slice's mask), never taken from the pane under test.
 
 from __future__ import annotations
 
+import html
+import re
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
+import yaml
 
+from packer.badsamples import read_bad_samples
+from packer.exclusions import EXCLUDED_FILE, read_excluded
+from packer.htmlreport import write_html_report
 from packer.htmlreport.thumbs import mask_overlay, sample_panes
+from tests.test_dicom_masks import LUNG, SEGMENTS, _mask_job, _write_series, write_rtstruct, write_seg
 from tests.test_htmlreport import decode_data_uri
+from tests.test_targets import _build
 
 
 def _stack(k: int, windows: int) -> tuple[np.ndarray, dict[str, object]]:
@@ -54,3 +65,51 @@ def test_a_multi_window_neighbour_stack_draws_its_mask_over_the_centre_composite
     composite = np.dstack([centre[0], centre[1], ((centre[0].astype(np.uint16) + centre[1]) // 2).astype(np.uint8)])
     shown = decode_data_uri(panes[-1].uri)[..., ::-1]
     assert np.abs(shown.astype(int) - mask_overlay(composite, mask).astype(int)).max() <= 1
+
+
+def _report(tmp: Path, raw: Path, mask: dict[str, Any], phi: dict[str, Any]) -> tuple[Path, str]:
+    """Build a job of ``raw``'s DICOM with masks from ``mask`` under ``phi``; its version and report."""
+    job = _mask_job(tmp, raw, mask)
+    doc = yaml.safe_load(job.read_text())
+    doc["phi"] = phi if phi.get("mode") == "keep" else {**doc["phi"], **phi}
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = _build(job)
+    target = tmp / "report.html"
+    write_html_report(result.version_dir, target)
+    return result.version_dir, target.read_text(encoding="utf-8")
+
+
+def _path_cells(report: str, table_id: str) -> list[tuple[str, str]]:
+    """(full path, shown text) of each path cell of the table ``table_id``."""
+    found = re.search(rf'<table id="{table_id}".*?</table>', report, re.S)
+    assert found, table_id
+    return [(html.unescape(full), html.unescape(text))
+            for full, text in re.findall(r'<td class="mono path" title="([^"]*)">([^<]*)</td>', found.group(0))]
+
+
+@pytest.mark.slow
+def test_both_tables_of_paths_are_relative_to_the_one_folder_the_report_names(tmp_path: Path) -> None:
+    """Patient A's SEG is left out on purpose (read as its series' mask), patient B's RTSTRUCT,
+    whose one ROI no map names, is a bad sample: each table's paths, read under the "Paths are
+    relative to" note, are the files' own (A/SEG/seg.dcm, not SEG/seg.dcm under a base that is B's)."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    write_seg(raw / "A" / "SEG" / "seg.dcm", a)
+    b = _write_series(raw / "B" / "CT", "PB", seed=2)
+    write_rtstruct(raw / "B" / "RT" / "rt.dcm", b, {"Hart": LUNG})
+    version, report = _report(tmp_path, raw, {"rois": {"heart": 3}, **SEGMENTS}, phi={"mode": "keep"})
+    assert [Path(r["path"]).name for r in read_excluded(version / EXCLUDED_FILE)] == ["seg.dcm"]
+    assert "rt.dcm" in {Path(r["path"]).name for r in read_bad_samples(version / "bad_samples.jsonl")}
+    bases = {html.unescape(b) for b in re.findall(r"Paths are relative to <code>([^<]*)</code>", report)}
+    assert len(bases) == 1, bases  # one base, however many notes say it
+    (base,) = bases
+    for table_id in ("bad-samples-table", "excluded-table"):
+        cells = _path_cells(report, table_id)
+        assert cells, table_id
+        for full, text in cells:
+            assert Path(base) / text == Path(full), (table_id, base, text, full)
+    excluded = _path_cells(report, "excluded-table")
+    assert [text for _, text in excluded] == [str(Path("A") / "SEG" / "seg.dcm")]
+    # the left-out table says its base itself, after its heading: a reader need not find the other note
+    left_out = report[report.index('id="excluded"'):]
+    assert f"Paths are relative to <code>{html.escape(base)}</code>" in left_out[:left_out.index("excluded-table")]

@@ -368,7 +368,7 @@ def render_bad_samples(data: ReportData) -> str:
                       if len(records) > len(shown) else ""))
     else:
         records = data.bad_records
-        root = common_folder([str(r.get("path", "")) for r in records])
+        root = _paths_base(data)
         shown = records[: data.limits.bad_rows]
         rows = []
         for i, r in enumerate(shown, 1):
@@ -390,6 +390,20 @@ def render_bad_samples(data: ReportData) -> str:
                            f"{plural(rest, 'record')} not shown (first {len(shown):,} listed).", "muted")
                       if rest > 0 else ""))
     return section("bad-samples", banner + status + charts + listing + _render_excluded(data))
+
+
+def _paths_base(data: ReportData) -> str:
+    """The one folder the bad samples' and the left-out files' tables show their paths relative
+    to ('' where there is none): the common folder of both lists, so a path reads the same in
+    either table and under either's "Paths are relative to" note. A pseudonymized dataset's tables
+    list sample ids, not paths."""
+    if (data.manifest.get("phi") or {}).get("mode") == "pseudonymize":
+        return ""
+    paths = [str(r.get("path", "")) for r in data.bad_records or []]
+    if (data.manifest.get("inputs") or {}).get("excluded"):
+        paths += [str(r.get("path", "")) for r in data.excluded_records or []]
+    root = common_folder(paths)
+    return root if root not in ("/", ".") else ""
 
 
 def _render_excluded(data: ReportData) -> str:
@@ -433,7 +447,7 @@ def _render_excluded(data: ReportData) -> str:
     shown = records[: data.limits.bad_rows]
     pseudonymized = (data.manifest.get("phi") or {}).get("mode") == "pseudonymize"
     rows = []
-    root = "" if pseudonymized else common_folder([str(r.get("path", "")) for r in records])
+    root = _paths_base(data)
     for i, r in enumerate(shown, 1):
         if pseudonymized:  # raw paths, and details that may name them, stay in excluded.jsonl
             name = f'<td class="mono">{esc(r.get("sample_id", ""))}</td>'
@@ -447,7 +461,8 @@ def _render_excluded(data: ReportData) -> str:
     columns = (["#", "sample_id", "why", "modality", "SOP class"] if pseudonymized
                else ["#", "path", "why", "modality", "SOP class", "detail"])
     rest = len(records) - len(shown)
-    return (head + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
+    where = f'<p class="muted">Paths are relative to <code>{esc(root)}</code>.</p>' if root else ""
+    return (head + where + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
             + (note(f"{rest:,} more {plural(rest, 'record')} not shown (first {len(shown):,} listed; all in "
                     "excluded.jsonl).", "muted") if rest > 0 else ""))
 
