@@ -10,6 +10,7 @@ counts (:func:`exclusion_counts`) go into the manifest's ``inputs``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,17 @@ from packer.files import read_jsonl, write_jsonl
 from packer.records import Excluded
 
 EXCLUDED_FILE = "excluded.jsonl"
+#: How an annotation object's record (why ``annotation``) counts the structures the source's map
+#: does not name (:func:`packer.read.dicom_masks.paint_series`), never naming them (one may be a person's)
+UNMAPPED_SAID = "; {count} structure(s) the map does not name, ignored"
+_UNMAPPED_COUNT = re.compile(re.escape(UNMAPPED_SAID).replace(re.escape("{count}"), r"(\d+)"))
+
+
+def unmapped_count(record: Mapping[str, Any]) -> int:
+    """How many structures no map names an annotation object's record (as ``excluded.jsonl``
+    holds it) says were ignored; 0 for any other record."""
+    found = _UNMAPPED_COUNT.search(str(record.get("detail", ""))) if record.get("why") == "annotation" else None
+    return int(found.group(1)) if found is not None else 0
 
 
 def sort_excluded(excluded: Iterable[Excluded]) -> list[Excluded]:

@@ -21,7 +21,7 @@ from packer.badsamples import read_bad_samples
 from packer.exclusions import EXCLUDED_FILE, read_excluded
 from packer.htmlreport import write_html_report
 from packer.htmlreport.thumbs import mask_overlay, sample_panes
-from tests.test_dicom_masks import LUNG, SEGMENTS, _mask_job, _write_series, write_rtstruct, write_seg
+from tests.test_dicom_masks import BODY, LUNG, SEGMENTS, _mask_job, _write_series, write_rtstruct, write_seg
 from tests.test_htmlreport import decode_data_uri
 from tests.test_targets import _build
 
@@ -113,3 +113,28 @@ def test_both_tables_of_paths_are_relative_to_the_one_folder_the_report_names(tm
     # the left-out table says its base itself, after its heading: a reader need not find the other note
     left_out = report[report.index('id="excluded"'):]
     assert f"Paths are relative to <code>{html.escape(base)}</code>" in left_out[:left_out.index("excluded-table")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pseudonymize", "keep"])
+def test_the_report_counts_the_structures_no_map_names_without_naming_them(tmp_path: Path, mode: str) -> None:
+    """workflows/annotated-slices.yaml: a structure no map names is "ignored and counted as
+    unmapped in the report". Patient A's RTSTRUCT has a mapped body and two structures the map
+    does not name (one a person's name); patient B's SEG is all mapped. The report says 2, in one
+    annotation object, also when pseudonymized, where it lists no detail and names no structure."""
+    raw = tmp_path / "raw"
+    a = _write_series(raw / "A" / "CT", "PA", seed=1)
+    write_rtstruct(raw / "A" / "RT" / "rt.dcm", a, {"External": BODY, "Dr Smith check": LUNG, "PTV_boost": LUNG})
+    b = _write_series(raw / "B" / "CT", "PB", seed=2)
+    write_seg(raw / "B" / "SEG" / "seg.dcm", b)
+    mask = {"rois": {"body": {"id": 1, "aliases": ["External"]}}, **SEGMENTS}
+    version, report = _report(tmp_path, raw, mask, phi={"mode": mode})
+    records = read_excluded(version / EXCLUDED_FILE)
+    assert sorted(r["why"] for r in records) == ["annotation", "annotation"]
+    assert read_bad_samples(version / "bad_samples.jsonl") == []
+    text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r'src="data:[^"]+"', "", report)).split())
+    said = re.search(r"Unmapped structures: (\d+) structure\(s\) the map does not name, ignored, in (\d+) of (\d+) "
+                     r"annotation object\(s\)", text)
+    assert said, text[text.index("Left out on purpose"):][:3000]
+    assert said.groups() == ("2", "1", "2")
+    assert "Dr Smith" not in report and "PTV_boost" not in report

@@ -14,6 +14,7 @@ from typing import Any
 
 from packer.badsamples import failed_build
 from packer.buildwarnings import WARNINGS_FILE
+from packer.exclusions import unmapped_count
 from packer.files import human_bytes
 from packer.htmlreport.balance import render_balance, target_fact
 from packer.htmlreport.collect import ReportData
@@ -406,6 +407,20 @@ def _paths_base(data: ReportData) -> str:
     return root if root not in ("/", ".") else ""
 
 
+def _unmapped_note(records: Sequence[dict[str, Any]]) -> str:
+    """How many structures the masks' maps do not name were ignored, over every annotation object
+    (not only the rows shown), by count alone: a pseudonymized report lists no detail, and a
+    structure's name may be a person's. '' where none was."""
+    counts = [unmapped_count(r) for r in records if r.get("why") == "annotation"]
+    total = sum(counts)
+    if not total:
+        return ""
+    objects = sum(1 for n in counts if n)
+    return note(f"Unmapped structures: {total:,} structure(s) the map does not name, ignored, in {objects:,} of "
+                f"{len(counts):,} annotation object(s) (never packed; each object's row in excluded.jsonl counts "
+                "its own).", "muted")
+
+
 def _render_excluded(data: ReportData) -> str:
     """The files left out on purpose (not bad samples): counts by why, modality and SOP class,
     and their list (by sample id in a pseudonymized dataset, as the bad samples are). Nothing
@@ -462,7 +477,8 @@ def _render_excluded(data: ReportData) -> str:
                else ["#", "path", "why", "modality", "SOP class", "detail"])
     rest = len(records) - len(shown)
     where = f'<p class="muted">Paths are relative to <code>{esc(root)}</code>.</p>' if root else ""
-    return (head + where + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
+    return (head + _unmapped_note(records) + where
+            + table(columns, rows, table_id="excluded-table", cls="data", numeric=(0,))
             + (note(f"{rest:,} more {plural(rest, 'record')} not shown (first {len(shown):,} listed; all in "
                     "excluded.jsonl).", "muted") if rest > 0 else ""))
 

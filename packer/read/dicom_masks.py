@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from packer.config import DicomTransformConfig, JobConfig, MaskConfig
-from packer.exclusions import EXCLUDED_FILE
+from packer.exclusions import EXCLUDED_FILE, UNMAPPED_SAID
 from packer.read.annotations import (
     AnnotationError,
     AnnotationRefs,
@@ -514,7 +514,7 @@ def paint_series(group: AnnotatedSeries, cfg: MaskConfig, keep_names: bool) -> P
         unmapped += len(names)
         notes.extend(noted)
         detail = (f"{modality}: the mask of a series of {len(group.places)} slices ({len(group.series.refs)} "
-                  f"files){f'; {len(names)} structure(s) the map does not name, ignored' if names else ''}"
+                  f"files){UNMAPPED_SAID.format(count=len(names)) if names else ''}"
                   f"{_NOTES_SAID.format(count=len(noted)) + '; '.join(noted[:3]) if noted else ''}")
         used.append(Excluded.of(ref, stage="transform", why="annotation", detail=detail, modality=modality,
                                 sop_class=drawn.sop_class))
