@@ -63,13 +63,13 @@ def _csv(rows: list[str], header: str = "path,label,entity") -> bytes:
 
 
 @pytest.mark.parametrize(("row", "cell", "column"), [
-    (3, "a3.png,d\x00og,p1", "label"), (4, "a4.png,cat,p2\x00", "entity"), (2, "a2.png\x00,cat,p1", "path")],
+    (3, "a3.png,d\x00og,p1", "label"), (4, "a4.png,cat,p\x002", "entity"), (2, "a\x002.png,cat,p1", "path")],
     ids=["label", "entity", "path"])
 def test_a_nul_byte_in_a_cell_is_a_config_error_naming_the_table_line_and_column(
         tmp_path: Path, row: int, cell: str, column: str) -> None:
     """Python's csv module reads a NUL byte as a character of the cell: ``d\\x00og`` was a class of its
-    own beside ``dog``, and ``p2\\x00`` an entity apart from ``p2``, which the split could place in
-    another split than p2's other file. A NUL is no text a table holds: the file is damaged."""
+    own beside ``dog``, and ``p\\x002`` an entity apart from ``p2``, which the split could place in
+    another split than p2's other file. A NUL inside a cell's text is damage."""
     rows = list(ROWS)
     rows[row] = cell
     message = _discover_error(_job(tmp_path, "labels.csv", _csv(rows)))
@@ -80,10 +80,19 @@ def test_a_nul_byte_in_a_cell_is_a_config_error_naming_the_table_line_and_column
     assert "\x00" not in message  # the byte itself is never printed
 
 
+def test_trailing_nul_bytes_are_padding_dropped_not_damage(tmp_path: Path) -> None:
+    """DICOM pads a UI value with a NUL (PS3.5 6.2) and SQL Server's bcp -c writes an empty string as a
+    lone NUL: a table holding them packed before NUL cells were refused, and must read as text."""
+    rows = list(ROWS)
+    rows[4] = "a4.png,cat,p2\x00"
+    found = discover(load_job(_job(tmp_path, "labels.csv", _csv(rows))))
+    assert {ref.entity for ref in found.refs if ref.relpath == "a4.png"} == {"p2"}
+
+
 def test_a_nul_byte_in_a_joined_table_s_cell_is_told_in_that_table(tmp_path: Path) -> None:
     """A join table is read by the same reader: its damage is told in its own name."""
     meta = tmp_path / "meta.csv"
-    sexes = ["F", "M", "F", "M", "F\x00", "M"]
+    sexes = ["F", "M", "F", "M", "F\x00x", "M"]
     meta.write_bytes(_csv([f"a{i}.png,{sex}" for i, sex in enumerate(sexes)], header="path,sex"))
     message = _discover_error(_job(tmp_path, {"file": "labels.csv", "join": [{"file": "meta.csv", "on": ["path"]}]},
                                    _csv(ROWS)))

@@ -463,18 +463,22 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         hint = "" if key is not None else "; name the key of the list with records: (MSD: training)"
         raise ConfigError(f"{path}: expected a list of records (objects){hint}")
-    return _json_table(list(enumerate(items, start=1)), number_columns)
+    return _json_table(list(enumerate(items, start=1)), number_columns, path)
 
 
-def _json_table(items: Sequence[tuple[int, dict[str, Any]]], number_columns: Sequence[str]
-                ) -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
+def _json_table(items: Sequence[tuple[int, dict[str, Any]]], number_columns: Sequence[str],
+                path: Path | str = "") -> tuple[tuple[str, ...], list[tuple[int, Record]]]:
     """(columns, numbered records) of a JSON table's numbered records (objects): every key any of
-    them has, in the order first met, and each record's values as cells (:func:`_cell`)."""
+    them has, in the order first met, and each record's values as cells (:func:`_cell`), their NUL
+    padding dropped and a NUL inside refused (:func:`_unpadded`)."""
     columns: list[str] = []
     for _, item in items:
         columns.extend(k for k in item if k not in columns)
     numbers = frozenset(number_columns)
-    return tuple(columns), [(n, {k: _cell(v, k in numbers) for k, v in item.items()}) for n, item in items]
+    records = [(n, {k: _cell(v, k in numbers) for k, v in item.items()}) for n, item in items]
+    for n, record in records:
+        _unpadded(path, f"record {n}", record)
+    return tuple(columns), records
 
 
 #: The names of a JSON Lines table (one record a line: Hugging Face imagefolder's ``metadata.jsonl``)
@@ -522,7 +526,7 @@ def _json_lines(text: str, path: Path | str, key: str | None, *, number_columns:
             raise ConfigError(f"{path}: line {n} holds a {_JSON_TYPES.get(type(item), type(item).__name__)}, not a "
                               "record (a JSON object); a JSON Lines table holds one record a line: fix the line")
         items.append((n, item))
-    return _json_table(items, number_columns)
+    return _json_table(items, number_columns, path)
 
 
 #: The longest cell a table may hold (Python's csv module refuses cells over 131,072 characters by
@@ -705,9 +709,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
 
 
 #: What a NUL byte in a table's text is, and what to do about it (:func:`_refuse_nul_cell`)
-_NUL_DAMAGE = ("a NUL byte (\\x00), which no table's text holds: the file is damaged (a download or copy cut short "
-               "and padded with zero bytes, a binary editor's slip); download or copy the table again, or delete "
-               "the NUL bytes")
+_NUL_DAMAGE = ("a NUL byte (\\x00) inside its text (trailing ones are padding, dropped): the file is damaged (a "
+               "download or copy cut short and padded with zero bytes, a binary editor's slip); download or copy "
+               "the table again, or delete the NUL bytes")
 
 
 def _refuse_nul_header(path: Path | str, columns: Sequence[str], line: int) -> None:
@@ -718,17 +722,27 @@ def _refuse_nul_header(path: Path | str, columns: Sequence[str], line: int) -> N
         raise ConfigError(f"{path}: column {at} of the header row (line {line}) holds {_NUL_DAMAGE}")
 
 
-def _refuse_nul_cell(path: Path | str, n: int, record: Mapping[str | None, Any]) -> None:
-    """Raise ConfigError where a cell of ``record`` (the row ending on line ``n``) holds a NUL byte.
-    Python's csv module reads one as a character of the cell: ``d\\x00og`` was a class beside
-    ``dog``, and ``p2\\x00`` an entity apart from ``p2``, which the split could place apart. The
-    cell is named by its column and line, never quoted (it may hold a patient's id)."""
+def _refuse_nul_cell(path: Path | str, n: int, record: dict[str | None, Any]) -> None:
+    """Drop the NUL padding of ``record``'s cells (the row ending on line ``n``) and raise
+    ConfigError where a NUL byte stays inside one (:func:`_unpadded`)."""
     cells = {k: v for k, v in record.items() if k is not None and isinstance(v, str)}
-    column = next((k for k, v in cells.items() if "\0" in v), None)
-    if column is None:
-        return
-    line = _opening_line(n, cells)
-    raise ConfigError(f"{path}: the {column!r} cell of the row on line {line} holds {_NUL_DAMAGE}")
+    if any("\0" in v for v in cells.values()):
+        _unpadded(path, f"the row on line {_opening_line(n, cells)}", record)
+
+
+def _unpadded(path: Path | str, where: str, record: dict[Any, Any]) -> None:
+    """Drop each text cell's trailing NUL bytes in place, and raise ConfigError where a NUL byte
+    stays inside one. Trailing NULs are padding, not text: DICOM pads a UI value to even length with
+    one (PS3.5 6.2), SQL Server's ``bcp -c`` writes an empty string as a lone NUL; dropped, ``p2\\x00``
+    is the entity ``p2``. One inside a cell is damage: Python's csv module reads it as a character,
+    so ``d\\x00og`` was a class beside ``dog``. The cell is named by its column, never quoted (it
+    may hold a patient's id)."""
+    for key, value in record.items():
+        if key is None or not isinstance(value, str) or "\0" not in value:
+            continue
+        record[key] = value.rstrip("\0")
+        if "\0" in record[key]:
+            raise ConfigError(f"{path}: the {key!r} cell of {where} holds {_NUL_DAMAGE}")
 
 
 def _empty_table(path: Path | str) -> ConfigError:
