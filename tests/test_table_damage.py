@@ -260,3 +260,18 @@ def test_a_json_record_s_object_values_are_carried_as_json_text(tmp_path: Path) 
         assert meta == json.dumps({"sex": "F", "age": i, "site": "Zürich"}, ensure_ascii=False)
         assert json.loads(meta) == records[i]["meta"]
         assert cells[f"a{i}.png"]["tags"] == f'x|{{"y": {i}}}'
+
+
+def test_a_json_table_with_no_records_is_told_so_not_to_name_a_column(tmp_path: Path) -> None:
+    """`[]` or a Decathlon file whose `training` list is empty has no keys: the error asked to name
+    the column that holds each file's name, a fix that cannot work."""
+    message = _discover_error(_job(tmp_path, "labels.json", b"[]"))
+    assert "the table has no records (its list is empty)" in message and "name the column" not in message, message
+
+
+def test_a_list_inside_a_json_list_stays_json_text(tmp_path: Path) -> None:
+    """[[1, 2, 3, 4], [5, 6, 7, 8]] (two boxes) was joined as 1|2|3|4|5|6|7|8, the flat list's cell."""
+    from packer.pipeline.tables import _cell
+
+    assert _cell([[1, 2, 3, 4], [5, 6, 7, 8]]) == "[1, 2, 3, 4]|[5, 6, 7, 8]"
+    assert _cell([1, 2, 3]) == "1|2|3"

@@ -432,8 +432,8 @@ def _cell(value: Any, number: bool = False) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "1" if value else "0"
-    if isinstance(value, list):
-        return SEPARATOR.join(_cell(v) for v in value)
+    if isinstance(value, list):  # a list inside it stays JSON text ([[1, 2], [3, 4]]: two boxes, not 1|2|3|4)
+        return SEPARATOR.join(json.dumps(v, ensure_ascii=False) if isinstance(v, list) else _cell(v) for v in value)
     return str(value)
 
 
@@ -463,6 +463,10 @@ def _json_records(fh: IO[str], path: Path | str, key: str | None, *, hide_values
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         hint = "" if key is not None else "; name the key of the list with records: (MSD: training)"
         raise ConfigError(f"{path}: expected a list of records (objects){hint}")
+    if not items:  # no records, so no keys: not "missing column 'path' ... name the column", a fix that cannot work
+        where = f"its {key!r} list" if key is not None else "its list"
+        raise ConfigError(f"{path}: the table has no records ({where} is empty), as a cut download or the wrong "
+                          "file leaves it; check that it is the whole table")
     return _json_table(list(enumerate(items, start=1)), number_columns, path)
 
 
