@@ -15,19 +15,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.pipeline import nearcopy
-
-
-def photo(seed: int, size: int = 256) -> np.ndarray:
-    """A seeded photo-like H×W×3 uint8 BGR image (OpenCV's order): colour field, filled ellipses, grain."""
-    rng = np.random.default_rng(seed)
-    img = cv2.resize(rng.uniform(0, 255, (6, 6, 3)).astype(np.float32), (size, size), interpolation=cv2.INTER_CUBIC)
-    for _ in range(25):
-        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
-        center = tuple(int(v) for v in rng.integers(0, size, 2))
-        axes = tuple(int(v) for v in rng.integers(4, size // 4, 2))
-        cv2.ellipse(img, center, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1, cv2.LINE_AA)
-    img = np.asarray(cv2.GaussianBlur(img, (0, 0), 1.5)) + np.asarray(rng.normal(0, 4, img.shape), dtype=np.float32)
-    return np.clip(img, 0, 255).astype(np.uint8)
+from tests.test_nearcopy import photo  # a seeded photo-like H×W×3 uint8 BGR image
 
 
 def packed_rgb(bgr: np.ndarray, size: int = 64) -> np.ndarray:
