@@ -234,7 +234,8 @@ class CachedChunk:
 #: inside a linking UID, or where its Pixel Data should start, is damaged (its series mask_missing).
 #: 84: a PNG whose signature's line endings were translated is decode_failed (was unsupported).
 #: 85: a PNG whose CR became LF (signature and IHDR length) is decode_failed too.
-CACHE_FORMAT = 85
+#: 86: an animated PNG mask is mask_unreadable; an RGB PNG mask's tRNS colour key no longer reads as alpha.
+CACHE_FORMAT = 86
 
 
 def sample_shaping_config(job: JobConfig) -> dict[str, Any]:

@@ -105,12 +105,19 @@ def decode_mask(data: bytes, name: str) -> np.ndarray:
     65535), ``mask_size`` (not 2-D or 3-D, or TIFF pages of different sizes).
     """
     head = bytes(data[:8])
+    if head.startswith(_PNG):
+        _refuse_animated(data, name)
     if head.startswith(_NPY):
         mask = _load_npy(data, name)
     elif head.startswith(_PNG) and bytes(data[12:16]) == b"IHDR" and len(data) > 25 and data[25] == 3:
         mask = _palette_indices(data, name)
     elif head.startswith(_PNG):
-        mask = _one_channel(_imdecode(data, name, "PNG"), name)
+        decoded = _imdecode(data, name, "PNG")
+        if len(data) > 25 and data[25] in (0, 2) and decoded.ndim == 3 and decoded.shape[2] in (2, 4):
+            # grey or RGB (colour types 0, 2) hold no alpha: OpenCV made one of a tRNS colour key, which a
+            # grey mask's decode ignores; the ids are the stored values either way
+            decoded = decoded[:, :, :-1]
+        mask = _one_channel(decoded, name)
         if len(data) > 25 and data[25] == 0 and data[24] < 8:  # 1-, 2- or 4-bit grey: libpng scales to 8 bits
             mask = mask // (255 // ((1 << data[24]) - 1))  # back to the stored ids (a 1-bit mask's 255 is id 1)
     elif head[:4] in _TIFF:
@@ -602,6 +609,24 @@ def _palette_tiff_indices(data: bytes, name: str, chain: list[Tags]) -> list[np.
     return pages
 
 
+def _refuse_animated(data: bytes | memoryview, name: str) -> None:
+    """Raise MaskError for an animated PNG (an ``acTL`` chunk of more than one frame, before the
+    first IDAT): libpng, OpenCV and Pillow decode its default image alone, so a mask's other
+    frames (another class's region, another frame's labels) would vanish unsaid, as an image's
+    would (which is ``unsupported``)."""
+    pos, size = 8, len(data)
+    while pos + 8 <= size:
+        length = int.from_bytes(bytes(data[pos:pos + 4]), "big")
+        kind = bytes(data[pos + 4:pos + 8])
+        if kind in (b"IDAT", b"IEND"):  # acTL comes before the first IDAT (APNG spec)
+            return
+        if kind == b"acTL" and length >= 8 and (frames := int.from_bytes(bytes(data[pos + 8:pos + 12]), "big")) > 1:
+            raise MaskError("mask_unreadable", f"{name}: an animated PNG (APNG: an acTL chunk, {frames} frames), of "
+                                               "which a decode keeps only the first frame's labels; save the mask "
+                                               "as one PNG (or a multi-page TIFF for a multi-frame image)")
+        pos += 12 + length
+
+
 def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
     """A decoded H×W or H×W×C image → H×W: drop an opaque alpha, merge equal colour channels."""
     if image.ndim == 2:
@@ -609,9 +634,10 @@ def _one_channel(image: np.ndarray, name: str) -> np.ndarray:
     if image.shape[2] in (2, 4):
         alpha = image[:, :, -1]
         opaque = np.iinfo(image.dtype).max if image.dtype.kind in "iu" else 1.0
-        if not bool((alpha == opaque).all()):
-            raise MaskError("mask_values", f"{name}: the mask has transparent pixels (alpha channel); class ids "
-                                           "must not depend on transparency; save a single-channel mask")
+        if not bool((alpha == opaque).all()):  # (OpenCV gives an RGB PNG's tRNS colour key as an alpha too)
+            raise MaskError("mask_values", f"{name}: the mask has transparent pixels (an alpha channel, or a PNG "
+                                           "tRNS transparency colour); class ids must not depend on transparency; "
+                                           "save a single-channel mask")
         image = image[:, :, :-1]
     first = image[:, :, 0]
     if image.shape[2] > 1:
