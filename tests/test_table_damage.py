@@ -89,6 +89,17 @@ def test_trailing_nul_bytes_are_padding_dropped_not_damage(tmp_path: Path) -> No
     assert {ref.entity for ref in found.refs if ref.relpath == "a4.png"} == {"p2"}
 
 
+@pytest.mark.parametrize("tail", ["a5.png,dog,p" + "\x00" * 4000, "a5.png,dog,p2\n" + "\x00" * 4000],
+                         ids=["cut-row-zero-filled", "zero-fill-after-the-table"])
+def test_a_run_of_nul_bytes_is_a_cut_files_zero_fill_not_padding(tmp_path: Path, tail: str) -> None:
+    """A download cut short and filled with zero bytes to its block size ends in a run of NULs: taken
+    as padding, 'p' + NULs packed the entity 'p' (p2's file in another split), and zero fill after a
+    whole table told of an empty path cell on a row no editor shows."""
+    rows = [*ROWS[:5], tail]
+    message = _discover_error(_job(tmp_path, "labels.csv", ("\n".join(["path,label,entity", *rows])).encode()))
+    assert "holds a NUL byte (\\x00) inside its text or a run of them" in message, message
+
+
 def test_a_nul_byte_in_a_joined_table_s_cell_is_told_in_that_table(tmp_path: Path) -> None:
     """A join table is read by the same reader: its damage is told in its own name."""
     meta = tmp_path / "meta.csv"

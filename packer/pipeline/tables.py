@@ -713,9 +713,9 @@ def _read_file(path: Path | str, records_key: str | None, storage_options: Mappi
 
 
 #: What a NUL byte in a table's text is, and what to do about it (:func:`_refuse_nul_cell`)
-_NUL_DAMAGE = ("a NUL byte (\\x00) inside its text (trailing ones are padding, dropped): the file is damaged (a "
-               "download or copy cut short and padded with zero bytes, a binary editor's slip); download or copy "
-               "the table again, or delete the NUL bytes")
+_NUL_DAMAGE = ("a NUL byte (\\x00) inside its text or a run of them (one trailing NUL is padding, dropped): the "
+               "file is damaged (a download or copy cut short and padded with zero bytes, a binary editor's slip); "
+               "download or copy the table again, or delete the NUL bytes")
 
 
 def _refuse_nul_header(path: Path | str, columns: Sequence[str], line: int) -> None:
@@ -735,18 +735,20 @@ def _refuse_nul_cell(path: Path | str, n: int, record: dict[str | None, Any]) ->
 
 
 def _unpadded(path: Path | str, where: str, record: dict[Any, Any]) -> None:
-    """Drop each text cell's trailing NUL bytes in place, and raise ConfigError where a NUL byte
-    stays inside one. Trailing NULs are padding, not text: DICOM pads a UI value to even length with
-    one (PS3.5 6.2), SQL Server's ``bcp -c`` writes an empty string as a lone NUL; dropped, ``p2\\x00``
-    is the entity ``p2``. One inside a cell is damage: Python's csv module reads it as a character,
-    so ``d\\x00og`` was a class beside ``dog``. The cell is named by its column, never quoted (it
-    may hold a patient's id)."""
+    """Drop a text cell's one trailing NUL byte in place, and raise ConfigError for any other NUL.
+    One trailing NUL is padding, not text: DICOM pads a UI value to even length with one (PS3.5
+    6.2), SQL Server's ``bcp -c`` writes an empty string as a lone NUL; dropped, ``p2\\x00`` is the
+    entity ``p2``. A NUL inside a cell, or a run of them (a download cut short and filled with zero
+    bytes to its block size: ``a5.png,dog,p`` then 4000 NULs would pack the entity ``p``), is
+    damage: Python's csv module reads it as a character, so ``d\\x00og`` was a class beside
+    ``dog``. The cell is named by its column, never quoted (it may hold a patient's id)."""
     for key, value in record.items():
         if key is None or not isinstance(value, str) or "\0" not in value:
             continue
-        record[key] = value.rstrip("\0")
-        if "\0" in record[key]:
-            raise ConfigError(f"{path}: the {key!r} cell of {where} holds {_NUL_DAMAGE}")
+        if value.endswith("\0") and "\0" not in value[:-1]:  # one: padding (a run is a cut file's zero fill)
+            record[key] = value[:-1]
+            continue
+        raise ConfigError(f"{path}: the {key!r} cell of {where} holds {_NUL_DAMAGE}")
 
 
 def _empty_table(path: Path | str) -> ConfigError:
