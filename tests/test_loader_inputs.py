@@ -14,7 +14,7 @@ import pytest
 import torch
 from loader_fixtures import build_dataset
 
-from packer.errors import ConfigError
+from packer.errors import PYTHON_API, ConfigError, called_from
 from packer.loader import DevicePrefetcher, ShardDataset, make_loader
 from packer.loader.device import usable_device
 from packer.loader.readers import _view_dtype
@@ -225,5 +225,6 @@ def test_a_numpy_array_of_sources_picks_the_dtype_of_a_view_of_a_dataset_of_seve
     for an array of two names, and an empty array is deprecated as a truth value."""
     schema = {"dtypes": {"ct": ["uint8"], "mr": ["float16"], "ct2": ["uint8"]}}
     assert _view_dtype("m.json", schema, np.array(["ct", "ct2"])) == "uint8"
-    with pytest.raises(ConfigError, match=r"sources=\['ct', 'mr'\] hold float16, uint8"):
+    # a private helper called alone: a Python caller's wording, as ShardDataset (a Python entry point) gives it
+    with called_from(PYTHON_API), pytest.raises(ConfigError, match=r"sources=\['ct', 'mr'\] hold float16, uint8"):
         _view_dtype("m.json", schema, np.array(["ct", "mr"]))
