@@ -591,9 +591,9 @@ def _explaining_group(assignment: Assignment, balance: Balance, tolerance: float
     placed = _splits_of(assignment, rows)
     fitting = [(g, where) for g, where in zip(rows, placed, strict=True)
                if where is not None and excess.get(where, 0.0) > 0 and g.size / total >= excess[where]]
+    middle = (len(sizes) - 2) // 2  # the median's place among the other groups (``sizes`` less one)
     for group, where in sorted(fitting, key=lambda item: (-item[0].size, item[0].members[0])):
         # the median of the other groups: ``sizes`` less one of this group's size
-        middle = (len(sizes) - 2) // 2
         median = sizes[middle] if bisect.bisect_left(sizes, group.size) > middle else sizes[middle + 1]
         if group.size >= 2 * median:
             return group, where
